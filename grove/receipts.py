@@ -1,0 +1,91 @@
+"""Token-free records of an episode's contexts and calls, shared by the ledger and the reconstruction.
+
+These are the only facts about a model call that live in Temporal workflow state: ids, links,
+lengths, sha256 digests and the staging key where the token arrays are. The arrays themselves
+(`CallTokens`) live in the object store's staging area and meet the receipts again only in the
+reconstruction (trainer/forest.py), which verifies one against the other.
+
+Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandbox).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CallKind(StrEnum):
+    """What a call is to the policy."""
+
+    ACTION = "action"  # a policy action of the task: trainable when selected
+    AUXILIARY = "auxiliary"  # title generation and the like: recorded, trained only if configured
+
+
+class CallState(StrEnum):
+    """Lifecycle: admitted -> completed -> exactly one terminal state (or admitted -> cancelled/failed)."""
+
+    ADMITTED = "admitted"
+    COMPLETED = "completed"
+    SELECTED = "selected"
+    DISCARDED = "discarded"
+    AUXILIARY = "auxiliary"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+TERMINAL_STATES: frozenset[CallState] = frozenset(
+    {CallState.SELECTED, CallState.DISCARDED, CallState.AUXILIARY, CallState.CANCELLED, CallState.FAILED}
+)
+
+
+class ContextOrigin(StrEnum):
+    """How a context was opened."""
+
+    ROOT = "root"  # the first context of an agent that nobody spawned (the episode's parent)
+    SPAWN = "spawn"  # a worker's context, spawned by a named call of another agent
+    REWRITE = "rewrite"  # a declared rewrite (compaction) of the same agent's previous context
+
+
+class ContextRecord(BaseModel):
+    """One context reservation: an agent's token stream from its start (or rewrite) on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    context_id: str
+    agent: str
+    origin: ContextOrigin
+    spawned_by_call: str | None = None  # SPAWN: the call whose response spawned this worker
+    rewrite_of: str | None = None  # REWRITE: the context this one replaces
+
+
+class TokenDigests(BaseModel):
+    """Lengths and sha256 digests of a call's staged arrays (little-endian int32 ids, float32 logprobs)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_len: int = Field(ge=0)
+    completion_len: int = Field(ge=0)
+    prompt_sha256: str
+    completion_sha256: str
+    logprobs_sha256: str
+
+
+class CallReceipt(BaseModel):
+    """Everything the workflow keeps about one call; token arrays are at `staging_key`.
+
+    `parent_call_id` is the claimed continuation link (None for a context's root or a branch root);
+    the reconstruction verifies it on tokens: prompt starts with parent.prompt + parent.completion.
+    """
+
+    call_id: str
+    context_id: str
+    agent: str
+    kind: CallKind = CallKind.ACTION
+    parent_call_id: str | None = None
+    state: CallState = CallState.ADMITTED
+    staging_key: str | None = None
+    digests: TokenDigests | None = None
+    policy_version: int | None = None
+    finish_reason: str | None = None
+    note: str | None = None  # why a call ended discarded / cancelled / failed (shown in the UI)
