@@ -25,9 +25,11 @@ if [ -f "$VENV/.grove-stamp" ] && [ "$(cat "$VENV/.grove-stamp")" = "$STAMP" ]; 
 fi
 
 t0=$(date +%s)
+# pip warns about every absent local index folder on these machines; keep errors, drop that noise
+pip_quiet() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 echo "[bootstrap] creating venv at $VENV (accelerator: $ACCEL)"
 "$PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+PIP=(pip_quiet install --disable-pip-version-check -q)
 "${PIP[@]}" --upgrade pip
 # torch first, pinned: on these machines 2.13.0+cpu lies on disk; a bare `torch` would fetch CUDA.
 "${PIP[@]}" "torch==2.13.0"

@@ -1,0 +1,67 @@
+"""The `grove` command line: local infrastructure, models, workers, runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="grove: GRPO on multi-agent rollouts, durable on Temporal.", no_args_is_help=True)
+infra_app = typer.Typer(help="Start, stop and inspect the local services (Temporal dev server, S3).")
+model_app = typer.Typer(help="Build or convert the policy model folders grove trains.")
+app.add_typer(infra_app, name="infra")
+app.add_typer(model_app, name="model")
+
+
+@infra_app.command("up")
+def infra_up(
+    port: int = typer.Option(7233, help="Temporal frontend gRPC port (127.0.0.1)."),
+    ui: bool = typer.Option(True, help="Serve the Temporal Web UI."),
+    ui_port: int = typer.Option(8233, help="Temporal Web UI port."),
+    s3: bool = typer.Option(False, help="Also start a local S3-compatible server (localbucket)."),
+    s3_port: int = typer.Option(9000, help="S3 server port."),
+) -> None:
+    """Start the Temporal dev server (SQLite under $GROVE_HOME/infra) and optionally an S3 server."""
+    from infra import stack
+
+    rec = stack.up_temporal(port=port, ui=ui, ui_port=ui_port)
+    typer.echo(f"temporal  pid {rec.pid}  address {rec.address}  ui {rec.ui_url or '-'}  log {rec.log}")
+    if s3:
+        rec = stack.up_s3(port=s3_port)
+        typer.echo(f"s3        pid {rec.pid}  endpoint {rec.address}  log {rec.log}")
+
+
+@infra_app.command("down")
+def infra_down() -> None:
+    """Stop the services `grove infra up` started (by their recorded PIDs)."""
+    from infra import stack
+
+    stopped = stack.down()
+    typer.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@infra_app.command("status")
+def infra_status() -> None:
+    """Show the recorded services and whether each is alive."""
+    from infra import stack
+
+    services = stack.status()
+    if not services:
+        typer.echo("no services recorded (run `grove infra up`)")
+    for name, (rec, alive) in services.items():
+        typer.echo(f"{name:9} {'up  ' if alive else 'DOWN'} pid {rec.pid}  {rec.address}  {rec.ui_url or ''}")
+
+
+@model_app.command("init")
+def model_init(
+    name: str = typer.Argument("tiny", help="tiny | tiny-random | smollm2 | a path to a HF model folder"),
+) -> None:
+    """Build (or convert) a model folder and print its path; cached under $GROVE_HOME/models."""
+    from models.registry import ensure_model
+
+    path: Path = ensure_model(name)
+    typer.echo(str(path))
+
+
+if __name__ == "__main__":
+    app()

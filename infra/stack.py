@@ -1,0 +1,93 @@
+"""The local stack that `grove infra up|down|status` manages: which services run, under which PIDs.
+
+State is one JSON file under $GROVE_HOME/infra/ so that `down` stops exactly the processes `up`
+started (by PID), and `status` can tell a stale record from a live server.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from grove.paths import grove_home
+from infra.procs import pid_alive, stop_pid
+from infra.temporal import TemporalDevServer
+
+
+class ServiceRecord(BaseModel):
+    name: str
+    pid: int
+    address: str
+    ui_url: str | None = None
+    log: str
+
+
+class StackState(BaseModel):
+    services: dict[str, ServiceRecord] = {}
+
+
+def infra_dir() -> Path:
+    return grove_home() / "infra"
+
+
+def _state_path() -> Path:
+    return infra_dir() / "stack.json"
+
+
+def load_state() -> StackState:
+    path = _state_path()
+    return StackState.model_validate_json(path.read_text()) if path.exists() else StackState()
+
+
+def save_state(state: StackState) -> None:
+    infra_dir().mkdir(parents=True, exist_ok=True)
+    tmp = _state_path().with_suffix(".tmp")
+    tmp.write_text(state.model_dump_json(indent=2))
+    tmp.replace(_state_path())
+
+
+def up_temporal(*, port: int = 7233, ui: bool = True, ui_port: int = 8233) -> ServiceRecord:
+    """Start the dev server in the background (idempotent: a live recorded server is reused)."""
+    state = load_state()
+    rec = state.services.get("temporal")
+    if rec is not None and pid_alive(rec.pid):
+        return rec
+    server = TemporalDevServer(infra_dir() / "temporal", port=port, ui=ui, ui_port=ui_port if ui else None)
+    server.start()
+    assert server.proc is not None
+    rec = ServiceRecord(
+        name="temporal", pid=server.proc.pid, address=server.address, ui_url=server.ui_url, log=str(server.log_path)
+    )
+    state.services["temporal"] = rec
+    save_state(state)
+    return rec
+
+
+def up_s3(*, port: int = 9000) -> ServiceRecord:
+    """Start a file-backed S3-compatible server (localbucket) for trying the S3 backend locally."""
+    from infra.s3server import LocalBucketServer
+
+    state = load_state()
+    rec = state.services.get("s3")
+    if rec is not None and pid_alive(rec.pid):
+        return rec
+    server = LocalBucketServer(infra_dir() / "s3", port=port)
+    server.start()
+    rec = ServiceRecord(name="s3", pid=server.pid, address=server.endpoint, log=str(server.log_path))
+    state.services["s3"] = rec
+    save_state(state)
+    return rec
+
+
+def down() -> list[str]:
+    """Stop every recorded service by its PID; returns the names stopped."""
+    state = load_state()
+    stopped = [name for name, rec in state.services.items() if stop_pid(rec.pid)]
+    save_state(StackState())
+    return stopped
+
+
+def status() -> dict[str, tuple[ServiceRecord, bool]]:
+    return {name: (rec, pid_alive(rec.pid)) for name, rec in load_state().services.items()}
