@@ -75,7 +75,8 @@ def up_s3(*, port: int = 9000) -> ServiceRecord:
         return rec
     server = LocalBucketServer(infra_dir() / "s3", port=port)
     server.start()
-    rec = ServiceRecord(name="s3", pid=server.pid, address=server.endpoint, log=str(server.log_path))
+    assert server.proc is not None
+    rec = ServiceRecord(name="s3", pid=server.proc.pid, address=server.endpoint, log=str(server.log_path))
     state.services["s3"] = rec
     save_state(state)
     return rec

@@ -1,0 +1,527 @@
+"""The policy engine of an inference worker: one vLLM AsyncLLM, exact token capture, weight publication.
+
+One `PolicyEngine` per worker process. `generate` is token-in, token-out: prompt ids in; sampled ids,
+one behaviour logprob per sampled token (vLLM `processed_logprobs`, see activities/sampling.py), the
+finish reason and the policy version that produced them out. Concurrent calls go straight to the
+engine, whose scheduler batches them; the worker never serialises generations.
+
+Process model: vLLM 0.32's AsyncLLM always runs its EngineCore in a child process (AsyncMPClient);
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` only affects the synchronous LLMEngine, so it is not set here.
+Consequence: everything sent to the model worker (`collective_rpc`) is a plain value (a folder
+path), never a tensor (shared/research/vllm_cpu.md section 4, pitfall 5).
+
+Publication (`publish`) and the version a call reports:
+- A version gate admits each generation under the version current at admission. `publish` closes
+  the gate to new generations, waits until every admitted one has finished (the equivalent of
+  vLLM's pause mode "wait"; "keep" would let a request straddle two versions and "abort" would
+  throw away finished work), then pauses the engine (mode "wait", which then has nothing to wait
+  for, and clears the KV/prefix cache), reloads the weights in place, repacks tied embedding heads
+  (CPU pitfall 1), resets the prefix cache again (pitfall 4), sets the new version and resumes.
+- vLLM labels every output token with the engine's weight version; a call whose tokens do not all
+  carry the version it was admitted under raises `VersionStraddleError` instead of lying.
+- Versions only move forward: an older version is refused (`StaleVersionError`). Publishing the
+  version that is already current is a no-op when the weights are byte-identical (a retried
+  publication activity) and a `VersionConflictError` when they are not.
+- A failure inside the reload (pitfall 6: layers left on the meta device) triggers a rollback to the
+  previous weights folder; if even that fails the engine is marked broken and every later call
+  raises `EngineBrokenError` (restart the worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors import safe_open
+
+from activities.sampling import LOGPROBS_MODE, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "activities.vllm_worker_ext.GroveWorkerExtension"
+
+
+class EngineError(Exception):
+    """Base of the policy engine's errors."""
+
+
+class EmptyPromptError(EngineError, ValueError):
+    """A generation was asked for with no prompt tokens."""
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """The prompt leaves no room for one generated token within the engine's max_model_len."""
+
+
+class TokenIdOutOfRangeError(EngineError, ValueError):
+    """A prompt token id is outside the model's vocabulary."""
+
+
+class GenerationAbortedError(EngineError):
+    """vLLM aborted the request (engine shutdown or abort); no completion is reported."""
+
+
+class EngineOutputError(EngineError):
+    """vLLM returned an output that breaks the capture contract (e.g. a logprob count mismatch)."""
+
+
+class VersionStraddleError(EngineError):
+    """A call's tokens were not all sampled under the version it was admitted under."""
+
+
+class StaleVersionError(EngineError, ValueError):
+    """A publication of a version older than the engine's current one."""
+
+
+class VersionConflictError(EngineError, ValueError):
+    """A publication of the current version number with different weights."""
+
+
+class WeightsMismatchError(EngineError, ValueError):
+    """A weights folder does not hold exactly the tensors (names, shapes) of the served model."""
+
+
+class PublishFailedError(EngineError):
+    """The weight reload failed and was rolled back: the engine still serves the previous version."""
+
+
+class EngineBrokenError(EngineError):
+    """A failed reload could not be rolled back; the worker must be restarted."""
+
+
+class EngineConfig(BaseModel):
+    """How a worker starts its engine."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_dir: Path
+    initial_version: int = Field(default=0, ge=0)
+    dtype: str = "float32"
+    max_model_len: int = Field(default=2048, ge=16)
+    kv_cache_bytes: int = Field(default=256 * 2**20, ge=16 * 2**20)
+    max_num_seqs: int = Field(default=64, ge=1)
+    enforce_eager: bool = True  # torch.compile costs ~75 s of startup on CPU for no gain at this size
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the engine did for one call."""
+
+    prompt_ids: np.ndarray  # int32 [P], exactly as sent
+    completion_ids: np.ndarray  # int32 [C]
+    logprobs: np.ndarray  # float32 [C], processed logprob of each sampled token
+    finish_reason: str  # "stop" | "length"
+    policy_version: int
+    text: str  # decoded completion (special tokens kept, a final stop token dropped)
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    version: int
+    previous_version: int
+    seconds: float  # gate closed -> engine resumed
+    drain_seconds: float  # of which: waiting for admitted calls to finish
+    reload_seconds: float  # of which: in-place reload + repack
+    repacked: tuple[str, ...]  # modules whose packed weights were rebuilt
+    already_current: bool = False
+
+
+@dataclass
+class BatchStats:
+    """What vLLM's scheduler reported: proof that concurrent calls were batched."""
+
+    steps: int = 0
+    max_running: int = 0
+    running_hist: dict[int, int] = field(default_factory=dict)
+
+    def record(self, running: int) -> None:
+        self.steps += 1
+        self.max_running = max(self.max_running, running)
+        self.running_hist[running] = self.running_hist.get(running, 0) + 1
+
+    def reset(self) -> None:
+        self.steps, self.max_running, self.running_hist = 0, 0, {}
+
+
+def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape over all *.safetensors files of an HF model folder."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise WeightsMismatchError(
+            f"weights folder {folder} holds no *.safetensors file; expected an HF model folder "
+            "written with save_pretrained(safe_serialization=True)"
+        )
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="np") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as exc:  # safetensors raises its own error type on a corrupt header
+            raise WeightsMismatchError(
+                f"weights file {path} is not a readable safetensors file: {exc}"
+            ) from exc
+    return shapes
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """sha256 over (file name, file sha256) of the folder's *.safetensors files, in name order."""
+    h = hashlib.sha256()
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        h.update(path.name.encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def check_same_tensors(expected: Shapes, got: Shapes, folder: Path) -> None:
+    """Fail unless `got` has exactly the names and shapes of `expected` (vLLM would silently keep
+    the old values of a missing tensor, so a partial checkpoint must never reach it)."""
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    if missing or extra:
+        raise WeightsMismatchError(
+            f"weights folder {folder} does not match the served model: missing {missing[:5]} "
+            f"({len(missing)}), unexpected {extra[:5]} ({len(extra)}); publish a checkpoint of the same "
+            "architecture"
+        )
+    for name, shape in expected.items():
+        if got[name] != shape:
+            raise WeightsMismatchError(
+                f"weights folder {folder}: tensor {name} has shape {got[name]}, the served model has "
+                f"{shape}; publish a checkpoint of the same architecture"
+            )
+
+
+class _VersionGate:
+    """Admits generations under one version; a publication closes it and waits for admitted ones."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self._active = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @asynccontextmanager
+    async def admitted(self) -> AsyncIterator[int]:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield self.version
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    async def close_and_drain(self) -> None:
+        self._open.clear()
+        await self._idle.wait()
+
+    def reopen(self, version: int) -> None:
+        self.version = version
+        self._open.set()
+
+
+def _stats_logger_factory(stats: BatchStats):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _SchedulerStatsRecorder(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None and scheduler_stats.num_running_reqs > 0:
+                stats.record(scheduler_stats.num_running_reqs)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _SchedulerStatsRecorder
+
+
+class PolicyEngine:
+    """One in-process vLLM AsyncLLM serving the current policy version."""
+
+    def __init__(self, config: EngineConfig, llm: Any, stats: BatchStats) -> None:
+        self.config = config
+        self._llm = llm
+        self._tokenizer = llm.get_tokenizer()
+        self._vocab_size = int(llm.model_config.get_vocab_size())
+        self._stop_ids = self._model_stop_ids(llm)
+        self._gate = _VersionGate(config.initial_version)
+        self._publish_lock = asyncio.Lock()
+        self._shapes = weight_shapes(config.model_dir)
+        self._source = Path(config.model_dir)
+        self._fingerprint = weights_fingerprint(config.model_dir)
+        self._broken: str | None = None
+        self.batch_stats = stats
+
+    @classmethod
+    async def start(cls, config: EngineConfig) -> PolicyEngine:
+        """Start the engine (10-30 s on CPU) and label its weights with `config.initial_version`."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=str(config.model_dir),
+            dtype=config.dtype,
+            seed=config.seed,
+            enforce_eager=config.enforce_eager,
+            max_model_len=config.max_model_len,
+            kv_cache_memory_bytes=config.kv_cache_bytes,
+            max_num_seqs=config.max_num_seqs,
+            enable_prefix_caching=config.enable_prefix_caching,
+            logprobs_mode=LOGPROBS_MODE,
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
+        )
+        stats = BatchStats()
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)])
+        await llm.update_weight_version(str(config.initial_version))
+        return cls(config, llm, stats)
+
+    @staticmethod
+    def _model_stop_ids(llm: Any) -> frozenset[int]:
+        eos = llm.get_tokenizer().eos_token_id
+        gen_cfg = llm.model_config.try_get_generation_config() or {}
+        extra = gen_cfg.get("eos_token_id", [])
+        extra = [extra] if isinstance(extra, int) else list(extra or [])
+        return frozenset([*([eos] if eos is not None else []), *extra])
+
+    @property
+    def version(self) -> int:
+        return self._gate.version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def source_dir(self) -> Path:
+        """The folder the current weights were loaded from (kept for a rollback)."""
+        return self._source
+
+    async def shutdown(self) -> None:
+        self._llm.shutdown()
+
+    async def weights_digest(self) -> str:
+        """sha256 of the weights the model worker holds right now (tests: did a publish land?)."""
+        (digest,) = await self._llm.collective_rpc("grove_weights_digest")
+        return digest
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def _check_prompt(self, prompt_ids: np.ndarray, request_id: str) -> None:
+        if prompt_ids.size == 0:
+            raise EmptyPromptError(f"request {request_id}: the prompt has no tokens; send at least one id")
+        if prompt_ids.size >= self.config.max_model_len:
+            raise PromptTooLongError(
+                f"request {request_id}: prompt has {prompt_ids.size} tokens, the engine's max_model_len is "
+                f"{self.config.max_model_len} (prompt + at least 1 generated token must fit); shorten or "
+                "compact the context"
+            )
+        bad = np.flatnonzero((prompt_ids < 0) | (prompt_ids >= self._vocab_size))
+        if bad.size:
+            i = int(bad[0])
+            raise TokenIdOutOfRangeError(
+                f"request {request_id}: prompt token {i} is id {int(prompt_ids[i])}, outside the vocabulary "
+                f"[0, {self._vocab_size}); the prompt was tokenized for a different model"
+            )
+
+    def sampling_params(self, sampling: SamplingConfig, seed: int) -> Any:
+        """vLLM SamplingParams for `sampling`: exactly one logprob (the sampled token's) per position."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0,  # disabled: the learner does not mirror top-k
+            max_tokens=sampling.max_tokens,
+            stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
+            seed=seed,
+            logprobs=0,
+            detokenize=False,  # text is decoded once below, identically for first runs and retries
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(
+        self, prompt_ids: Any, sampling: SamplingConfig, seed: int, request_id: str
+    ) -> Generation:
+        """Sample one completion for `prompt_ids` and record exactly what was sampled."""
+        self._raise_if_broken()
+        prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        self._check_prompt(prompt, request_id)
+        params = self.sampling_params(sampling, seed)
+        async with self._gate.admitted() as version:
+            self._raise_if_broken()
+            final = None
+            async for out in self._llm.generate(
+                {"prompt_token_ids": prompt.tolist()}, params, request_id=request_id
+            ):
+                final = out
+        return self._to_generation(final, prompt, version, request_id, sampling)
+
+    def _to_generation(
+        self, final: Any, prompt: np.ndarray, version: int, request_id: str, sampling: SamplingConfig
+    ) -> Generation:
+        if final is None or not final.finished:
+            raise GenerationAbortedError(f"request {request_id}: the engine returned no final output")
+        out = final.outputs[0]
+        if out.finish_reason not in ("stop", "length"):
+            raise GenerationAbortedError(
+                f"request {request_id}: finished with {out.finish_reason!r}; retry the call"
+            )
+        ids = np.asarray(out.token_ids, dtype=np.int32)
+        logprobs = self._sampled_logprobs(out, ids, request_id)
+        self._check_versions(out, version, ids.size, request_id)
+        return Generation(
+            prompt_ids=prompt.astype(np.int32),
+            completion_ids=ids,
+            logprobs=logprobs,
+            finish_reason=out.finish_reason,
+            policy_version=version,
+            text=self.decode_completion(ids, out.finish_reason, sampling),
+        )
+
+    @staticmethod
+    def _sampled_logprobs(out: Any, ids: np.ndarray, request_id: str) -> np.ndarray:
+        entries = out.logprobs or []
+        if len(entries) != ids.size:
+            raise EngineOutputError(
+                f"request {request_id}: {ids.size} sampled tokens but {len(entries)} logprob entries; "
+                "the engine must return exactly one logprob per sampled token"
+            )
+        values = np.empty(ids.size, dtype=np.float32)
+        for i, (tok, entry) in enumerate(zip(ids.tolist(), entries, strict=True)):
+            if tok not in entry:
+                raise EngineOutputError(
+                    f"request {request_id}: no logprob for sampled token {tok} at position {i}"
+                )
+            values[i] = entry[tok].logprob
+        return values
+
+    @staticmethod
+    def _check_versions(out: Any, version: int, n: int, request_id: str) -> None:
+        spans = out.weight_versions or []
+        labels = {s.version for s in spans}
+        covered = sum(s.end - s.start for s in spans)
+        if n and (labels != {str(version)} or covered != n):
+            raise VersionStraddleError(
+                f"request {request_id}: admitted under policy version {version} but the engine labelled its "
+                f"{n} tokens {[(s.version, s.start, s.end) for s in spans]}; a weight update ran during the "
+                "call, discard it and retry"
+            )
+
+    def stop_ids(self, sampling: SamplingConfig | None = None) -> frozenset[int]:
+        """Token ids that end a generation: the model's EOS ids plus the call's own stop tokens."""
+        return self._stop_ids | frozenset(sampling.stop_token_ids if sampling else ())
+
+    def decode_completion(self, ids: np.ndarray, finish_reason: str, sampling: SamplingConfig) -> str:
+        """Completion text with special tokens kept (some templates make tool-call tags special),
+        minus the final stop token when generation stopped on one."""
+        stops = self.stop_ids(sampling)
+        body = ids[:-1] if (finish_reason == "stop" and ids.size and int(ids[-1]) in stops) else ids
+        return self._tokenizer.decode(body.tolist(), skip_special_tokens=False)
+
+    # ---- publication ------------------------------------------------------------------------
+
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            raise EngineBrokenError(self._broken)
+
+    async def publish(self, folder: Path, version: int) -> PublishReport:
+        """Load the HF model folder `folder` as policy `version` without restarting the engine."""
+        folder = Path(folder)
+        async with self._publish_lock:
+            self._raise_if_broken()
+            current = self._gate.version
+            if version < current:
+                raise StaleVersionError(
+                    f"publication of policy version {version} from {folder} refused: the engine already "
+                    f"serves version {current}; versions only move forward"
+                )
+            fingerprint = weights_fingerprint(folder)
+            if version == current:
+                return self._republish(folder, version, fingerprint)
+            check_same_tensors(self._shapes, weight_shapes(folder), folder)
+            return await self._swap(folder, version, fingerprint)
+
+    def _republish(self, folder: Path, version: int, fingerprint: str) -> PublishReport:
+        if fingerprint != self._fingerprint:
+            raise VersionConflictError(
+                f"policy version {version} is already served from {self._source} (weights sha256 "
+                f"{self._fingerprint[:12]}), but {folder} holds different weights ({fingerprint[:12]}); "
+                "a version number must always name the same weights"
+            )
+        return PublishReport(version, version, 0.0, 0.0, 0.0, (), already_current=True)
+
+    async def _swap(self, folder: Path, version: int, fingerprint: str) -> PublishReport:
+        previous = self._gate.version
+        serving = previous
+        t0 = time.perf_counter()
+        await self._gate.close_and_drain()
+        t_drained = time.perf_counter()
+        try:
+            await self._llm.pause_generation(mode="wait", clear_cache=True)
+            repacked, reload_s = await self._reload_or_roll_back(folder, version)
+            await self._llm.reset_prefix_cache()
+            await self._llm.update_weight_version(str(version))
+            self._source, self._fingerprint, serving = folder, fingerprint, version
+        finally:
+            if self._broken is None:
+                await self._llm.resume_generation()
+            self._gate.reopen(serving)
+        return PublishReport(
+            version=version,
+            previous_version=previous,
+            seconds=time.perf_counter() - t0,
+            drain_seconds=t_drained - t0,
+            reload_seconds=reload_s,
+            repacked=tuple(repacked),
+        )
+
+    async def _reload_or_roll_back(self, folder: Path, version: int) -> tuple[list[str], float]:
+        t = time.perf_counter()
+        try:
+            (repacked,) = await self._llm.collective_rpc(
+                "grove_reload_weights", kwargs={"weights_path": str(folder)}
+            )
+            return repacked, time.perf_counter() - t
+        except Exception as exc:
+            log.error("loading %s as version %d failed: %s; rolling back", folder, version, exc)
+            await self._roll_back(folder, version, exc)
+            raise PublishFailedError(
+                f"loading {folder} as policy version {version} failed ({type(exc).__name__}: {exc}); the "
+                f"engine was rolled back to version {self._gate.version} from {self._source} and serves it"
+            ) from exc
+
+    async def _roll_back(self, folder: Path, version: int, cause: Exception) -> None:
+        try:
+            await self._llm.collective_rpc("grove_reload_weights", kwargs={"weights_path": str(self._source)})
+            await self._llm.reset_prefix_cache()
+        except Exception as exc:
+            self._broken = (
+                f"the engine is unusable: loading {folder} as version {version} failed ({cause}) and rolling "
+                f"back to {self._source} failed too ({type(exc).__name__}: {exc}); restart the inference "
+                "worker"
+            )
+            raise EngineBrokenError(self._broken) from exc

@@ -1,0 +1,254 @@
+"""The `generate` activity: build a call's exact prompt, sample it in the worker's engine, stage its tokens.
+
+Input and result are grove.contracts.GenerateInput / GenerateResult. Token arrays never travel in
+Temporal payloads: a continuation names its parent's staged object and adds only the new suffix,
+and the activity builds `prompt = parent prompt + parent completion + suffix` from the store, so the
+continuation is exact by construction. A chat prompt is rendered with the model's chat template,
+splicing the parent's exact tokens the same way (gateway/chat_render.py).
+
+Staging (idempotent, deterministic keys):
+1. `staging_key(episode, call)`: the call's CallTokens (trainer/staging_format.py), written last with
+   put_if_absent: it is the commit of the call.
+2. `receipt_key(episode, call, sha)`: a small JSON with what the arrays do not hold (policy version,
+   finish reason), keyed by the sha256 of the arrays' bytes and written *before* them.
+A re-run of the same call id that finds the arrays staged (an earlier attempt staged, then crashed
+before returning) does not generate again: it verifies the staged prompt equals the prompt it was
+asked for and returns the receipt of what is staged. Two racing attempts cannot mix up their
+receipts: the loser's put_if_absent fails on the arrays, and it returns the winner's receipt, found
+under the winner's arrays digest.
+
+The per-call seed is a pure function of (episode id, call id), so a retried generation samples the
+same tokens where the engine is deterministic (same weights, same batch numerics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+from temporalio import activity
+
+from activities.engine import Generation, PolicyEngine
+from gateway.chat_render import Predecessor, render_chat
+from gateway.toolcalls import parse_tool_calls
+from grove.contracts import GenerateInput, GenerateResult, PromptSpec
+from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
+from trainer.staging_format import (
+    STAGING_ROOT,
+    CallTokens,
+    decode_call_tokens,
+    encode_call_tokens,
+    staging_key,
+)
+
+HEARTBEAT_SECONDS = 5.0  # the episode workflow's heartbeat timeout is 20 s
+
+
+class PromptSpecError(ValueError):
+    """A PromptSpec that is not exactly one of: ids, parent + suffix_ids, chat (optionally with a parent)."""
+
+
+class ParentNotStagedError(LookupError):
+    """A continuation names a parent whose staged arrays are not in the store."""
+
+
+class StagedCallConflictError(RuntimeError):
+    """The call id is already staged with a different prompt, or its staged receipt is missing."""
+
+
+class StagedReceipt(BaseModel):
+    """What a call's arrays do not hold; stored beside them under the arrays' digest."""
+
+    episode_id: str
+    call_id: str
+    policy_version: int
+    finish_reason: str
+
+
+def call_seed(episode_id: str, call_id: str) -> int:
+    """Sampling seed of a call: a pure function of its ids (31 bits: valid for every backend's RNG)."""
+    digest = hashlib.sha256(f"{episode_id}\x00{call_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**31 - 1)
+
+
+def receipt_key(episode_id: str, call_id: str, arrays_sha256: str) -> str:
+    return f"{STAGING_ROOT}/{episode_id}/{call_id}.receipt-{arrays_sha256}.json"
+
+
+def tool_call_id_prefix(episode_id: str, call_id: str) -> str:
+    """Deterministic tool-call ids for a call's response (the same on every retry)."""
+    return "call_" + hashlib.sha256(f"{episode_id}/{call_id}".encode()).hexdigest()[:16]
+
+
+# ---- prompt -------------------------------------------------------------------------------------
+
+
+def check_prompt_spec(spec: PromptSpec, episode_id: str) -> None:
+    """Fail unless `spec` names exactly one way to build the prompt, with the parent it needs."""
+    ways = [
+        w
+        for w, v in (("ids", spec.ids), ("suffix_ids", spec.suffix_ids), ("chat", spec.chat))
+        if v is not None
+    ]
+    if len(ways) != 1:
+        raise PromptSpecError(
+            f"a prompt spec needs exactly one of ids, suffix_ids, chat; got {ways or 'none'}"
+        )
+    has_parent = spec.parent_call_id is not None or spec.parent_staging_key is not None
+    if ways == ["ids"] and has_parent:
+        raise PromptSpecError("a prompt given as ids is a context root; it cannot name a parent call")
+    if ways == ["suffix_ids"] and not has_parent:
+        raise PromptSpecError("suffix_ids continue a parent call: set parent_call_id and parent_staging_key")
+    if ways == ["chat"] and has_parent and spec.chat.parent_messages is None:
+        raise PromptSpecError(
+            "a chat continuation needs parent_messages (the messages the parent was rendered from)"
+        )
+    if has_parent:
+        if spec.parent_call_id is None or spec.parent_staging_key is None:
+            raise PromptSpecError("a continuation needs both parent_call_id and parent_staging_key")
+        expected = staging_key(episode_id, spec.parent_call_id)
+        if spec.parent_staging_key != expected:
+            raise PromptSpecError(
+                f"parent {spec.parent_call_id!r} of episode {episode_id!r} is staged at {expected!r}, "
+                f"not {spec.parent_staging_key!r}"
+            )
+
+
+def load_staged(store: ObjectStore, key: str, what: str) -> CallTokens:
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:
+        raise ParentNotStagedError(
+            f"{what}: no staged arrays at {key!r}; the parent call must complete (and be staged) first"
+        ) from None
+    return decode_call_tokens(data, key=key)
+
+
+def build_prompt(
+    spec: PromptSpec, episode_id: str, store: ObjectStore, tokenizer: Any, stop_ids: frozenset[int]
+) -> np.ndarray:
+    """The call's prompt ids (int32), exactly; reads the parent's staged arrays for a continuation."""
+    check_prompt_spec(spec, episode_id)
+    if spec.ids is not None:
+        return np.asarray(spec.ids, dtype=np.int32)
+    parent = None
+    if spec.parent_staging_key is not None:
+        parent = load_staged(store, spec.parent_staging_key, f"parent call {spec.parent_call_id}")
+    if spec.suffix_ids is not None:
+        suffix = np.asarray(spec.suffix_ids, dtype=np.int32)
+        return np.concatenate([parent.prompt_ids, parent.completion_ids, suffix]).astype(np.int32)
+    chat = spec.chat
+    predecessor = None
+    if parent is not None:
+        predecessor = Predecessor(
+            messages=chat.parent_messages,
+            prompt_ids=parent.prompt_ids.tolist(),
+            completion_ids=parent.completion_ids.tolist(),
+            tools=chat.tools,  # the contract carries one tool list: the parent's is the same
+        )
+    rendered = render_chat(tokenizer, chat.messages, chat.tools, predecessor, stop_ids=sorted(stop_ids))
+    return np.asarray(rendered.prompt_ids, dtype=np.int32)
+
+
+# ---- result -------------------------------------------------------------------------------------
+
+
+def _result(
+    inp: GenerateInput, engine: PolicyEngine, tokens: CallTokens, receipt: StagedReceipt, reused: bool
+) -> GenerateResult:
+    text = engine.decode_completion(tokens.completion_ids, receipt.finish_reason, inp.sampling)
+    parsed = parse_tool_calls(text, id_prefix=tool_call_id_prefix(inp.episode_id, inp.call_id))
+    return GenerateResult(
+        call_id=inp.call_id,
+        staging_key=staging_key(inp.episode_id, inp.call_id),
+        digests=tokens.digests(),
+        completion_ids=tokens.completion_ids.tolist(),
+        text=text,
+        assistant_message=parsed.message(),
+        finish_reason=receipt.finish_reason,
+        policy_version=receipt.policy_version,
+        reused_staged=reused,
+    )
+
+
+def staged_result(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore, prompt: np.ndarray):
+    """The result of an already staged call (None if the call is not staged)."""
+    key = staging_key(inp.episode_id, inp.call_id)
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:
+        return None
+    tokens = decode_call_tokens(data, key=key)
+    if not np.array_equal(tokens.prompt_ids, prompt):
+        raise StagedCallConflictError(
+            f"call {inp.call_id} of episode {inp.episode_id} is already staged at {key!r} with a different "
+            f"prompt ({tokens.prompt_ids.size} tokens vs {prompt.size} asked); a call id names one prompt "
+            "forever: admit the new prompt under a new call id"
+        )
+    rkey = receipt_key(inp.episode_id, inp.call_id, sha256_hex(data))
+    try:
+        receipt = StagedReceipt.model_validate_json(store.get(rkey))
+    except ObjectNotFoundError:
+        raise StagedCallConflictError(
+            f"call {inp.call_id}: arrays are staged at {key!r} but their receipt {rkey!r} is missing; the "
+            "object was not written by the generate activity. Inspect it, then delete it to regenerate"
+        ) from None
+    return _result(inp, engine, tokens, receipt, reused=True)
+
+
+def stage(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore, gen: Generation, prompt: np.ndarray):
+    """Write receipt then arrays; a lost race returns the winner's staged result."""
+    tokens = CallTokens.of(gen.prompt_ids, gen.completion_ids, gen.logprobs)
+    data = encode_call_tokens(tokens)
+    receipt = StagedReceipt(
+        episode_id=inp.episode_id,
+        call_id=inp.call_id,
+        policy_version=gen.policy_version,
+        finish_reason=gen.finish_reason,
+    )
+    rkey = receipt_key(inp.episode_id, inp.call_id, sha256_hex(data))
+    store.put_if_absent(rkey, json.dumps(receipt.model_dump(), sort_keys=True).encode())
+    try:
+        store.put_if_absent(staging_key(inp.episode_id, inp.call_id), data)
+    except DigestMismatchError:
+        return staged_result(inp, engine, store, prompt)  # another attempt of this call staged first
+    return _result(inp, engine, tokens, receipt, reused=False)
+
+
+# ---- activity -----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def heartbeating(details: dict[str, Any], every: float = HEARTBEAT_SECONDS):
+    """Heartbeat in the background while the body runs (a long generation must not look dead)."""
+
+    async def beat() -> None:
+        while activity.in_activity():
+            activity.heartbeat(details)
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+async def run_generate(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore) -> GenerateResult:
+    """Body of the generate activity (store I/O off the event loop that drives the engine)."""
+    prompt = await asyncio.to_thread(
+        build_prompt, inp.prompt, inp.episode_id, store, engine.tokenizer, engine.stop_ids(inp.sampling)
+    )
+    staged = await asyncio.to_thread(staged_result, inp, engine, store, prompt)
+    if staged is not None:
+        return staged
+    attempt = activity.info().attempt if activity.in_activity() else 1
+    request_id = f"{inp.episode_id}/{inp.call_id}/attempt-{attempt}"
+    async with heartbeating({"call_id": inp.call_id, "phase": "generating", "prompt_len": int(prompt.size)}):
+        gen = await engine.generate(prompt, inp.sampling, call_seed(inp.episode_id, inp.call_id), request_id)
+    return await asyncio.to_thread(stage, inp, engine, store, gen, prompt)

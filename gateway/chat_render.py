@@ -1,0 +1,324 @@
+"""Chat request -> prompt token ids, reusing the exact tokens of the context's selected predecessor.
+
+A chat harness sends the whole conversation each time. Re-rendering it would re-tokenize what the
+model generated, and re-tokenized text is not always the sampled tokens; so when a request *extends*
+the predecessor call, the prompt is spliced instead (DESIGN.md section 5):
+
+    prompt = predecessor.prompt_ids + predecessor.completion_ids + suffix_ids
+
+It is an extension iff request.messages == predecessor.messages + [the predecessor's response]
++ only new user/tool messages (and the tools are unchanged), compared *semantically*: JSON tool-call
+arguments are compared parsed (OpenCode re-serialises them as compact JSON), content null/""/[] are
+equal, a list of text parts equals their concatenation, keys with null values are absent. Tool-call
+ids are compared only where both sides have one (they are never rendered into tokens).
+
+The suffix is what the template renders after the predecessor's completion:
+- the rest of the assistant turn's closing text (e.g. "\n" after "<|im_end|>"; found by rendering
+  a sentinel assistant message), minus what the completion's final end-of-turn token already holds;
+- then render(all messages, generation prompt)[len(render(messages up to the response)):].
+That is exact only for a template that is prefix-stable at this boundary; it is verified on every
+call and a template that is not raises `TemplateNotPrefixStableError` rather than splicing wrongly.
+
+A request that is not an extension is a rewrite (new root, fresh render) when declared; otherwise
+`UndeclaredDiscontinuityError` names the first differing message index and field.
+
+Pure module: no I/O. `tokenizer` is a Hugging Face tokenizer with a chat template.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.toolcalls import ParsedAssistant, parse_tool_calls
+
+NEW_MESSAGE_ROLES = frozenset({"user", "tool"})
+_SENTINEL = "\x00grove-sentinel\x00"
+
+
+class ChatRenderError(Exception):
+    """Base of chat rendering errors."""
+
+
+class NoChatTemplateError(ChatRenderError, ValueError):
+    """The tokenizer has no chat template."""
+
+
+class UndeclaredDiscontinuityError(ChatRenderError):
+    """The request does not extend its predecessor and no rewrite was declared."""
+
+    def __init__(self, message: str, *, index: int | None, field: str) -> None:
+        super().__init__(message)
+        self.index = index  # first differing message index (None: the tools differ)
+        self.field = field
+
+
+class TemplateNotPrefixStableError(ChatRenderError):
+    """The chat template renders earlier messages differently once later ones are added."""
+
+
+@dataclass(frozen=True)
+class Predecessor:
+    """The context's selected predecessor call: what it was asked and exactly what it produced."""
+
+    messages: Sequence[dict[str, Any]]
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    tools: Sequence[dict[str, Any]] | None = None
+    # The assistant message the gateway returned for it; derived from completion_ids when absent.
+    response: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    prompt_ids: list[int]
+    continuation: bool  # True: prompt = predecessor prompt + completion + suffix_ids
+    suffix_ids: list[int] | None = None  # continuation only
+    rewrite: bool = False  # a declared rewrite replaced the predecessor (new root)
+
+
+# ---- semantic comparison ------------------------------------------------------------------------
+
+
+def _canonical_arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments  # not JSON: compare the text itself
+    return arguments
+
+
+def _canonical_content(content: Any) -> Any:
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return "".join(p.get("text", "") for p in content)
+    return content
+
+
+def _canonical_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function", {})
+    out = {k: v for k, v in call.items() if k not in ("function", "id") and v is not None}
+    out.setdefault("type", "function")  # the only type there is; some clients omit it
+    out["function"] = {
+        **{k: v for k, v in fn.items() if v is not None},
+        "arguments": _canonical_arguments(fn.get("arguments", {})),
+    }
+    return out
+
+
+def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a message that matter, in a form where semantic equality is `==`."""
+    out = {k: v for k, v in message.items() if v is not None and k not in ("content", "tool_calls")}
+    out["content"] = _canonical_content(message.get("content"))
+    calls = message.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [_canonical_tool_call(c) for c in calls]
+    return out
+
+
+def _ids_differ(got: dict[str, Any], expected: dict[str, Any]) -> int | None:
+    """Index of the first tool call whose ids are both present and differ."""
+    for i, (g, e) in enumerate(
+        zip(got.get("tool_calls") or [], expected.get("tool_calls") or [], strict=False)
+    ):
+        if g.get("id") and e.get("id") and g["id"] != e["id"]:
+            return i
+    return None
+
+
+def first_difference(got: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """Name of the first field where two messages differ semantically, else None."""
+    a, b = canonical_message(got), canonical_message(expected)
+    for key in (
+        "role",
+        "content",
+        "tool_calls",
+        *sorted((set(a) | set(b)) - {"role", "content", "tool_calls"}),
+    ):
+        if a.get(key) != b.get(key):
+            return key
+    i = _ids_differ(got, expected)
+    return None if i is None else f"tool_calls[{i}].id"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _discontinuity(index: int | None, field: str, detail: str) -> UndeclaredDiscontinuityError:
+    where = "the tools" if index is None else f"message {index}"
+    return UndeclaredDiscontinuityError(
+        f"the request does not extend its context's selected predecessor: {where} differs in {field!r} "
+        f"({detail}). A continuation must repeat the predecessor's messages and response unchanged and add "
+        "only user/tool messages; if the harness rewrote the history (compaction, edit), declare a rewrite",
+        index=index,
+        field=field,
+    )
+
+
+def check_extension(
+    messages: Sequence[dict[str, Any]], tools: Any, pred: Predecessor, response: dict
+) -> None:
+    """Raise UndeclaredDiscontinuityError unless `messages` = pred.messages + response + user/tool msgs."""
+    if _canonical_tools(tools) != _canonical_tools(pred.tools):
+        raise _discontinuity(None, "tools", "the tool list changed")
+    expected = [*pred.messages, response]
+    for i, want in enumerate(expected):
+        if i >= len(messages):
+            detail = f"the request has {len(messages)} messages, expected at least {len(expected)}"
+            raise _discontinuity(i, "role", detail)
+        field = first_difference(messages[i], want)
+        if field is not None:
+            key = field.split("[")[0]
+            exp, got = canonical_message(want).get(key), canonical_message(messages[i]).get(key)
+            raise _discontinuity(i, field, f"expected {_short(exp)}, got {_short(got)}")
+    for i in range(len(expected), len(messages)):
+        role = messages[i].get("role")
+        if role not in NEW_MESSAGE_ROLES:
+            raise _discontinuity(i, "role", f"a new {role!r} message; only user/tool messages may be added")
+
+
+def _canonical_tools(tools: Any) -> Any:
+    return json.loads(json.dumps(tools or [], sort_keys=True))
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as templates expect them: tool-call arguments as objects, not JSON strings (HF
+    templates such as Qwen2.5's apply `tojson` to them; vLLM's server converts the same way)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                c = dict(c)
+                if isinstance(c.get("function"), dict):
+                    fn = dict(c["function"])
+                    args = _canonical_arguments(fn.get("arguments", {}))
+                    fn["arguments"] = args if isinstance(args, dict) else fn.get("arguments")
+                    c["function"] = fn
+                calls.append(c)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def render_text(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, *, generation_prompt: bool
+) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise NoChatTemplateError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; chat requests need "
+            "a model folder with chat_template.jinja (or use the token-in completions path)"
+        )
+    return tokenizer.apply_chat_template(
+        template_messages(messages),
+        tools=list(tools) if tools else None,
+        add_generation_prompt=generation_prompt,
+        tokenize=False,
+    )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    # The template writes every special token itself (BOS included), so the tokenizer adds none.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_root(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any = None) -> list[int]:
+    """Prompt ids of a fresh render (a context start or a declared rewrite)."""
+    return encode(tokenizer, render_text(tokenizer, messages, tools, generation_prompt=True))
+
+
+def _turn_parts(tokenizer: Any, prefix: Sequence[dict[str, Any]], tools: Any) -> tuple[str, str]:
+    """(opening, closing) text the template puts around an assistant turn's body after `prefix`."""
+    text = render_text(
+        tokenizer, [*prefix, {"role": "assistant", "content": _SENTINEL}], tools, generation_prompt=False
+    )
+    at = text.find(_SENTINEL)
+    if at < 0:
+        raise TemplateNotPrefixStableError("the chat template does not render assistant content verbatim")
+    return text[:at], text[at + len(_SENTINEL) :]
+
+
+def _atomic_text(tokenizer: Any, token_id: int) -> str | None:
+    """Text of an added (atomic) token such as <|im_end|>, else None."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    tok = added.get(int(token_id))
+    return None if tok is None else str(tok)
+
+
+def assistant_turn_text(tokenizer: Any, message: dict[str, Any], tools: Any = None) -> str:
+    """The body text the template renders for an assistant message (no opening, no closing)."""
+    prefix = [{"role": "user", "content": "x"}]
+    opening, closing = _turn_parts(tokenizer, prefix, tools)
+    full = render_text(tokenizer, [*prefix, message], tools, generation_prompt=False)
+    if not (full.startswith(opening) and full.endswith(closing)):
+        raise TemplateNotPrefixStableError(
+            "the chat template opens or closes an assistant turn with tool calls differently from one with "
+            "content only; its tool-call text cannot be isolated"
+        )
+    return full[len(opening) : len(full) - len(closing)]
+
+
+def response_of(
+    tokenizer: Any, completion_ids: Sequence[int], stop_ids: Sequence[int] = ()
+) -> ParsedAssistant:
+    """The assistant message the gateway returns for a completion: text without the final stop token,
+    tool calls parsed (malformed tool-call text stays content)."""
+    ids = list(completion_ids)
+    stops = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
+    if ids and ids[-1] in stops:
+        ids = ids[:-1]
+    return parse_tool_calls(tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def _splice_suffix(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, pred: Predecessor
+) -> list[int]:
+    k = len(pred.messages)
+    upto = render_text(tokenizer, messages[: k + 1], tools, generation_prompt=False)
+    full = render_text(tokenizer, messages, tools, generation_prompt=True)
+    before = render_text(tokenizer, messages[:k], tools, generation_prompt=True)
+    opening, closing = _turn_parts(tokenizer, messages[:k], tools)
+    if not full.startswith(upto) or opening != before or not upto.endswith(closing):
+        raise TemplateNotPrefixStableError(
+            f"the chat template is not prefix-stable at message {k} (the predecessor's response): rendering "
+            "later messages changes the text of earlier ones, so the predecessor's exact tokens cannot be "
+            "reused; use a prefix-stable template or declare a rewrite"
+        )
+    covered = ""
+    if pred.completion_ids:
+        last = _atomic_text(tokenizer, pred.completion_ids[-1])
+        if last and closing.startswith(last):
+            covered = last  # the sampled end-of-turn token already is the start of the closing text
+    return encode(tokenizer, closing[len(covered) :] + full[len(upto) :])
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Any = None,
+    predecessor: Predecessor | None = None,
+    *,
+    declared_rewrite: bool = False,
+    stop_ids: Sequence[int] = (),
+) -> RenderedPrompt:
+    """Prompt ids for a chat request; a continuation of `predecessor` when the messages extend it."""
+    if predecessor is None or declared_rewrite:
+        return RenderedPrompt(render_root(tokenizer, messages, tools), False, None, predecessor is not None)
+    # A derived response has no tool-call ids of its own (the gateway made them up), so ids are not compared.
+    response = predecessor.response or response_of(tokenizer, predecessor.completion_ids, stop_ids).message(
+        with_ids=False
+    )
+    check_extension(messages, tools, predecessor, response)
+    suffix = _splice_suffix(tokenizer, messages, tools, predecessor)
+    prompt = [*predecessor.prompt_ids, *predecessor.completion_ids, *suffix]
+    return RenderedPrompt([int(t) for t in prompt], True, suffix)

@@ -1,0 +1,272 @@
+"""Inputs and results of grove's workflows, updates and activities: the Temporal boundary.
+
+One model in and one model out per workflow, update and activity, so fields can be added later without
+breaking callers. Pure (pydantic + stdlib + other pure grove models): the workflow sandbox imports it.
+Token arrays never appear here except a call's own completion ids (bounded by max_tokens) and a new
+observation suffix; prompts travel as references to staged arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from activities.sampling import SamplingConfig
+from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests
+from trainer.config import LearnerConfig
+
+TrainAgents = Literal["all", "parent_only"]
+
+
+# ------------------------------------------------------------------------------------------ tasks
+
+
+class TaskSpec(BaseModel):
+    """One dataset item: a task family and the parameters of this instance."""
+
+    model_config = ConfigDict(frozen=True)
+
+    family: str
+    task_id: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class HarnessSpec(BaseModel):
+    """Who drives the episode: a native program inside the workflow, or an external harness via the gateway."""
+
+    kind: Literal["native", "external"] = "native"
+    program: str = "delegation"  # native: the program's name in harnesses.programs
+    max_turns: int = Field(4, ge=1)
+
+
+# ------------------------------------------------------------------------------------------ calls
+
+
+class ChatPrompt(BaseModel):
+    """A chat-rendered prompt: the whole conversation so far (text), rendered by the activity.
+
+    With `parent_call_id`, the activity splices the parent's exact tokens (prompt + completion) and
+    renders only the new messages after them (gateway/chat_render.py); `parent_messages` are the
+    messages the parent's prompt was rendered from.
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    parent_messages: list[dict[str, Any]] | None = None
+
+
+class PromptSpec(BaseModel):
+    """How the generate activity builds a call's prompt ids, exactly one of three ways."""
+
+    ids: list[int] | None = None  # a context root given as tokens
+    suffix_ids: list[int] | None = None  # parent prompt + parent completion + these (a continuation)
+    chat: ChatPrompt | None = None  # rendered with the model's chat template
+    parent_call_id: str | None = None
+    parent_staging_key: str | None = None
+
+
+class CallRequest(BaseModel):
+    """The admission Update: one model call of one context."""
+
+    call_id: str
+    context_id: str
+    kind: CallKind = CallKind.ACTION
+    extends: str | None = None  # the call this continues; None: the context's root
+    branch: bool = False
+    prompt: PromptSpec
+    sampling: SamplingConfig | None = None  # default: the episode's
+
+
+class CallResult(BaseModel):
+    """What the caller gets back: the response, and how the ledger recorded it."""
+
+    call_id: str  # the id that finally completed (a retry after a lost attempt has its own id)
+    completion_ids: list[int]
+    text: str
+    assistant_message: dict[str, Any]
+    finish_reason: str
+    policy_version: int
+    digests: TokenDigests
+    staging_key: str
+    lost_attempts: list[str] = Field(default_factory=list)  # admitted, lost to a crash, discarded
+
+
+class DiscardRequest(BaseModel):
+    call_id: str
+    reason: str
+
+
+class CloseRequest(BaseModel):
+    """The harness is done (external harnesses; native programs return instead)."""
+
+    final_answer: str = ""
+    outputs: dict[str, list[str]] = Field(default_factory=dict)
+    failure: str | None = None
+
+
+# ------------------------------------------------------------------------------------------ episode
+
+
+class EpisodeSpec(BaseModel):
+    run_id: str
+    step: int = Field(ge=0)
+    group_id: str
+    episode_id: str
+    index_in_group: int = Field(0, ge=0)
+    task: TaskSpec
+    harness: HarnessSpec = Field(default_factory=HarnessSpec)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    train_agents: TrainAgents = "all"
+    train_auxiliary: bool = False
+    max_lost_attempts: int = Field(2, ge=0)  # per call: new admissions after a crash
+
+
+class HarnessOutcome(BaseModel):
+    """What the harness produced, in text: the reward function's input."""
+
+    final_answer: str = ""
+    outputs: dict[str, list[str]] = Field(default_factory=dict)  # agent -> selected completions' texts
+    failure: str | None = None
+
+
+class EpisodeResult(BaseModel):
+    episode_id: str
+    group_id: str
+    task_id: str
+    status: Literal["ok", "failed"]
+    reward: float
+    rows_key: str
+    num_rows: int
+    eligible_tokens: int
+    counts: dict[str, int]  # calls per terminal state
+    failure: str | None = None
+
+
+# ------------------------------------------------------------------------------------------ activities
+
+
+class GenerateInput(BaseModel):
+    episode_id: str
+    call_id: str
+    prompt: PromptSpec
+    sampling: SamplingConfig
+
+
+class GenerateResult(BaseModel):
+    call_id: str
+    staging_key: str
+    digests: TokenDigests
+    completion_ids: list[int]
+    text: str
+    assistant_message: dict[str, Any]  # the completion parsed as a chat message (content / tool_calls)
+    finish_reason: str
+    policy_version: int
+    reused_staged: bool = False  # a retry found this call already staged and returned it
+
+
+class RewardInput(BaseModel):
+    task: TaskSpec
+    outcome: HarnessOutcome
+
+
+class RewardResult(BaseModel):
+    reward: float
+    details: dict[str, float] = Field(default_factory=dict)
+
+
+class MaterializeInput(BaseModel):
+    episode_id: str
+    group_id: str
+    rows_key: str
+    contexts: list[ContextRecord]
+    receipts: list[CallReceipt]
+    reward: float
+    valid: bool  # False: a failed episode -> one masked placeholder row keeps its group intact
+    failure: str | None = None
+    train_agents: TrainAgents = "all"
+    train_auxiliary: bool = False
+
+
+class MaterializeResult(BaseModel):
+    rows_key: str
+    num_rows: int
+    eligible_tokens: int
+    placeholder: bool
+
+
+class CleanStagingInput(BaseModel):
+    episode_id: str
+    keep: bool = False  # keep staged arrays (debugging a failed episode)
+
+
+class CleanStagingResult(BaseModel):
+    deleted: int
+
+
+class TrainStepInput(BaseModel):
+    run_id: str
+    step: int  # 1-based optimizer step N; produces policy version N
+    model: str  # base model name or folder (the learner starts from it at step 0)
+    row_keys: list[str]
+    learner: LearnerConfig
+
+
+class TrainStepResult(BaseModel):
+    step: int
+    policy_version: int
+    reused_checkpoint: bool
+    metrics: dict[str, float]
+
+
+class PublishInput(BaseModel):
+    run_id: str
+    version: int  # the checkpoint step whose weights to load; == the new policy version
+
+
+class PublishResult(BaseModel):
+    version: int
+    previous_version: int
+    seconds: float
+
+
+# ------------------------------------------------------------------------------------------ run
+
+
+class RunConfig(BaseModel):
+    run_id: str
+    model: str = "tiny"
+    seed: int = 0
+    steps: int = Field(20, ge=1)
+    task_family: str = "delegation"
+    num_tasks: int = Field(64, ge=1)
+    tasks_per_step: int = Field(2, ge=1)
+    group_size: int = Field(4, ge=1)
+    harness: HarnessSpec = Field(default_factory=HarnessSpec)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    train_agents: TrainAgents = "all"
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    continue_as_new_every: int = Field(5, ge=1)
+
+
+class StepRecord(BaseModel):
+    step: int
+    mean_reward: float
+    episodes: int
+    failed_episodes: int
+    policy_version: int
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class RunState(BaseModel):
+    """Everything the run needs to continue: carried whole through continue-as-new."""
+
+    config: RunConfig
+    next_step: int = 0
+    history: list[StepRecord] = Field(default_factory=list)
+
+
+class RunResult(BaseModel):
+    run_id: str
+    steps: int
+    history: list[StepRecord]

@@ -1,0 +1,75 @@
+"""The `delegation` task family: a parent hands one word to each of two workers, then reports both.
+
+The reward depends on the workers *and* the parent: each worker should repeat its word, and the
+parent's final answer should contain both words (it sees the workers' answers as tool results).
+
+    reward = 0.5 * mean over workers of similarity(worker answer, its word)
+           + 0.5 * fraction of the two words present in the parent's final answer
+
+`similarity` is difflib's ratio on the answer's first line (partial credit, so a tiny model gets a
+gradient from the start). Tasks are a pure function of their index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import re
+
+from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
+from harnesses.native import NativeEpisode, system, tool_result, user
+
+FAMILY = "delegation"
+WORDS = (
+    "red", "blue", "green", "cat", "dog", "sun", "moon", "tree",
+    "fish", "bird", "star", "rain", "snow", "milk", "book", "door",
+)  # fmt: skip
+
+PARENT_SYSTEM = "You are the lead. Give each word to a worker, then answer with both words."
+WORKER_SYSTEM = "You are a worker. Answer with the word you are given."
+
+
+def make_task(index: int) -> TaskSpec:
+    """Task `index` of the family: an ordered pair of distinct words."""
+    n = len(WORDS)
+    first = index % n
+    second = (first + 1 + (index // n) % (n - 1)) % n
+    return TaskSpec(
+        family=FAMILY, task_id=f"{FAMILY}-{index}", params={"words": [WORDS[first], WORDS[second]]}
+    )
+
+
+async def program(episode: NativeEpisode) -> str:
+    words = episode.spec.task.params["words"]
+    parent = await episode.root("parent", [system(PARENT_SYSTEM), user("Words: " + " ".join(words))])
+    await parent.reply()  # the delegating turn; the workers are spawned by this call
+    workers = [
+        await episode.spawn(f"worker-{i + 1}", by=parent, messages=[system(WORKER_SYSTEM), user(f"Word: {w}")])
+        for i, w in enumerate(words)
+    ]
+    answers = await asyncio.gather(*(w.reply() for w in workers))
+    final = await parent.reply(*(tool_result(a.text) for a in answers))
+    return final.text
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0].strip().lower() if text.strip() else ""
+
+
+def similarity(answer: str, word: str) -> float:
+    return difflib.SequenceMatcher(None, _first_line(answer), word).ratio()
+
+
+def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:
+    words: list[str] = task.params["words"]
+    worker_scores = []
+    for i, word in enumerate(words):
+        texts = outcome.outputs.get(f"worker-{i + 1}", [])
+        worker_scores.append(similarity(texts[-1], word) if texts else 0.0)
+    said = set(re.findall(r"[a-z]+", outcome.final_answer.lower()))
+    parent_score = sum(w in said for w in words) / len(words)
+    worker_mean = sum(worker_scores) / len(worker_scores)
+    return RewardResult(
+        reward=0.5 * worker_mean + 0.5 * parent_score,
+        details={"workers": worker_mean, "parent": parent_score},
+    )

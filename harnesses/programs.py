@@ -1,0 +1,32 @@
+"""Registry of native programs (by name, as EpisodeSpec.harness.program) and task families."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
+from harnesses import delegation, scenario
+from harnesses.native import Program
+
+PROGRAMS: dict[str, Program] = {
+    delegation.FAMILY: delegation.program,
+    scenario.NAME: scenario.program,
+    scenario.SINGLE_NAME: scenario.single_agent_program,
+}
+
+
+class UnknownTaskFamilyError(KeyError):
+    """A task family grove does not know."""
+
+
+TASK_FAMILIES: dict[str, tuple[Callable[[int], TaskSpec], Callable[[TaskSpec, HarnessOutcome], RewardResult]]] = {
+    delegation.FAMILY: (delegation.make_task, delegation.score),
+    scenario.NAME: (scenario.make_task, scenario.score),
+}
+
+
+def family(name: str):
+    try:
+        return TASK_FAMILIES[name]
+    except KeyError:
+        raise UnknownTaskFamilyError(f"unknown task family {name!r}; known: {sorted(TASK_FAMILIES)}") from None

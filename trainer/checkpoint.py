@@ -1,0 +1,283 @@
+"""Learner checkpoints in the object store: atomic by a commit marker, loadable without unpickling.
+
+Layout (trainer/checkpoint_layout.py): under `checkpoints/{run}/step-{N:06d}/`
+- `model/`: a complete Hugging Face folder (config.json, generation_config.json, model.safetensors
+  from `save_pretrained`, plus the base model's tokenizer files and chat template), which
+  transformers and vLLM load as a model path;
+- `optimizer.pt`: {"optimizer": AdamW state_dict, "scheduler": {"rollouts_consumed": n}} via
+  torch.save, read back with torch.load(weights_only=True) (tensors and plain containers only);
+- `trainer_state.json`: step, data cursor (= step: data order is a pure function of seed and step),
+  policy version (= step), rollouts consumed, config and its fingerprint, RNG states (python,
+  numpy, torch, cuda when present) as JSON and base64;
+- `COMMIT`, written last: {"step": N, "files": {relative name: sha256}}.
+
+A step without COMMIT does not exist for readers, so a crash mid-save leaves the previous
+checkpoint the latest. Saving a step that is already committed returns its manifest unchanged
+(idempotent trainer activity); saving over an uncommitted step overwrites its leftovers.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+
+from storage.base import ObjectNotFoundError, ObjectStore, sha256_hex
+from trainer.checkpoint_layout import MODEL_DIR, commit_key, parse_step, run_prefix, step_prefix
+from trainer.config import LearnerConfig
+from trainer.learner import Learner
+
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "trainer_state.json"
+# What a model folder needs besides save_pretrained's output; copied from the folder the learner loaded.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+class CheckpointError(Exception):
+    """Base of checkpoint errors."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No committed checkpoint for the requested run and step."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A committed file is missing or its sha256 differs from the COMMIT manifest."""
+
+
+class CheckpointConfigMismatchError(CheckpointError):
+    """The checkpoint was written by a run with a different learner config."""
+
+
+class MissingTokenizerError(CheckpointError):
+    """The learner's model folder has no tokenizer files to copy into the checkpoint."""
+
+
+class RngStates(BaseModel):
+    python: list  # random.getstate() as JSON lists
+    numpy: dict  # legacy MT19937 state: keys, pos, has_gauss, cached_gaussian
+    torch: str  # base64 of torch.get_rng_state()
+    cuda: list[str] | None  # base64 per device, None without CUDA
+
+
+class TrainerState(BaseModel):
+    format_version: int = 1
+    run_id: str
+    step: int
+    data_cursor: int  # the next step's task_indices(seed, step + 1, ...) continue the data order
+    policy_version: int
+    rollouts_consumed: int
+    config_fingerprint: str
+    config: dict
+    rng: RngStates
+
+
+def capture_rng() -> RngStates:
+    version, keys, gauss = random.getstate()
+    name, mt, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    cuda = None
+    if torch.cuda.is_available():
+        cuda = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return RngStates(
+        python=[version, list(keys), gauss],
+        numpy={"name": name, "keys": mt.tolist(), "pos": pos, "has_gauss": has_gauss, "cached": cached},
+        torch=base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        cuda=cuda,
+    )
+
+
+def _bytes_tensor(b64: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(b64)), dtype=torch.uint8)
+
+
+def restore_rng(states: RngStates) -> None:
+    version, keys, gauss = states.python
+    random.setstate((version, tuple(keys), gauss))
+    n = states.numpy
+    np.random.set_state(
+        (n["name"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"])
+    )
+    torch.set_rng_state(_bytes_tensor(states.torch))
+    if states.cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in states.cuda])
+
+
+def _model_files(learner: Learner) -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory(prefix="grove-ckpt-") as tmp:
+        learner.model.save_pretrained(tmp)
+        files = {f"{MODEL_DIR}/{p.name}": p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+    tokenizer = [name for name in TOKENIZER_FILES if (learner.model_dir / name).is_file()]
+    if not any(name in tokenizer for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise MissingTokenizerError(
+            f"model folder {learner.model_dir} has none of tokenizer.json, tokenizer.model, vocab.json; a "
+            "checkpoint must be a complete model folder that vLLM can load; start from a folder with one"
+        )
+    for name in tokenizer:
+        files[f"{MODEL_DIR}/{name}"] = (learner.model_dir / name).read_bytes()
+    return files
+
+
+def _checkpoint_files(run_id: str, learner: Learner) -> dict[str, bytes]:
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "optimizer": learner.optimizer.state_dict(),
+            "scheduler": {"rollouts_consumed": learner.rollouts_consumed},
+        },
+        buf,
+    )
+    state = TrainerState(
+        run_id=run_id,
+        step=learner.step_count,
+        data_cursor=learner.step_count,
+        policy_version=learner.step_count,
+        rollouts_consumed=learner.rollouts_consumed,
+        config_fingerprint=learner.config.fingerprint(),
+        config=learner.config.model_dump(mode="json"),
+        rng=capture_rng(),
+    )
+    files = _model_files(learner)
+    files[OPTIMIZER_FILE] = buf.getvalue()
+    files[STATE_FILE] = state.model_dump_json(indent=1).encode()
+    return files
+
+
+def save_checkpoint(store: ObjectStore, run_id: str, learner: Learner) -> dict[str, str]:
+    """Write the learner's state as step `learner.step_count`; returns the COMMIT manifest {file: sha256}."""
+    step = learner.step_count
+    if store.exists(commit_key(run_id, step)):
+        return read_manifest(store, run_id, step)
+    files = _checkpoint_files(run_id, learner)
+    prefix = step_prefix(run_id, step)
+    for name in sorted(files):
+        store.put(prefix + name, files[name])  # overwrite leftovers of a crashed, uncommitted attempt
+    manifest = {name: sha256_hex(data) for name, data in sorted(files.items())}
+    store.put(commit_key(run_id, step), json.dumps({"step": step, "files": manifest}, indent=1).encode())
+    return manifest
+
+
+def latest_committed_step(store: ObjectStore, run_id: str) -> int | None:
+    """The highest step of `run_id` with a COMMIT marker, or None if there is none."""
+    steps = [s for s in (parse_step(k) for k in store.list(run_prefix(run_id))) if s is not None]
+    return max(steps) if steps else None
+
+
+def read_manifest(store: ObjectStore, run_id: str, step: int) -> dict[str, str]:
+    """The committed files of a checkpoint {relative name: sha256}."""
+    try:
+        commit = json.loads(store.get(commit_key(run_id, step)))
+    except ObjectNotFoundError:
+        raise CheckpointNotFoundError(
+            f"run {run_id!r} has no committed checkpoint at step {step} (no {commit_key(run_id, step)!r}); "
+            f"latest committed step: {latest_committed_step(store, run_id)}"
+        ) from None
+    return dict(commit["files"])
+
+
+def _get_verified(store: ObjectStore, run_id: str, step: int, name: str, manifest: dict[str, str]) -> bytes:
+    key = step_prefix(run_id, step) + name
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:
+        raise CheckpointCorruptError(
+            f"checkpoint file {key!r} is in its COMMIT manifest but missing"
+        ) from None
+    if sha256_hex(data) != manifest[name]:
+        raise CheckpointCorruptError(
+            f"checkpoint file {key!r} has sha256 {sha256_hex(data)[:16]}…, its COMMIT manifest says "
+            f"{manifest[name][:16]}…; the object was changed after commit. Resume from another step"
+        )
+    return data
+
+
+def download_model_folder(store: ObjectStore, run_id: str, step: int, dest_dir: Path) -> Path:
+    """Write the committed model folder of `step` into `dest_dir` (sha256-verified); returns dest_dir."""
+    manifest = read_manifest(store, run_id, step)
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    for name in sorted(n for n in manifest if n.startswith(MODEL_DIR + "/")):
+        (dest_dir / name[len(MODEL_DIR) + 1 :]).write_bytes(
+            _get_verified(store, run_id, step, name, manifest)
+        )
+    return dest_dir
+
+
+def read_trainer_state(store: ObjectStore, run_id: str, step: int) -> TrainerState:
+    manifest = read_manifest(store, run_id, step)
+    return TrainerState.model_validate_json(_get_verified(store, run_id, step, STATE_FILE, manifest))
+
+
+def _check_config(state: TrainerState, config: LearnerConfig, run_id: str) -> None:
+    if state.config_fingerprint == config.fingerprint():
+        return
+    ours = config.model_dump(mode="json")
+    diff = {k: (state.config.get(k), ours.get(k)) for k in sorted(set(ours) | set(state.config))}
+    diff = {k: v for k, v in diff.items() if v[0] != v[1]}
+    raise CheckpointConfigMismatchError(
+        f"run {run_id!r} step {state.step}: checkpoint config fingerprint {state.config_fingerprint[:16]}… "
+        f"differs from this run's {config.fingerprint()[:16]}…; differing fields (checkpoint, run): {diff}. "
+        "Resume with the checkpoint's config, or start a new run id"
+    )
+
+
+def load_checkpoint(
+    store: ObjectStore,
+    run_id: str,
+    step: int,
+    config: LearnerConfig,
+    dest_dir: Path,
+    *,
+    device: str | torch.device | None = None,
+    reference_dir: Path | None = None,
+) -> Learner:
+    """A learner resumed from a committed step: weights, optimizer, counters and RNG states restored.
+
+    The model folder is downloaded into `dest_dir`. Raises CheckpointNotFoundError,
+    CheckpointCorruptError, or CheckpointConfigMismatchError (before any weights are read).
+    """
+    manifest = read_manifest(store, run_id, step)
+    state = TrainerState.model_validate_json(_get_verified(store, run_id, step, STATE_FILE, manifest))
+    _check_config(state, config, run_id)
+    model_dir = download_model_folder(store, run_id, step, dest_dir)
+    learner = Learner(
+        model_dir,
+        config,
+        device=device,
+        reference_dir=reference_dir,
+        step_count=state.step,
+        rollouts_consumed=state.rollouts_consumed,
+    )
+    saved = torch.load(
+        io.BytesIO(_get_verified(store, run_id, step, OPTIMIZER_FILE, manifest)),
+        map_location=learner.device,
+        weights_only=True,
+    )
+    # The implementation flags belong to this device (fused AdamW on CUDA), not the saving one.
+    flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in learner.optimizer.param_groups]
+    learner.optimizer.load_state_dict(saved["optimizer"])
+    for group, own in zip(learner.optimizer.param_groups, flags, strict=True):
+        group.update(own)
+    if saved["scheduler"]["rollouts_consumed"] != state.rollouts_consumed:
+        raise CheckpointCorruptError(
+            f"run {run_id!r} step {step}: optimizer.pt counts {saved['scheduler']['rollouts_consumed']} "
+            f"rollouts, trainer_state.json {state.rollouts_consumed}; the files come from different saves"
+        )
+    restore_rng(state.rng)
+    return learner

@@ -1,0 +1,90 @@
+"""The learner's configuration: one typed, frozen object, checkpointed and fingerprinted.
+
+Every number that changes what an optimizer step computes lives here, so a checkpoint can refuse a
+run whose configuration differs (`fingerprint()`). Counts are in *logical rollouts* (episodes), never
+in physical rows: how an episode is cut into rows must not change the schedule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class LearnerConfig(BaseModel):
+    """GRPO learner settings (see trainer/learner.py for the algorithm)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # optimizer (AdamW; decay on matrices only, never on norms and biases)
+    lr: float = Field(1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)  # max global grad norm; None: no clipping
+
+    # LR schedule, counted in logical rollouts consumed (including the current step's)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_rollouts: int = Field(0, ge=0)
+    total_rollouts: int | None = Field(None, gt=0)  # required by "linear" and "cosine"
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+    # PPO-clip surrogate: ratio clipped to [1 - clip_low, 1 + clip_high]
+    clip_low: float = Field(0.2, gt=0, lt=1)
+    clip_high: float = Field(0.2, gt=0)
+
+    # KL penalty to a frozen reference model (k3 estimator); 0 disables it and loads no reference
+    kl_coef: float = Field(0.0, ge=0)
+
+    # sampler processing the behaviour logprobs were recorded with (vLLM processed_logprobs)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+    # GRPO advantages
+    adv_std_scaling: bool = True  # False: A = r - mean (Dr. GRPO style)
+    adv_eps: float = Field(1e-6, gt=0)
+
+    # batch shape: the logical batch size, and the padded-token budget of one micro-batch
+    rollouts_per_step: int | None = Field(None, gt=0)  # None: accept any number of episodes
+    micro_batch_tokens: int = Field(8192, gt=0)
+
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _schedule_needs_total(self) -> LearnerConfig:
+        if self.lr_schedule != "constant" and self.total_rollouts is None:
+            raise ValueError(
+                f"lr_schedule={self.lr_schedule!r} decays to total_rollouts; set total_rollouts "
+                "(the number of logical rollouts of the whole run) or use lr_schedule='constant'"
+            )
+        if self.total_rollouts is not None and self.warmup_rollouts >= self.total_rollouts:
+            raise ValueError(
+                f"warmup_rollouts ({self.warmup_rollouts}) must be < total_rollouts ({self.total_rollouts})"
+            )
+        return self
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of every field: a checkpoint only resumes the same config."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def lr_at(self, rollouts_consumed: int) -> float:
+        """Learning rate of the step after which `rollouts_consumed` rollouts have been trained on.
+
+        Linear warmup over `warmup_rollouts`, then constant, linear or cosine decay to
+        lr * min_lr_ratio at `total_rollouts` (held there afterwards).
+        """
+        n = rollouts_consumed
+        if self.warmup_rollouts and n < self.warmup_rollouts:
+            return self.lr * n / self.warmup_rollouts
+        if self.lr_schedule == "constant":
+            return self.lr
+        assert self.total_rollouts is not None  # the validator guarantees it
+        progress = min(1.0, (n - self.warmup_rollouts) / (self.total_rollouts - self.warmup_rollouts))
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        shape = 1.0 - progress if self.lr_schedule == "linear" else cosine
+        return self.lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape)

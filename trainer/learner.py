@@ -1,0 +1,296 @@
+"""The GRPO learner: one optimizer step of the shared policy on the rows of one logical batch.
+
+Which GRPO this is (DESIGN.md section 7):
+- Logical-owner advantages (trainer/advantages.py): one reward and one advantage per episode,
+  baseline over the group's valid episodes, fanned out to every eligible token the episode owns.
+- Token-level PPO-clip with ratio exp(logp - behaviour logp), optional k3 KL to a frozen reference
+  (trainer/loss.py), normalised by the unique eligible tokens of the logical batch (DAPO-style
+  token-level normalisation; the row cut never changes an action's weight).
+- Logprobs are sampler-processed (temperature, top-p) like vLLM's processed_logprobs
+  (trainer/logprobs.py), so the ratio is 1 on-policy.
+- Dropout is off (eval mode): behaviour logprobs were sampled without it.
+- Step counter, policy version and LR schedule count optimizer steps and logical rollouts, never rows.
+- CPU: float32 everywhere. CUDA: bf16 autocast for the forward, float32 master weights, fused AdamW.
+
+Usage:
+    learner = Learner(model_dir, LearnerConfig(...))
+    metrics = learner.step(rows)        # one optimizer step; learner.step_count += 1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM
+
+from trainer.advantages import EpisodeAdvantage, episode_advantages
+from trainer.batch import MicroBatch, plan_micro_batches, unique_eligible_tokens, validate_rows
+from trainer.config import LearnerConfig
+from trainer.logprobs import processed_logprobs
+from trainer.loss import LossInputs, grpo_loss
+from trainer.rows import Row
+
+
+class RolloutCountError(ValueError):
+    """The batch does not hold the configured number of logical rollouts."""
+
+
+class ReferenceModelError(ValueError):
+    """kl_coef > 0 without a reference model folder."""
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or the gradient norm is NaN or infinite; the optimizer step was not taken."""
+
+
+class StepMetrics(BaseModel):
+    """What one optimizer step did (logged, returned by the trainer activity)."""
+
+    step: int  # optimizer steps taken so far, this one included (= policy version of the new weights)
+    rollouts: int  # logical rollouts (episodes) in this batch, invalid ones included
+    rollouts_consumed: int  # over the run, this batch included (the LR schedule's clock)
+    valid_rollouts: int
+    rows: int
+    micro_batches: int
+    loss_tokens: int  # unique eligible tokens of the logical batch: the loss denominator
+    forwarded_tokens: int  # real tokens of the forwarded rows
+    padded_tokens: int  # tensor positions forwarded, padding included
+    loss: float
+    pg_loss: float
+    kl: float
+    ratio_mean: float
+    clip_frac: float
+    grad_norm: float
+    lr: float
+    skipped: bool  # no loss tokens: counters advance, weights and optimizer state do not change
+    seconds: float
+    tokens_per_s: float  # forwarded_tokens / seconds
+
+
+@dataclass
+class BatchLoss:
+    """Sums over the micro-batches of one logical batch."""
+
+    loss: float = 0.0
+    pg_sum: float = 0.0
+    kl_sum: float = 0.0
+    ratio_sum: float = 0.0
+    clipped: int = 0
+    tokens: int = 0
+    per_micro_batch: list[float] = field(default_factory=list)
+
+
+def pick_device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def seed_rngs(seed: int) -> None:
+    """Seed python, numpy and torch (all devices); a resumed learner restores the saved states instead."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def load_policy(model_dir: Path, device: torch.device, *, trainable: bool) -> nn.Module:
+    """A float32 HF causal LM in eval mode (no dropout); frozen unless `trainable`."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    model.eval()
+    model.requires_grad_(trainable)
+    return model
+
+
+def build_optimizer(model: nn.Module, config: LearnerConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (norm scales and biases are not shrunk)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    fused = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, **fused)
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def score_tokens(model: nn.Module, mb: MicroBatch, config: LearnerConfig, device: torch.device) -> Tensor:
+    """Sampler-processed logprobs of the micro-batch's loss tokens: float32 [N]."""
+    ids = mb.input_ids.to(device)  # [B, T]
+    with _autocast(device):
+        logits = model(input_ids=ids, use_cache=False).logits  # [B, T, V]
+    rows, pos = mb.loss_rows.to(device), mb.loss_positions.to(device)  # [N], [N]
+    # Token t was sampled from the distribution at t-1 (rows.py position convention).
+    return processed_logprobs(
+        logits[rows, pos - 1], ids[rows, pos], temperature=config.temperature, top_p=config.top_p
+    )
+
+
+def accumulate_gradients(
+    model: nn.Module,
+    micro_batches: Sequence[MicroBatch],
+    denominator: int,
+    config: LearnerConfig,
+    device: torch.device,
+    reference: nn.Module | None = None,
+) -> BatchLoss:
+    """Backward every micro-batch's share of the logical batch loss into `.grad` (accumulating)."""
+    total = BatchLoss()
+    for mb in micro_batches:
+        ref = None
+        if reference is not None and config.kl_coef > 0:
+            with torch.no_grad():
+                ref = score_tokens(reference, mb, config, device)
+        logprobs = score_tokens(model, mb, config, device)  # float32 [N] (float64 for a float64 model)
+        out = grpo_loss(
+            LossInputs(
+                logprobs=logprobs,
+                behavior_logprobs=mb.behavior_logprobs.to(device, logprobs.dtype),
+                advantages=mb.advantages.to(device, logprobs.dtype),
+                ref_logprobs=ref,
+                denominator=denominator,
+            ),
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            kl_coef=config.kl_coef,
+        )
+        out.loss.backward()
+        value = float(out.loss.detach())
+        total.loss += value
+        total.per_micro_batch.append(value)
+        total.pg_sum += out.pg_sum
+        total.kl_sum += out.kl_sum
+        total.ratio_sum += out.ratio_sum
+        total.clipped += out.clipped
+        total.tokens += out.tokens
+    return total
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A validated logical batch: per-episode advantages, the loss denominator, the micro-batch plan."""
+
+    advantages: dict[str, EpisodeAdvantage]
+    denominator: int  # unique eligible tokens of the valid episodes
+    plan: list[MicroBatch]
+
+
+def prepare_batch(rows: Sequence[Row], config: LearnerConfig) -> PreparedBatch:
+    """Validate rows, compute episode advantages and the denominator, and plan the micro-batches."""
+    validate_rows(rows)
+    adv = episode_advantages(rows, std_scaling=config.adv_std_scaling, eps=config.adv_eps)
+    per_episode = {e: a.advantage for e, a in adv.items()}
+    plan = plan_micro_batches(rows, per_episode, config.micro_batch_tokens)
+    return PreparedBatch(adv, unique_eligible_tokens(rows), plan)
+
+
+class Learner:
+    """The policy, its optimizer and the run's counters; `step(rows)` takes one optimizer step."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        config: LearnerConfig,
+        *,
+        device: str | torch.device | None = None,
+        reference_dir: Path | None = None,
+        step_count: int = 0,
+        rollouts_consumed: int = 0,
+    ) -> None:
+        seed_rngs(config.seed)
+        self.config = config
+        self.model_dir = Path(model_dir)  # tokenizer files for checkpoints are copied from here
+        self.device = pick_device(device)
+        self.model = load_policy(self.model_dir, self.device, trainable=True)
+        self.optimizer = build_optimizer(self.model, config, self.device)
+        self.reference = None
+        if config.kl_coef > 0:
+            if reference_dir is None:
+                raise ReferenceModelError(
+                    f"kl_coef={config.kl_coef} needs a frozen reference: pass reference_dir (usually the "
+                    "base model folder), or set kl_coef=0"
+                )
+            self.reference = load_policy(Path(reference_dir), self.device, trainable=False)
+        self.step_count = step_count  # = policy version of the current weights
+        self.rollouts_consumed = rollouts_consumed
+
+    def _check_rollouts(self, episodes: int) -> None:
+        want = self.config.rollouts_per_step
+        if want is not None and episodes != want:
+            raise RolloutCountError(
+                f"step {self.step_count + 1}: the batch holds {episodes} logical rollouts (episodes), the "
+                f"config says rollouts_per_step={want}; an incomplete or duplicated batch never completes "
+                "an optimizer step (wait for every episode, or fix the group size)"
+            )
+
+    def step(self, rows: Sequence[Row]) -> StepMetrics:
+        """One optimizer step on the rows of one logical batch (all episodes of the step's groups)."""
+        started = time.perf_counter()
+        batch = prepare_batch(rows, self.config)
+        self._check_rollouts(len(batch.advantages))
+        rollouts = len(batch.advantages)
+        lr = self.config.lr_at(self.rollouts_consumed + rollouts)
+        self.optimizer.zero_grad(set_to_none=True)
+        total, grad_norm = BatchLoss(), 0.0
+        if batch.denominator > 0:
+            total = accumulate_gradients(
+                self.model, batch.plan, batch.denominator, self.config, self.device, self.reference
+            )
+            grad_norm = self._apply_update(lr)
+        self.step_count += 1
+        self.rollouts_consumed += rollouts
+        seconds = time.perf_counter() - started
+        forwarded = sum(mb.real_tokens for mb in batch.plan)
+        denominator = max(batch.denominator, 1)
+        return StepMetrics(
+            step=self.step_count,
+            rollouts=rollouts,
+            rollouts_consumed=self.rollouts_consumed,
+            valid_rollouts=sum(a.valid for a in batch.advantages.values()),
+            rows=len(rows),
+            micro_batches=len(batch.plan),
+            loss_tokens=batch.denominator,
+            forwarded_tokens=forwarded,
+            padded_tokens=sum(mb.padded_tokens for mb in batch.plan),
+            loss=total.loss,
+            pg_loss=total.pg_sum / denominator,
+            kl=total.kl_sum / denominator,
+            ratio_mean=total.ratio_sum / max(total.tokens, 1),
+            clip_frac=total.clipped / max(total.tokens, 1),
+            grad_norm=grad_norm,
+            lr=lr,
+            skipped=batch.denominator == 0,
+            seconds=seconds,
+            tokens_per_s=forwarded / seconds if seconds > 0 else 0.0,
+        )
+
+    def _apply_update(self, lr: float) -> float:
+        """Clip, check, set the LR and step the optimizer; returns the pre-clip global grad norm."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.grad_clip if self.config.grad_clip is not None else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not torch.isfinite(torch.tensor(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError(
+                f"step {self.step_count + 1}: gradient norm is {norm}; the optimizer step was not taken. "
+                "Look for -inf logprobs (a sampled token outside the current top-p set with kl_coef > 0) "
+                "or corrupt behaviour logprobs"
+            )
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm

@@ -1,0 +1,736 @@
+"""The episode ledger: the workflow state that admits, tracks and accounts for every model call.
+
+An `EpisodeWorkflow` holds one `Ledger`. Agents open *contexts* (context reservations): the root
+agent's first context, a worker's context spawned by a named call of another agent, or a declared
+rewrite (compaction) of the agent's own current context, which retires the old one. Contexts are
+independent, so calls of different contexts may be outstanding at once. Within a context:
+
+- the first call is the context's root (`extends=None`; also a retry of a root that failed, was
+  cancelled or discarded);
+- a later call extends the context's *head* — the last admitted call that is not discarded, failed
+  or cancelled — or names an older completed call with `branch=True` (a fork, a kept retry);
+- `extends=None` in a context that already has calls is an undeclared discontinuity: a rewrite
+  must open a REWRITE context;
+- a call can only extend a *completed* call (its tokens must exist).
+
+Calls move admitted -> completed -> exactly one terminal state (selected, discarded, auxiliary,
+cancelled, failed); `close()` resolves completed calls to selected/auxiliary, cancels outstanding
+calls only when told to, and returns an accounting record in which every admitted call id appears in
+exactly one terminal state.
+
+Every rule violation raises a `LedgerError` subclass carrying episode id, context id, call ids, what
+was expected and what to do. `validate_*` methods raise the same errors without mutating (Temporal
+Update validators call them). Repeating a transition that already happened with the same data is a
+no-op, so retried Updates are harmless.
+
+The state is small (receipts: ids, lengths, digests; never token arrays) and serialises with pydantic.
+Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandbox).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pydantic import BaseModel, Field
+
+from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord, TokenDigests
+from workflows.accounting import (
+    ContextSummary,
+    LedgerAccounting,
+    LedgerSummary,
+    account,
+    count_states,
+)
+from workflows.ancestry import AncestryEvidence, candidate_ranges, match_candidates
+
+# Calls that produced nothing anyone may build on: they leave their context's line.
+DEAD_STATES: frozenset[CallState] = frozenset({CallState.DISCARDED, CallState.FAILED, CallState.CANCELLED})
+# Calls whose tokens exist and that the harness may still extend.
+LIVE_COMPLETED_STATES: frozenset[CallState] = frozenset(
+    {CallState.COMPLETED, CallState.SELECTED, CallState.AUXILIARY}
+)
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+
+class LedgerError(ValueError):
+    """A ledger rule was broken. Carries the ids involved, what was expected and what to do."""
+
+    def __init__(
+        self,
+        *,
+        episode_id: str,
+        context_id: str | None,
+        call_ids: Iterable[str],
+        problem: str,
+        expected: str,
+        action: str,
+    ) -> None:
+        self.episode_id = episode_id
+        self.context_id = context_id
+        self.call_ids = list(call_ids)
+        self.expected = expected
+        self.action = action
+        super().__init__(
+            f"{problem} [episode {episode_id}, context {context_id}, calls {self.call_ids}]; "
+            f"expected: {expected}; to fix: {action}"
+        )
+
+
+class AmbiguousAncestryError(LedgerError):
+    """Two different completed calls match the same longest prefix of a new prompt."""
+
+
+class StaleContinuationError(LedgerError):
+    """A call extends something that is no longer a head: an older call, a dead call, a retired context."""
+
+
+class UndeclaredDiscontinuityError(LedgerError):
+    """A call that does not extend its context's line (or cannot, by length) without a declared rewrite."""
+
+
+class UnresolvedAcknowledgementError(LedgerError):
+    """At close, a call was admitted but its receipt (completion or failure) never came."""
+
+
+class ClosingWithOutstandingCallsError(LedgerError):
+    """Close while worker calls are still outstanding, without asking to cancel them."""
+
+
+class DuplicateCallError(LedgerError):
+    """A call id admitted twice."""
+
+
+class DuplicateContextError(LedgerError):
+    """A context id opened twice."""
+
+
+class UnknownContextError(LedgerError):
+    """A call or rewrite names a context the ledger never opened."""
+
+
+class UnknownCallError(LedgerError):
+    """An operation names a call id the ledger never admitted."""
+
+
+class InvalidReservationError(LedgerError):
+    """A context reservation that breaks the origin rules (ROOT, SPAWN, REWRITE)."""
+
+
+class CrossContextContinuationError(LedgerError):
+    """A call claims to extend a call of another context (contexts are independent token streams)."""
+
+
+class PendingPredecessorError(LedgerError):
+    """A call extends a call that has not completed yet: its tokens do not exist."""
+
+
+class InvalidTransitionError(LedgerError):
+    """A state change that the call's lifecycle does not allow (e.g. completing a failed call)."""
+
+
+class DiscardInUseError(LedgerError):
+    """Discarding a call that live calls extend or that spawned a context: they would lose their origin."""
+
+
+class LedgerClosedError(LedgerError):
+    """A change to a ledger that is already closed."""
+
+
+class MissingAncestryEvidenceError(LedgerError):
+    """Ancestry evidence lacks the digest of a slice that a candidate parent needs."""
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+class AdmitRequest(BaseModel):
+    """Payload of the admission Update: one call about to be generated."""
+
+    call_id: str
+    context_id: str
+    kind: CallKind = CallKind.ACTION
+    extends: str | None = None  # the call whose prompt + completion this call's prompt starts with
+    branch: bool = False  # True: `extends` may be an older call than the head (fork / kept retry)
+
+
+class ContextState(BaseModel):
+    """A context reservation plus its calls in admission order."""
+
+    record: ContextRecord
+    call_ids: list[str] = Field(default_factory=list)
+    retired_by: str | None = None  # the REWRITE context that replaced this one
+
+
+class Ledger(BaseModel):
+    """Workflow state of one episode. See the module docstring for the rules."""
+
+    episode_id: str
+    group_id: str
+    contexts: dict[str, ContextState] = Field(default_factory=dict)
+    calls: dict[str, CallReceipt] = Field(default_factory=dict)  # admission order
+    closed: bool = False
+    cancelled_at_close: list[str] = Field(default_factory=list)
+
+    # ------------------------------------------------------------------------------------ error helper
+
+    def _error(
+        self,
+        cls: type[LedgerError],
+        context_id: str | None,
+        call_ids: Iterable[str],
+        problem: str,
+        expected: str,
+        action: str,
+    ) -> LedgerError:
+        return cls(
+            episode_id=self.episode_id,
+            context_id=context_id,
+            call_ids=call_ids,
+            problem=problem,
+            expected=expected,
+            action=action,
+        )
+
+    # ------------------------------------------------------------------------------------ lookups
+
+    def context(self, context_id: str, *, call_ids: Iterable[str] = ()) -> ContextState:
+        state = self.contexts.get(context_id)
+        if state is None:
+            raise self._error(
+                UnknownContextError,
+                context_id,
+                call_ids,
+                f"context {context_id!r} was never opened",
+                f"one of the open contexts {sorted(self.contexts)}",
+                "open the context (open_context) before admitting calls into it",
+            )
+        return state
+
+    def call(self, call_id: str, *, context_id: str | None = None) -> CallReceipt:
+        receipt = self.calls.get(call_id)
+        if receipt is None:
+            raise self._error(
+                UnknownCallError,
+                context_id,
+                [call_id],
+                f"call {call_id!r} was never admitted",
+                "the id of an admitted call",
+                "admit the call first, or fix the id the harness sent",
+            )
+        return receipt
+
+    def head(self, context_id: str) -> str | None:
+        """The call a plain continuation must extend: the last admitted call that is not dead."""
+        for call_id in reversed(self.context(context_id).call_ids):
+            if self.calls[call_id].state not in DEAD_STATES:
+                return call_id
+        return None
+
+    def agents(self) -> dict[str, list[str]]:
+        """agent -> its context ids in opening order."""
+        out: dict[str, list[str]] = {}
+        for context_id, state in self.contexts.items():
+            out.setdefault(state.record.agent, []).append(context_id)
+        return out
+
+    def receipts(self) -> list[CallReceipt]:
+        return list(self.calls.values())
+
+    def pending(self) -> list[str]:
+        return [c for c, r in self.calls.items() if r.state == CallState.ADMITTED]
+
+    def _check_open_ledger(self, context_id: str | None, call_ids: Iterable[str]) -> None:
+        if self.closed:
+            raise self._error(
+                LedgerClosedError,
+                context_id,
+                call_ids,
+                "the ledger is closed",
+                "no changes after close()",
+                "start a new episode; a closed episode's calls are final",
+            )
+
+    # ------------------------------------------------------------------------------------ contexts
+
+    def validate_open_context(self, record: ContextRecord) -> None:
+        """Raise the error open_context would raise, without changing anything."""
+        cid = record.context_id
+        self._check_open_ledger(cid, [])
+        if cid in self.contexts:
+            raise self._error(
+                DuplicateContextError,
+                cid,
+                [],
+                f"context {cid!r} is already open",
+                "a fresh context id per reservation",
+                "reuse the open context or pick a new id",
+            )
+        origin_check = {
+            ContextOrigin.ROOT: self._check_root,
+            ContextOrigin.SPAWN: self._check_spawn,
+            ContextOrigin.REWRITE: self._check_rewrite,
+        }[record.origin]
+        origin_check(record)
+
+    def _invalid(
+        self, record: ContextRecord, call_ids: Iterable[str], problem: str, expected: str, action: str
+    ) -> LedgerError:
+        return self._error(InvalidReservationError, record.context_id, call_ids, problem, expected, action)
+
+    def _check_first_context(self, record: ContextRecord) -> None:
+        existing = self.agents().get(record.agent)
+        if existing:
+            raise self._invalid(
+                record,
+                [],
+                f"agent {record.agent!r} already has contexts {existing}",
+                f"a {record.origin.value} context only for an agent's first context",
+                "open a REWRITE context of the agent's current context, or give the new agent its own name",
+            )
+
+    def _check_root(self, record: ContextRecord) -> None:
+        if record.spawned_by_call is not None or record.rewrite_of is not None:
+            raise self._invalid(
+                record,
+                [],
+                "a ROOT context names a spawning call or a rewritten context",
+                "ROOT with spawned_by_call=None and rewrite_of=None",
+                "use origin SPAWN for a worker, REWRITE for a compaction",
+            )
+        self._check_first_context(record)
+
+    def _check_spawn(self, record: ContextRecord) -> None:
+        spawner_id = record.spawned_by_call
+        if spawner_id is None or record.rewrite_of is not None:
+            raise self._invalid(
+                record,
+                [],
+                "a SPAWN context must name its spawning call and nothing it rewrites",
+                "SPAWN with spawned_by_call set and rewrite_of=None",
+                "pass the id of the call whose response started this worker",
+            )
+        spawner = self.call(spawner_id, context_id=record.context_id)
+        if spawner.agent == record.agent:
+            raise self._invalid(
+                record,
+                [spawner_id],
+                f"call {spawner_id!r} belongs to agent {record.agent!r} itself",
+                "a spawning call of another agent",
+                "name the worker differently from the agent that spawns it, or open a REWRITE context",
+            )
+        # Admitted is enough: a streaming response may start the worker before its receipt arrives.
+        if spawner.state in DEAD_STATES:
+            raise self._invalid(
+                record,
+                [spawner_id],
+                f"spawning call {spawner_id!r} is {spawner.state.value}",
+                "a spawning call that is admitted or completed",
+                "spawn workers only from responses the harness actually uses",
+            )
+        self._check_first_context(record)
+
+    def _check_rewrite(self, record: ContextRecord) -> None:
+        old_id = record.rewrite_of
+        if old_id is None or record.spawned_by_call is not None:
+            raise self._invalid(
+                record,
+                [],
+                "a REWRITE context must name the context it rewrites and no spawning call",
+                "REWRITE with rewrite_of set and spawned_by_call=None",
+                "pass the agent's current context id as rewrite_of",
+            )
+        old = self.context(old_id)
+        if old.record.agent != record.agent:
+            raise self._invalid(
+                record,
+                [],
+                f"context {old_id!r} belongs to agent {old.record.agent!r}, not {record.agent!r}",
+                "a rewrite of the same agent's current context",
+                "rewrite only the agent's own context; a new agent needs a SPAWN context",
+            )
+        if old.retired_by is not None:
+            raise self._error(
+                StaleContinuationError,
+                record.context_id,
+                [],
+                f"context {old_id!r} was already rewritten by context {old.retired_by!r}",
+                f"a rewrite of agent {record.agent!r}'s current context",
+                f"rewrite {self._current_context(record.agent)!r} instead",
+            )
+
+    def _current_context(self, agent: str) -> str | None:
+        for context_id in self.agents().get(agent, []):
+            if self.contexts[context_id].retired_by is None:
+                return context_id
+        return None
+
+    def open_context(self, record: ContextRecord) -> ContextRecord:
+        """Open a context reservation; a REWRITE retires the context it replaces."""
+        self.validate_open_context(record)
+        self.contexts[record.context_id] = ContextState(record=record)
+        if record.origin == ContextOrigin.REWRITE:
+            self.contexts[record.rewrite_of].retired_by = record.context_id
+        return record
+
+    # ------------------------------------------------------------------------------------ admission
+
+    def validate_admit(
+        self,
+        call_id: str,
+        context_id: str,
+        *,
+        kind: CallKind = CallKind.ACTION,
+        extends: str | None = None,
+        branch: bool = False,
+    ) -> None:
+        """Raise the error admit would raise, without changing anything."""
+        ids = [call_id] + ([extends] if extends else [])
+        self._check_open_ledger(context_id, ids)
+        if call_id in self.calls:
+            raise self._error(
+                DuplicateCallError,
+                context_id,
+                [call_id],
+                f"call {call_id!r} was already admitted (into context {self.calls[call_id].context_id!r})",
+                "a fresh call id per model call",
+                "give every model call (retries included) its own id",
+            )
+        ctx = self.context(context_id, call_ids=ids)
+        if ctx.retired_by is not None:
+            raise self._error(
+                StaleContinuationError,
+                context_id,
+                ids,
+                f"context {context_id!r} was retired by rewrite {ctx.retired_by!r}",
+                f"calls of agent {ctx.record.agent!r} in its current context",
+                f"admit into context {self._current_context(ctx.record.agent)!r}",
+            )
+        if extends is None:
+            self._check_root_call(ctx, call_id, branch)
+        else:
+            self._check_extension(ctx, call_id, extends, branch)
+
+    def _check_root_call(self, ctx: ContextState, call_id: str, branch: bool) -> None:
+        # A root is the context's first live call: the very first, or a retry of a first call that
+        # failed, was cancelled or was discarded. Anything else is a discontinuity in disguise.
+        cid = ctx.record.context_id
+        head = self.head(cid)
+        if head is not None or branch:
+            raise self._error(
+                UndeclaredDiscontinuityError,
+                cid,
+                [call_id],
+                f"call {call_id!r} extends nothing in context {cid!r}, whose head is {head!r}",
+                "extends=<the head> (or an older call with branch=True); only a context's first live "
+                "call extends nothing",
+                "if the history was rewritten (compaction), open a REWRITE context and admit there",
+            )
+
+    def _check_extension(self, ctx: ContextState, call_id: str, extends: str, branch: bool) -> None:
+        cid = ctx.record.context_id
+        ids = [call_id, extends]
+        parent = self.call(extends, context_id=cid)
+        if parent.context_id != cid:
+            raise self._error(
+                CrossContextContinuationError,
+                cid,
+                ids,
+                f"call {call_id!r} extends {extends!r} of context {parent.context_id!r}",
+                f"a call of context {cid!r}",
+                "a new context starts with a root call (extends=None); link workers by spawned_by_call",
+            )
+        if parent.state == CallState.ADMITTED:
+            raise self._error(
+                PendingPredecessorError,
+                cid,
+                ids,
+                f"call {extends!r} has not completed",
+                "a completed predecessor (its tokens must exist)",
+                f"wait for {extends!r} to complete before admitting {call_id!r}",
+            )
+        if parent.state in DEAD_STATES:
+            raise self._error(
+                StaleContinuationError,
+                cid,
+                ids,
+                f"call {extends!r} is {parent.state.value}",
+                "a predecessor that is not discarded, failed or cancelled",
+                f"extend the head {self.head(cid)!r}, or branch from a live call",
+            )
+        head = self.head(cid)
+        if extends != head and not branch:
+            raise self._error(
+                StaleContinuationError,
+                cid,
+                ids,
+                f"call {extends!r} is no longer the head of context {cid!r} (the head is {head!r})",
+                f"extends={head!r}, or branch=True for a fork",
+                f"extend {head!r}; if {head!r} was a retry the harness dropped, discard it first",
+            )
+
+    def admit(
+        self,
+        call_id: str,
+        context_id: str,
+        *,
+        kind: CallKind = CallKind.ACTION,
+        extends: str | None = None,
+        branch: bool = False,
+    ) -> CallReceipt:
+        """Admit a call about to be generated; returns its receipt (state ADMITTED)."""
+        self.validate_admit(call_id, context_id, kind=kind, extends=extends, branch=branch)
+        ctx = self.contexts[context_id]
+        receipt = CallReceipt(
+            call_id=call_id, context_id=context_id, agent=ctx.record.agent, kind=kind, parent_call_id=extends
+        )
+        self.calls[call_id] = receipt
+        ctx.call_ids.append(call_id)
+        return receipt
+
+    def admit_request(self, request: AdmitRequest) -> CallReceipt:
+        return self.admit(**request.model_dump())
+
+    def validate_admit_request(self, request: AdmitRequest) -> None:
+        self.validate_admit(**request.model_dump())
+
+    # ------------------------------------------------------------------------------------ ancestry
+
+    def ancestry_ranges(self, context_id: str) -> list[tuple[int, int]]:
+        """Prompt slices the gateway must hash (ancestry_evidence) so resolve_extends can decide."""
+        return candidate_ranges(self._candidates(context_id))
+
+    def _candidates(self, context_id: str) -> list[CallReceipt]:
+        return [
+            self.calls[c]
+            for c in self.context(context_id).call_ids
+            if self.calls[c].state in LIVE_COMPLETED_STATES
+        ]
+
+    def resolve_extends(self, context_id: str, evidence: AncestryEvidence) -> str | None:
+        """The completed call of `context_id` whose prompt + completion is the longest prefix of the
+        evidenced prompt; None when none matches (a root or a rewrite). Two equal candidates -> error."""
+        match = match_candidates(self._candidates(context_id), evidence)
+        if match.missing:
+            raise self._error(
+                MissingAncestryEvidenceError,
+                context_id,
+                [],
+                f"evidence lacks digests of prompt slices {match.missing}",
+                "a digest for every range of ancestry_ranges() that fits in the prompt",
+                "hash exactly the ranges ancestry_ranges(context_id) returns, with ancestry_evidence()",
+            )
+        if len(match.longest) > 1:
+            raise self._error(
+                AmbiguousAncestryError,
+                context_id,
+                match.longest,
+                f"calls {match.longest} all match the first {match.length} tokens of the new prompt",
+                "exactly one candidate parent with the longest matching prefix",
+                "name the parent explicitly (extends=...), or discard the duplicate retry first",
+            )
+        return match.longest[0] if match.longest else None
+
+    # ------------------------------------------------------------------------------------ transitions
+
+    def _expect_state(self, receipt: CallReceipt, allowed: CallState, target: CallState) -> bool:
+        """True when the transition must happen; False when it already happened (idempotent repeat)."""
+        if receipt.state == allowed:
+            return True
+        if receipt.state == target:
+            return False
+        raise self._error(
+            InvalidTransitionError,
+            receipt.context_id,
+            [receipt.call_id],
+            f"call {receipt.call_id!r} is {receipt.state.value}, cannot become {target.value}",
+            f"a call in state {allowed.value}",
+            "check the order of events the harness/gateway sent; each call ends exactly once",
+        )
+
+    def validate_complete(
+        self,
+        call_id: str,
+        staging_key: str,
+        digests: TokenDigests,
+        policy_version: int,
+        finish_reason: str | None = None,
+    ) -> bool:
+        """Raise complete's error without mutating; returns False when complete would be a no-op."""
+        receipt = self.call(call_id)
+        done = receipt.model_copy(
+            update=dict(
+                state=CallState.COMPLETED,
+                staging_key=staging_key,
+                digests=digests,
+                policy_version=policy_version,
+                finish_reason=finish_reason,
+            )
+        )
+        if receipt.state == CallState.COMPLETED and receipt != done:
+            raise self._error(
+                InvalidTransitionError,
+                receipt.context_id,
+                [call_id],
+                f"call {call_id!r} was already completed with a different receipt",
+                f"the same receipt as before ({receipt.staging_key}, {receipt.digests})",
+                "complete each call once; a regenerated response needs a new call id",
+            )
+        if not self._expect_state(receipt, CallState.ADMITTED, CallState.COMPLETED):
+            return False
+        self._check_length(receipt, digests)
+        return True
+
+    def _check_length(self, receipt: CallReceipt, digests: TokenDigests) -> None:
+        if receipt.parent_call_id is None:
+            return
+        parent = self.calls[receipt.parent_call_id].digests
+        assert parent is not None  # admit() only lets a call extend a completed call
+        need = parent.prompt_len + parent.completion_len
+        if digests.prompt_len < need:
+            raise self._error(
+                UndeclaredDiscontinuityError,
+                receipt.context_id,
+                [receipt.call_id, receipt.parent_call_id],
+                f"prompt of {receipt.call_id!r} has {digests.prompt_len} tokens, shorter than "
+                f"{receipt.parent_call_id!r}'s prompt + completion ({need})",
+                "a prompt that starts with the parent's prompt + completion",
+                "fail this call; if the history was rewritten, open a REWRITE context and admit there",
+            )
+
+    def complete(
+        self,
+        call_id: str,
+        staging_key: str,
+        digests: TokenDigests,
+        policy_version: int,
+        finish_reason: str | None = None,
+    ) -> CallReceipt:
+        """Record the generation receipt of an admitted call (state COMPLETED)."""
+        if self.validate_complete(call_id, staging_key, digests, policy_version, finish_reason):
+            self.calls[call_id] = self.calls[call_id].model_copy(
+                update=dict(
+                    state=CallState.COMPLETED,
+                    staging_key=staging_key,
+                    digests=digests,
+                    policy_version=policy_version,
+                    finish_reason=finish_reason,
+                )
+            )
+        return self.calls[call_id]
+
+    def _end(self, call_id: str, allowed: CallState, target: CallState, reason: str) -> CallReceipt:
+        receipt = self.call(call_id)
+        if self._expect_state(receipt, allowed, target):
+            self.calls[call_id] = receipt.model_copy(update=dict(state=target, note=reason))
+        return self.calls[call_id]
+
+    def fail(self, call_id: str, reason: str) -> CallReceipt:
+        """An admitted call whose generation failed (it has no tokens)."""
+        return self._end(call_id, CallState.ADMITTED, CallState.FAILED, reason)
+
+    def cancel(self, call_id: str, reason: str) -> CallReceipt:
+        """An admitted call that was abandoned before it completed."""
+        return self._end(call_id, CallState.ADMITTED, CallState.CANCELLED, reason)
+
+    def validate_discard(self, call_id: str) -> None:
+        receipt = self.call(call_id)
+        if receipt.state == CallState.DISCARDED:
+            return
+        self._expect_state(receipt, CallState.COMPLETED, CallState.DISCARDED)
+        users = [
+            c for c, r in self.calls.items() if r.parent_call_id == call_id and r.state not in DEAD_STATES
+        ]
+        spawned = [c for c, s in self.contexts.items() if s.record.spawned_by_call == call_id]
+        if users or spawned:
+            raise self._error(
+                DiscardInUseError,
+                receipt.context_id,
+                [call_id, *users],
+                f"call {call_id!r} is extended by live calls {users} and spawned contexts {spawned}",
+                "discard only responses nothing builds on",
+                "discard (or fail/cancel) the calls that extend it first; a response that spawned a "
+                "worker was used",
+            )
+
+    def discard(self, call_id: str, reason: str) -> CallReceipt:
+        """A completed call whose response the harness did not use (retry, resample): never trained."""
+        self.validate_discard(call_id)
+        return self._end(call_id, CallState.COMPLETED, CallState.DISCARDED, reason)
+
+    # ------------------------------------------------------------------------------------ close
+
+    def _worker_agents(self) -> set[str]:
+        return {s.record.agent for s in self.contexts.values() if s.record.origin == ContextOrigin.SPAWN}
+
+    def validate_close(self, *, cancel_outstanding: bool = False) -> None:
+        if self.closed or cancel_outstanding:
+            return
+        outstanding = self.pending()
+        if not outstanding:
+            return
+        contexts = ", ".join(sorted({self.calls[c].context_id for c in outstanding}))
+        workers = self._worker_agents()
+        if any(self.calls[c].agent in workers for c in outstanding):
+            raise self._error(
+                ClosingWithOutstandingCallsError,
+                contexts,
+                outstanding,
+                f"closing with {len(outstanding)} outstanding calls, some of worker agents",
+                "every admitted call completed, failed or cancelled before close",
+                "wait for the workers, or close(cancel_outstanding=True) to cancel and record them",
+            )
+        raise self._error(
+            UnresolvedAcknowledgementError,
+            contexts,
+            outstanding,
+            f"calls {outstanding} were admitted but their receipts never came",
+            "a completion or failure receipt for every admitted call",
+            "find the lost generate result (retry the activity) or close(cancel_outstanding=True)",
+        )
+
+    def close(self, *, cancel_outstanding: bool = False, reason: str = "episode closed") -> LedgerAccounting:
+        """Settle every call and return the complete accounting record (idempotent)."""
+        self.validate_close(cancel_outstanding=cancel_outstanding)
+        if not self.closed:
+            for call_id in self.pending():
+                self.calls[call_id] = self.calls[call_id].model_copy(
+                    update=dict(state=CallState.CANCELLED, note=f"cancelled at close: {reason}")
+                )
+                self.cancelled_at_close.append(call_id)
+            for call_id, receipt in self.calls.items():
+                if receipt.state == CallState.COMPLETED:
+                    final = CallState.AUXILIARY if receipt.kind == CallKind.AUXILIARY else CallState.SELECTED
+                    self.calls[call_id] = receipt.model_copy(update=dict(state=final))
+            self.closed = True
+        return self.accounting().check_complete()
+
+    # ------------------------------------------------------------------------------------ reporting
+
+    def accounting(self) -> LedgerAccounting:
+        return account(self.episode_id, self.group_id, self.calls.values(), self.cancelled_at_close)
+
+    def summary(self) -> LedgerSummary:
+        """Counts per state per context and in total, plus pending ids (the Temporal query answer)."""
+        contexts = []
+        for context_id, state in self.contexts.items():
+            receipts = [self.calls[c] for c in state.call_ids]
+            contexts.append(
+                ContextSummary(
+                    context_id=context_id,
+                    agent=state.record.agent,
+                    origin=state.record.origin,
+                    retired_by=state.retired_by,
+                    head=self.head(context_id),
+                    counts=count_states(receipts),
+                    pending=[r.call_id for r in receipts if r.state == CallState.ADMITTED],
+                )
+            )
+        return LedgerSummary(
+            episode_id=self.episode_id,
+            group_id=self.group_id,
+            closed=self.closed,
+            totals=count_states(self.calls.values()),
+            contexts=contexts,
+        )

@@ -1,0 +1,154 @@
+"""TrainingRunWorkflow: the run as an entity workflow — episodes, learner step, weight publication.
+
+Per step N (1-based; step N's optimizer update produces policy version N):
+  tasks = task_indices(seed, N)            data order is a pure function of (seed, step)
+  G EpisodeWorkflow children per task      deterministic ids {run}/s{N:06d}/t{task}/g{j}: a replayed
+                                           or resumed run re-attaches instead of duplicating
+  train_step activity (trainer queue)      pulls the step's rows; idempotent per step (a committed
+                                           checkpoint of step N is returned, not recomputed)
+  publish_weights activity (inference)     the engine loads version N; later calls report it
+All run state is one RunState, carried whole through continue-as-new every few steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+
+with workflow.unsafe.imports_passed_through():
+    from grove import queues
+    from grove.contracts import (
+        EpisodeResult,
+        EpisodeSpec,
+        PublishInput,
+        PublishResult,
+        RunResult,
+        RunState,
+        StepRecord,
+        TrainStepInput,
+        TrainStepResult,
+    )
+    from grove.data_order import task_indices
+    from harnesses.programs import family
+    from workflows.episode import EpisodeWorkflow
+
+RUN = SearchAttributeKey.for_keyword("GroveRun")
+STEP = SearchAttributeKey.for_int("GroveStep")
+STATUS = SearchAttributeKey.for_keyword("GroveStatus")
+TASK = SearchAttributeKey.for_keyword("GroveTask")
+
+TRAIN_TIMEOUT = timedelta(hours=2)
+TRAIN_HEARTBEAT = timedelta(seconds=60)
+PUBLISH_TIMEOUT = timedelta(minutes=10)
+RETRY = RetryPolicy(maximum_attempts=10, initial_interval=timedelta(seconds=2))
+
+
+def episode_id(run_id: str, step: int, task: int, j: int) -> str:
+    return f"{run_id}/s{step:06d}/t{task}/g{j}"
+
+
+def group_id(run_id: str, step: int, task: int) -> str:
+    return f"{run_id}/s{step:06d}/t{task}"
+
+
+def step_specs(state: RunState, step: int) -> list[EpisodeSpec]:
+    """The episodes of `step`: G per task, tasks from the pure data order."""
+    cfg = state.config
+    make_task, _ = family(cfg.task_family)
+    specs = []
+    for t in task_indices(cfg.seed, step, cfg.tasks_per_step, cfg.num_tasks):
+        for j in range(cfg.group_size):
+            specs.append(
+                EpisodeSpec(
+                    run_id=cfg.run_id, step=step, group_id=group_id(cfg.run_id, step, t),
+                    episode_id=episode_id(cfg.run_id, step, t, j), index_in_group=j, task=make_task(t),
+                    harness=cfg.harness, sampling=cfg.sampling, train_agents=cfg.train_agents,
+                )  # fmt: skip
+            )
+    return specs
+
+
+@workflow.defn
+class TrainingRunWorkflow:
+    def __init__(self) -> None:
+        self.state: RunState | None = None
+        self.current_step = 0
+
+    @workflow.run
+    async def run(self, state: RunState) -> RunResult:
+        self.state = state
+        cfg = state.config
+        workflow.upsert_search_attributes([RUN.value_set(cfg.run_id), STATUS.value_set("running")])
+        while state.next_step <= cfg.steps:
+            step = self.current_step = state.next_step
+            workflow.upsert_search_attributes([STEP.value_set(step)])
+            results = await self._episodes(step)
+            train = await self._train(step, results)
+            await self._publish(train.policy_version)
+            state.history.append(_record(step, results, train))
+            state.next_step += 1
+            if state.next_step <= cfg.steps and self._should_continue_as_new(step):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(state)
+        workflow.upsert_search_attributes([STATUS.value_set("completed")])
+        return RunResult(run_id=cfg.run_id, steps=len(state.history), history=state.history)
+
+    async def _episodes(self, step: int) -> list[EpisodeResult]:
+        assert self.state is not None
+        handles = []
+        for spec in step_specs(self.state, step):
+            handles.append(
+                await workflow.start_child_workflow(
+                    EpisodeWorkflow.run, spec, id=spec.episode_id, task_queue=queues.EPISODES,
+                    memo={"task_id": spec.task.task_id, "group_id": spec.group_id},
+                    search_attributes=TypedSearchAttributes([
+                        SearchAttributePair(RUN, spec.run_id), SearchAttributePair(STEP, step),
+                        SearchAttributePair(TASK, spec.task.task_id),
+                    ]),
+                )  # fmt: skip
+            )
+        return list(await asyncio.gather(*handles))
+
+    async def _train(self, step: int, results: list[EpisodeResult]) -> TrainStepResult:
+        assert self.state is not None
+        cfg = self.state.config
+        inp = TrainStepInput(
+            run_id=cfg.run_id, step=step, model=cfg.model,
+            row_keys=sorted(r.rows_key for r in results), learner=cfg.learner,
+        )  # fmt: skip
+        return await workflow.execute_activity(
+            "train_step", inp, task_queue=queues.TRAINER, start_to_close_timeout=TRAIN_TIMEOUT,
+            heartbeat_timeout=TRAIN_HEARTBEAT, retry_policy=RETRY, result_type=TrainStepResult,
+        )  # fmt: skip
+
+    async def _publish(self, version: int) -> PublishResult:
+        assert self.state is not None
+        return await workflow.execute_activity(
+            "publish_weights", PublishInput(run_id=self.state.config.run_id, version=version),
+            task_queue=queues.INFERENCE, start_to_close_timeout=PUBLISH_TIMEOUT, retry_policy=RETRY,
+            result_type=PublishResult,
+        )  # fmt: skip
+
+    def _should_continue_as_new(self, step: int) -> bool:
+        assert self.state is not None
+        every = self.state.config.continue_as_new_every
+        return step % every == 0 or workflow.info().is_continue_as_new_suggested()
+
+    @workflow.query(name="progress")
+    def progress(self) -> RunState | None:
+        return self.state
+
+
+def _record(step: int, results: list[EpisodeResult], train: TrainStepResult) -> StepRecord:
+    ok = [r for r in results if r.status == "ok"]
+    return StepRecord(
+        step=step,
+        mean_reward=sum(r.reward for r in ok) / len(ok) if ok else 0.0,
+        episodes=len(results),
+        failed_episodes=len(results) - len(ok),
+        policy_version=train.policy_version,
+        metrics=train.metrics,
+    )
