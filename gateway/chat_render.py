@@ -268,14 +268,21 @@ def assistant_turn_text(tokenizer: Any, message: dict[str, Any], tools: Any = No
     return full[len(opening) : len(full) - len(closing)]
 
 
+def _ends_turn(tokenizer: Any, token_id: int, closing: str) -> bool:
+    """Whether `token_id` is an atomic token that starts the template's turn closing (e.g. <|im_end|>)."""
+    last = _atomic_text(tokenizer, token_id)
+    return bool(last) and closing.startswith(last)
+
+
 def response_of(
-    tokenizer: Any, completion_ids: Sequence[int], stop_ids: Sequence[int] = ()
+    tokenizer: Any, completion_ids: Sequence[int], stop_ids: Sequence[int] = (), closing: str = ""
 ) -> ParsedAssistant:
-    """The assistant message the gateway returns for a completion: text without the final stop token,
-    tool calls parsed (malformed tool-call text stays content)."""
+    """The assistant message the gateway returns for a completion: text without the final stop token
+    (a stop id, the tokenizer's EOS, or the token that starts the template's turn `closing`), tool
+    calls parsed (malformed tool-call text stays content)."""
     ids = list(completion_ids)
     stops = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
-    if ids and ids[-1] in stops:
+    if ids and (ids[-1] in stops or _ends_turn(tokenizer, ids[-1], closing)):
         ids = ids[:-1]
     return parse_tool_calls(tokenizer.decode(ids, skip_special_tokens=False))
 
@@ -295,10 +302,9 @@ def _splice_suffix(
             "reused; use a prefix-stable template or declare a rewrite"
         )
     covered = ""
-    if pred.completion_ids:
-        last = _atomic_text(tokenizer, pred.completion_ids[-1])
-        if last and closing.startswith(last):
-            covered = last  # the sampled end-of-turn token already is the start of the closing text
+    if pred.completion_ids and _ends_turn(tokenizer, pred.completion_ids[-1], closing):
+        # The sampled end-of-turn token already is the start of the closing text.
+        covered = _atomic_text(tokenizer, pred.completion_ids[-1])
     return encode(tokenizer, closing[len(covered) :] + full[len(upto) :])
 
 
@@ -314,10 +320,12 @@ def render_chat(
     """Prompt ids for a chat request; a continuation of `predecessor` when the messages extend it."""
     if predecessor is None or declared_rewrite:
         return RenderedPrompt(render_root(tokenizer, messages, tools), False, None, predecessor is not None)
-    # A derived response has no tool-call ids of its own (the gateway made them up), so ids are not compared.
-    response = predecessor.response or response_of(tokenizer, predecessor.completion_ids, stop_ids).message(
-        with_ids=False
-    )
+    response = predecessor.response
+    if response is None:
+        # Derived: the gateway made its tool-call ids up, so ids are not compared.
+        _, closing = _turn_parts(tokenizer, predecessor.messages, tools)
+        parsed = response_of(tokenizer, predecessor.completion_ids, stop_ids, closing)
+        response = parsed.message(with_ids=False)
     check_extension(messages, tools, predecessor, response)
     suffix = _splice_suffix(tokenizer, messages, tools, predecessor)
     prompt = [*predecessor.prompt_ids, *predecessor.completion_ids, *suffix]

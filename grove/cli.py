@@ -63,5 +63,32 @@ def model_init(
     typer.echo(str(path))
 
 
+@app.command("worker")
+def worker(
+    queues: str = typer.Option("episodes,io,trainer,inference", help="Comma-separated task queues to serve."),
+    model: str = typer.Option("tiny", help="Model for the inference engine: tiny | smollm2 | a HF folder."),
+    address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS or 127.0.0.1:7233)."),
+    device: str = typer.Option(None, help="Learner device (default: cuda if available, else cpu)."),
+) -> None:
+    """Serve grove's task queues (one process can serve all of them on a single machine)."""
+    import asyncio
+
+    from grove.client import connect
+    from grove.worker import parse_queues, run_worker
+    from storage.config import store_from_env
+
+    names = parse_queues(queues)
+
+    async def main() -> None:
+        client = await connect(address)
+        typer.echo(f"worker: queues {names} on {client.service_client.config.target_host}")
+        await run_worker(client, names, store=store_from_env(), model=model, device=device)
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        typer.echo("worker stopped")
+
+
 if __name__ == "__main__":
     app()

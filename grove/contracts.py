@@ -262,7 +262,7 @@ class RunState(BaseModel):
     """Everything the run needs to continue: carried whole through continue-as-new."""
 
     config: RunConfig
-    next_step: int = 0
+    next_step: int = Field(1, ge=1)  # steps count from 1: step N produces policy version N
     history: list[StepRecord] = Field(default_factory=list)
 
 

@@ -15,15 +15,22 @@ from collections.abc import Callable
 
 from models.tokenizer import CHAT_TEMPLATE
 
-_NOUNS = (
+
+def _words(text: str, sep: str | None = None) -> tuple[str, ...]:
+    return tuple(text.split(sep))
+
+
+_NOUNS = _words(
     "cat dog river city tree bird garden window teacher engineer robot planet ocean mountain book "
     "train market farmer child lamp bridge forest village doctor student computer kitchen boat cloud"
-).split()
-_VERBS = "sees finds builds paints likes moves opens follows reads carries watches visits helps".split()
-_ADJECTIVES = "small quiet bright old green fast happy tall cold warm red blue calm busy".split()
-_PLACES = "near the station|in the park|by the sea|under the bridge|at home|in the morning|after lunch".split("|")
-_CITIES = "Oslo Paris Lima Cairo Tokyo Quito Rome Berlin Madrid Nairobi Dublin Seoul".split()
-_WEATHER = "sunny|rainy|cloudy|windy|snowing|foggy".split("|")
+)
+_VERBS = _words("sees finds builds paints likes moves opens follows reads carries watches visits helps")
+_ADJECTIVES = _words("small quiet bright old green fast happy tall cold warm red blue calm busy")
+_PLACES = _words(
+    "near the station|in the park|by the sea|under the bridge|at home|in the morning|after lunch", sep="|"
+)
+_CITIES = _words("Oslo Paris Lima Cairo Tokyo Quito Rome Berlin Madrid Nairobi Dublin Seoul")
+_WEATHER = _words("sunny|rainy|cloudy|windy|snowing|foggy", sep="|")
 _SYSTEM_PROMPTS = (
     "You are a helpful assistant.",
     "You are a concise assistant. Answer briefly.",
@@ -41,7 +48,11 @@ TOOLS: list[dict] = [
         "function": {
             "name": "get_weather",
             "description": "Current weather in a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
     },
     {
@@ -59,9 +70,9 @@ TOOLS: list[dict] = [
 ]
 
 
-_ONSETS = "b c d f g h k l m n p r s t v w z br ch dr gl kr pl sh st th tr".split()
-_VOWELS = "a e i o u ai ea io ou".split()
-_CODAS = ("",) * 6 + tuple("n r s l m nd st rk".split())
+_ONSETS = _words("b c d f g h k l m n p r s t v w z br ch dr gl kr pl sh st th tr")
+_VOWELS = _words("a e i o u ai ea io ou")
+_CODAS = ("",) * 6 + _words("n r s l m nd st rk")
 _CHAT_SHARE = 0.55  # the rest: paragraphs, arithmetic drills, code
 
 

@@ -28,11 +28,11 @@ from models.manifest import write_manifest
 from models.tokenizer import END_OF_TEXT, IM_END, save_tokenizer, train_tokenizer
 
 # Bump when the builder's output changes for an unchanged spec: it is part of every fingerprint.
-BUILDER_VERSION = "tiny-1"
+BUILDER_VERSION = "tiny-2"
 
 
-class TinyModelSpecError(ValueError):
-    """A TinyModelSpec whose knobs are inconsistent (e.g. heads x head_dim vs the KV head count)."""
+class NonDeterministicBuildError(RuntimeError):
+    """The process cannot pin torch to one thread, so the build would not be byte-reproducible."""
 
 
 class TinyModelSpec(BaseModel):
@@ -62,14 +62,15 @@ class TinyModelSpec(BaseModel):
     weight_decay: float = Field(0.1, ge=0)
 
     @model_validator(mode="after")
-    def _check_heads(self) -> TinyModelSpec:
+    def _check_consistency(self) -> TinyModelSpec:
+        # pydantic turns these ValueErrors into its typed ValidationError, with our message inside.
         if self.num_heads % self.num_kv_heads:
-            raise TinyModelSpecError(
+            raise ValueError(
                 f"TinyModelSpec: num_heads={self.num_heads} must be a multiple of num_kv_heads="
                 f"{self.num_kv_heads} (grouped-query attention); change one of them."
             )
         if self.seq_len > self.max_position_embeddings:
-            raise TinyModelSpecError(
+            raise ValueError(
                 f"TinyModelSpec: seq_len={self.seq_len} exceeds max_position_embeddings="
                 f"{self.max_position_embeddings}; lower seq_len."
             )
@@ -97,6 +98,12 @@ def _deterministic_torch():
     """One thread, deterministic kernels and a private RNG state; restores the caller's settings."""
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)  # reductions split across threads could round differently
+    if torch.get_num_threads() != 1:
+        raise NonDeterministicBuildError(
+            f"tiny model build: torch.set_num_threads(1) had no effect (still {torch.get_num_threads()} "
+            "threads; vLLM's in-process engine replaces it with a no-op), so the build would not be "
+            "reproducible; build the model in a process that has not started a vLLM engine."
+        )
     torch.use_deterministic_algorithms(True)
     try:
         with torch.random.fork_rng(devices=[]):
@@ -133,7 +140,7 @@ def _init_weights(model: torch.nn.Module, spec: TinyModelSpec) -> None:
     transformers' init code: norms = 1, every matrix ~ N(0, init_std)."""
     gen = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
-        for name, param in sorted(model.named_parameters()):
+        for _name, param in sorted(model.named_parameters()):
             if param.ndim == 1:
                 param.fill_(1.0)
             else:
@@ -158,8 +165,9 @@ def _pretrain(model: torch.nn.Module, stream: np.ndarray, spec: TinyModelSpec) -
     """AdamW on random windows of the token stream; returns the loss of each step."""
     tokens = torch.from_numpy(stream)
     gen = torch.Generator().manual_seed(spec.seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, betas=(0.9, 0.95),
-                            weight_decay=spec.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=spec.learning_rate, betas=(0.9, 0.95), weight_decay=spec.weight_decay
+    )
     offsets = torch.arange(spec.seq_len)
     losses = []
     model.train()
@@ -187,7 +195,11 @@ def _save_generation_config(out_dir: Path, *, im_end_id: int, eot_id: int) -> No
     # Chat turns end with <|im_end|>: listing it first makes vLLM and HF generate stop there.
     # Plain sampling defaults (no top-k/top-p) so behaviour logprobs are those of the raw policy.
     GenerationConfig(
-        eos_token_id=[im_end_id, eot_id], pad_token_id=eot_id, do_sample=True, temperature=1.0, top_k=0,
+        eos_token_id=[im_end_id, eot_id],
+        pad_token_id=eot_id,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
         top_p=1.0,
     ).save_pretrained(str(out_dir))
 
@@ -231,6 +243,10 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None, **knobs: 
     _save_generation_config(out_dir, im_end_id=im_end_id, eot_id=eot_id)
     _write_manifest(out_dir, spec, num_parameters, losses)
     return TinyBuildReport(
-        out_dir=out_dir, fingerprint=spec.fingerprint(), num_parameters=num_parameters, losses=losses,
-        seconds_total=time.perf_counter() - t0, seconds_pretrain=t2 - t1,
+        out_dir=out_dir,
+        fingerprint=spec.fingerprint(),
+        num_parameters=num_parameters,
+        losses=losses,
+        seconds_total=time.perf_counter() - t0,
+        seconds_pretrain=t2 - t1,
     )

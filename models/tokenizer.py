@@ -75,7 +75,8 @@ CHAT_TEMPLATE = (
     "{%- for message in messages -%}\n"
     "    {%- if message.role == 'system' -%}\n"
     "        {%- if not loop.first -%}\n"
-    "            {{- '<|im_start|>system\\n' + render_content(message.content, 'system') + '<|im_end|>\\n' -}}\n"
+    "            {{- '<|im_start|>system\\n' + render_content(message.content, 'system') "
+    "+ '<|im_end|>\\n' -}}\n"
     "        {%- endif -%}\n"
     "    {%- elif message.role == 'user' -%}\n"
     "        {{- '<|im_start|>user\\n' + render_content(message.content, 'user') + '<|im_end|>\\n' -}}\n"
@@ -83,7 +84,8 @@ CHAT_TEMPLATE = (
     "        {%- set body = render_content(message.content, 'assistant') -%}\n"
     "        {{- '<|im_start|>assistant\\n' + body -}}\n"
     "        {%- for tool_call in (message.tool_calls or []) -%}\n"
-    "            {%- if tool_call.function is defined -%}{%- set tool_call = tool_call.function -%}{%- endif -%}\n"
+    "            {%- if tool_call.function is defined -%}"
+    "{%- set tool_call = tool_call.function -%}{%- endif -%}\n"
     "            {%- if body or not loop.first -%}{{- '\\n' -}}{%- endif -%}\n"
     "            {{- '<tool_call>{\"name\": ' + (tool_call.name | tojson) + ', \"arguments\": ' -}}\n"
     "            {%- if tool_call.arguments is string -%}{{- tool_call.arguments -}}\n"
@@ -141,7 +143,8 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int) -> Tokenizer:
     if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
         raise TokenizerTrainingError(
             f"BPE training gave {tok.get_vocab_size(with_added_tokens=True)} tokens, expected exactly "
-            f"{vocab_size}: the corpus has too few distinct merges; raise the corpus size or lower vocab_size."
+            f"{vocab_size}: the corpus has too few distinct merges; "
+            "raise the corpus size or lower vocab_size."
         )
     return tok
 

@@ -14,6 +14,7 @@ command works with CUDA vLLM on a GPU host.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,8 +65,12 @@ def run_smoke(model_dir: Path, request: SmokeRequest) -> SmokeResult:
 
     t1 = time.perf_counter()
     llm = LLM(
-        model=str(model_dir), dtype=request.dtype, seed=request.seed, enforce_eager=True,
-        max_model_len=request.max_model_len, kv_cache_memory_bytes=request.kv_cache_memory_bytes,
+        model=str(model_dir),
+        dtype=request.dtype,
+        seed=request.seed,
+        enforce_eager=True,
+        max_model_len=request.max_model_len,
+        kv_cache_memory_bytes=request.kv_cache_memory_bytes,
     )
     t2 = time.perf_counter()
     prompts = [{"prompt_token_ids": g.prompt_token_ids} for g in request.generations]
@@ -77,11 +82,42 @@ def run_smoke(model_dir: Path, request: SmokeRequest) -> SmokeResult:
         out = res.outputs[0]
         logprobs = [step[tok].logprob for tok, step in zip(out.token_ids, out.logprobs, strict=True)]
         outputs.append(
-            SmokeOutput(token_ids=list(out.token_ids), logprobs=logprobs, finish_reason=out.finish_reason,
-                        stop_reason=out.stop_reason)
+            SmokeOutput(
+                token_ids=list(out.token_ids),
+                logprobs=logprobs,
+                finish_reason=out.finish_reason,
+                stop_reason=out.stop_reason,
+            )
         )
-    return SmokeResult(model_dir=str(model_dir), import_seconds=t1 - t0, load_seconds=t2 - t1,
-                       generate_seconds=t3 - t2, outputs=outputs)
+    return SmokeResult(
+        model_dir=str(model_dir),
+        import_seconds=t1 - t0,
+        load_seconds=t2 - t1,
+        generate_seconds=t3 - t2,
+        outputs=outputs,
+    )
+
+
+class SmokeProcessError(RuntimeError):
+    """The vLLM smoke process exited non-zero (engine failed to load or to generate)."""
+
+
+def run_smoke_subprocess(
+    model_dir: Path, request: SmokeRequest, workdir: Path, *, timeout_s: float = 600
+) -> SmokeResult:
+    """Run `python -m models.vllm_smoke` in a child process (in-process engine, hub offline)."""
+    request_path, result_path = workdir / "smoke_request.json", workdir / "smoke_result.json"
+    request_path.write_text(request.model_dump_json())
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "models.vllm_smoke", str(model_dir), str(request_path), str(result_path)]
+    repo_root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(cmd, cwd=repo_root, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise SmokeProcessError(
+            f"vLLM smoke run on model folder {str(model_dir)!r} exited with {proc.returncode}; "
+            f"its stderr ends with:\n{proc.stderr[-4000:]}"
+        )
+    return SmokeResult.model_validate_json(result_path.read_text())
 
 
 def main(argv: list[str]) -> int:

@@ -281,3 +281,24 @@ def load_checkpoint(
         )
     restore_rng(state.rng)
     return learner
+
+
+def open_learner(
+    store: ObjectStore,
+    run_id: str,
+    base_model_dir: Path,
+    config: LearnerConfig,
+    work_dir: Path,
+    *,
+    device: str | torch.device | None = None,
+    reference_dir: Path | None = None,
+) -> Learner:
+    """The run's learner: resumed from its latest committed checkpoint, else fresh from the base model.
+
+    A resumed learner's next step is `latest + 1`; its model folder goes to work_dir/step-N.
+    """
+    latest = latest_committed_step(store, run_id)
+    if latest is None:
+        return Learner(base_model_dir, config, device=device, reference_dir=reference_dir)
+    dest = Path(work_dir) / f"step-{latest:06d}"
+    return load_checkpoint(store, run_id, latest, config, dest, device=device, reference_dir=reference_dir)

@@ -28,6 +28,7 @@ Pure module: numpy + pydantic, no I/O, no Temporal.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -242,6 +243,14 @@ def _check_tokens(
             )
 
 
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    # Byte comparison (memcmp) is ~5x faster than np.array_equal on the typical 1-4k-token slice;
+    # it equals element equality only for one dtype, so other dtypes take the numpy path.
+    if a.dtype == b.dtype:
+        return a.tobytes() == b.tobytes()
+    return bool(np.array_equal(a, b))
+
+
 def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
     n = min(a.size, b.size)
     diff = np.flatnonzero(a[:n] != b[:n])
@@ -266,8 +275,8 @@ def _verify_link(
     prompt = ct.prompt_ids
     ok = (
         prompt.size >= p + c
-        and np.array_equal(prompt[:p], pt.prompt_ids)
-        and np.array_equal(prompt[p : p + c], pt.completion_ids)
+        and _equal(prompt[:p], pt.prompt_ids)
+        and _equal(prompt[p : p + c], pt.completion_ids)
     )
     if not ok:
         expected = np.concatenate([pt.prompt_ids, pt.completion_ids])
@@ -403,17 +412,26 @@ def _account(
     rows: list[Row],
 ) -> ForestAccounting:
     by_state: dict[CallState, list[str]] = {s: [] for s in CallState if s in TERMINAL_STATES}
-    per_agent: dict[str, AgentAccounting] = {}
+    states: dict[str, Counter[CallState]] = {}
+    calls: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
     for call_id, receipt in by_id.items():
         by_state[receipt.state].append(call_id)
-        agent = per_agent.setdefault(receipt.agent, AgentAccounting(states=dict.fromkeys(by_state, 0)))
-        agent.states[receipt.state] += 1
+        states.setdefault(receipt.agent, Counter())[receipt.state] += 1
         if call_id in eligible:
-            agent.eligible_calls += 1
-            agent.eligible_tokens += receipt.digests.completion_len
-    for row in rows:
-        per_agent[members[row.spans[-1].call_id].agent].rows += 1
-    eligible_tokens = sum(members[c].digests.completion_len for c in eligible)
+            calls[receipt.agent] += 1
+            tokens[receipt.agent] += receipt.digests.completion_len
+    rows_of = Counter(members[row.spans[-1].call_id].agent for row in rows)
+    per_agent = {
+        agent: AgentAccounting(
+            states={s: counts[s] for s in by_state},
+            eligible_calls=calls[agent],
+            eligible_tokens=tokens[agent],
+            rows=rows_of[agent],
+        )
+        for agent, counts in sorted(states.items())
+    }
+    eligible_tokens = sum(tokens.values())
     loss_tokens = sum(r.num_loss_tokens for r in rows)
     if loss_tokens != eligible_tokens:  # ownership is a partition, so these must agree exactly
         raise LossAccountingError(
@@ -434,7 +452,7 @@ def _account(
         endpoints=list(plan.endpoints),
         endpoints_without_loss=[e for e in plan.endpoints if e not in emitted],
         rows=len(rows),
-        eligible_calls=sorted(eligible),
+        eligible_calls=[c for c in by_id if c in eligible],  # by_id is sorted by call id
         eligible_tokens=eligible_tokens,
-        per_agent=dict(sorted(per_agent.items())),
+        per_agent=per_agent,
     )

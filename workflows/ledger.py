@@ -14,9 +14,10 @@ independent, so calls of different contexts may be outstanding at once. Within a
 - a call can only extend a *completed* call (its tokens must exist).
 
 Calls move admitted -> completed -> exactly one terminal state (selected, discarded, auxiliary,
-cancelled, failed); `close()` resolves completed calls to selected/auxiliary, cancels outstanding
-calls only when told to, and returns an accounting record in which every admitted call id appears in
-exactly one terminal state.
+cancelled, failed), or straight from admitted to failed, cancelled, or discarded (`abandon`: a lost
+generation attempt that is retried under a new call id). `close()` resolves completed calls to
+selected/auxiliary, cancels outstanding calls only when told to, and returns an accounting record in
+which every admitted call id appears in exactly one terminal state.
 
 Every rule violation raises a `LedgerError` subclass carrying episode id, context id, call ids, what
 was expected and what to do. `validate_*` methods raise the same errors without mutating (Temporal
@@ -629,6 +630,11 @@ class Ledger(BaseModel):
     def fail(self, call_id: str, reason: str) -> CallReceipt:
         """An admitted call whose generation failed (it has no tokens)."""
         return self._end(call_id, CallState.ADMITTED, CallState.FAILED, reason)
+
+    def abandon(self, call_id: str, reason: str) -> CallReceipt:
+        """An admitted call whose generation attempt was lost (worker crash, timeout): accounted as
+        DISCARDED, never trained; the retry is a new admission with a new call id (DESIGN.md section 8)."""
+        return self._end(call_id, CallState.ADMITTED, CallState.DISCARDED, reason)
 
     def cancel(self, call_id: str, reason: str) -> CallReceipt:
         """An admitted call that was abandoned before it completed."""

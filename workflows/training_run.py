@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from grove import queues
@@ -81,6 +82,7 @@ class TrainingRunWorkflow:
     async def run(self, state: RunState) -> RunResult:
         self.state = state
         cfg = state.config
+        _check_config(state)
         workflow.upsert_search_attributes([RUN.value_set(cfg.run_id), STATUS.value_set("running")])
         while state.next_step <= cfg.steps:
             step = self.current_step = state.next_step
@@ -140,6 +142,16 @@ class TrainingRunWorkflow:
     @workflow.query(name="progress")
     def progress(self) -> RunState | None:
         return self.state
+
+
+def _check_config(state: RunState) -> None:
+    """Fail the run (not just the workflow task, which would retry forever) on a config that cannot work."""
+    try:
+        step_specs(state, state.next_step)
+    except (ValueError, KeyError) as err:
+        raise ApplicationError(
+            f"run {state.config.run_id}: invalid configuration: {err}", type=type(err).__name__, non_retryable=True
+        ) from err
 
 
 def _record(step: int, results: list[EpisodeResult], train: TrainStepResult) -> StepRecord:

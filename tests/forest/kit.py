@@ -43,7 +43,12 @@ class Episode:
         )
 
     def admit(
-        self, call_id: str, context_id: str, extends: str | None = None, *, branch: bool = False,
+        self,
+        call_id: str,
+        context_id: str,
+        extends: str | None = None,
+        *,
+        branch: bool = False,
         kind: CallKind = CallKind.ACTION,
     ) -> CallReceipt:
         return self.ledger.admit(call_id, context_id, kind=kind, extends=extends, branch=branch)
@@ -54,7 +59,9 @@ class Episode:
             call_id, staging_key(self.episode_id, call_id), arrays.digests(), version, finish_reason="stop"
         )
 
-    def call(self, call_id: str, context_id: str, arrays: CallTokens, extends: str | None = None, **kw) -> None:
+    def call(
+        self, call_id: str, context_id: str, arrays: CallTokens, extends: str | None = None, **kw
+    ) -> None:
         """Admit and complete in one go (no overlap with other calls of the context)."""
         version = kw.pop("version", 1)
         self.admit(call_id, context_id, extends, **kw)
@@ -63,7 +70,9 @@ class Episode:
     def close(self, cancel_outstanding: bool = False) -> LedgerAccounting:
         return self.ledger.close(cancel_outstanding=cancel_outstanding)
 
-    def reconstruct(self, options: ReconstructionOptions | None = None, reward: float = 0.0) -> Reconstruction:
+    def reconstruct(
+        self, options: ReconstructionOptions | None = None, reward: float = 0.0
+    ) -> Reconstruction:
         return reconstruct(
             EpisodeRef(episode_id=self.episode_id, group_id=self.group_id),
             self.ledger.receipts(),
@@ -73,7 +82,9 @@ class Episode:
         )
 
 
-def assert_row(row, *, row_id: str, input_ids: list[int], mask: list[int], logprobs: list[float], spans) -> None:
+def assert_row(
+    row, *, row_id: str, input_ids: list[int], mask: list[int], logprobs: list[float], spans
+) -> None:
     """Compare one row against hand-written expectations (spans: (call_id, start, end, owned, eligible))."""
     assert row.row_id == row_id
     assert row.input_ids.dtype == np.int32 and row.input_ids.tolist() == input_ids

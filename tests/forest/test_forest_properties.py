@@ -59,7 +59,9 @@ def context_calls(draw, context_id: str, agent: str, counter: list[int]) -> list
         kept = [c for c in calls if c.kept]
         parent = None if i == 0 else draw(st.sampled_from(kept))
         outcome = "selected" if i == 0 else draw(st.sampled_from(OUTCOMES))
-        prompt = tuple(draw(ids_)) if parent is None else parent.prompt + parent.completion + tuple(draw(ids_))
+        prompt = (
+            tuple(draw(ids_)) if parent is None else parent.prompt + parent.completion + tuple(draw(ids_))
+        )
         completion = tuple(draw(st.lists(st.integers(0, 50_000), max_size=3)))
         counter[0] += 1
         calls.append(
@@ -91,9 +93,13 @@ def episodes(draw) -> Spec:
         for segment in range(draw(st.integers(1, 3))):  # segments > 0 are compactions
             cid = f"{agent}/{segment}"
             if previous is not None:
-                record = ContextRecord(context_id=cid, agent=agent, origin=ContextOrigin.REWRITE, rewrite_of=previous)
+                record = ContextRecord(
+                    context_id=cid, agent=agent, origin=ContextOrigin.REWRITE, rewrite_of=previous
+                )
             elif spawner is not None:
-                record = ContextRecord(context_id=cid, agent=agent, origin=ContextOrigin.SPAWN, spawned_by_call=spawner)
+                record = ContextRecord(
+                    context_id=cid, agent=agent, origin=ContextOrigin.SPAWN, spawned_by_call=spawner
+                )
             else:
                 record = ContextRecord(context_id=cid, agent=agent, origin=ContextOrigin.ROOT)
             contexts.append(record)
@@ -136,9 +142,12 @@ def play(spec: Spec, seed: int) -> Ledger:
             if opened(call.context_id) and (call.parent is None or state(call.parent) == CallState.COMPLETED):
                 return "admit"
         elif s == CallState.ADMITTED:
-            return {"selected": "complete", "discarded": "complete", "failed": "fail", "cancelled": "cancel"}.get(
-                call.outcome
-            )
+            return {
+                "selected": "complete",
+                "discarded": "complete",
+                "failed": "fail",
+                "cancelled": "cancel",
+            }.get(call.outcome)
         elif s == CallState.COMPLETED and call.outcome == "discarded":
             return "discard"
         return None
@@ -194,7 +203,9 @@ def test_any_admission_and_completion_order_gives_identical_rows(spec, seeds, op
         ledger = play(spec, seed)
         ledger.close(cancel_outstanding=True)
         staged = {c.call_id: arrays(c) for c in spec.calls if c.kept}
-        results.append(reconstruct(EpisodeRef(episode_id="ep", group_id="grp"), ledger.receipts(), staged, options))
+        results.append(
+            reconstruct(EpisodeRef(episode_id="ep", group_id="grp"), ledger.receipts(), staged, options)
+        )
     first, second = results
     assert rows_to_parquet(first.rows) == rows_to_parquet(second.rows)
     assert first.accounting == second.accounting
@@ -209,8 +220,12 @@ def test_ledger_accounting_is_always_complete_and_matches_the_outcomes(spec, see
         ("selected", CallKind.ACTION): CallState.SELECTED,
         ("selected", CallKind.AUXILIARY): CallState.AUXILIARY,
     }
-    other = {"discarded": CallState.DISCARDED, "failed": CallState.FAILED, "cancelled": CallState.CANCELLED,
-             "outstanding": CallState.CANCELLED}
+    other = {
+        "discarded": CallState.DISCARDED,
+        "failed": CallState.FAILED,
+        "cancelled": CallState.CANCELLED,
+        "outstanding": CallState.CANCELLED,
+    }
     want: dict[CallState, list[str]] = {s: [] for s in CallState}
     for c in spec.calls:
         want[expected.get((c.outcome, c.kind)) or other[c.outcome]].append(c.call_id)

@@ -6,18 +6,22 @@ spawned by parent calls whose answers come back into the parent as observations,
 rewrite: a new root whose prompt is a summary), kept forks (two selected calls extending one
 ancestor), discarded retries and auxiliary calls.
 
-`rows_from_calls` is a small test-local reconstruction (endpoint rows, ownership by the first
-endpoint in canonical order among a call's descendants), used until trainer/forest.py's
-`reconstruct` exists. The per-call reference in test_reference.py never uses rows: it reads calls.
+`rows_from_calls` turns the calls into receipts and staged tokens and runs the real reconstruction
+(trainer/forest.py `reconstruct`). The per-call reference in test_reference.py never uses rows: it
+reads the calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainer.rows import Row, Span
+from grove.receipts import CallKind, CallReceipt, CallState
+from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
+from trainer.rows import Row
+from trainer.staging_format import CallTokens
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,14 @@ class Episode:
 
 
 class _Builder:
-    def __init__(self, rng: np.random.Generator, vocab: int, episode_id: str) -> None:
-        self.rng, self.vocab, self.episode_id = rng, vocab, episode_id
+    def __init__(self, rng: np.random.Generator, vocab: int, episode_id: str, scale: int) -> None:
+        self.rng, self.vocab, self.episode_id, self.scale = rng, vocab, episode_id, scale
         self.calls: list[Call] = []
         self.counters: dict[str, int] = {}
 
     def tokens(self, lo: int, hi: int) -> np.ndarray:
-        return self.rng.integers(3, self.vocab, size=int(self.rng.integers(lo, hi + 1))).astype(np.int32)
+        n = int(self.rng.integers(lo * self.scale, hi * self.scale + 1))
+        return self.rng.integers(3, self.vocab, size=n).astype(np.int32)
 
     def call(self, agent: str, context: str, parent: Call | None, prompt: np.ndarray, **kw) -> Call:
         n = self.counters.get(context, 0)
@@ -79,10 +84,20 @@ class _Builder:
 
 
 def random_episode(
-    rng: np.random.Generator, episode_id: str, group_id: str, reward: float, *, vocab: int, size: int = 3
+    rng: np.random.Generator,
+    episode_id: str,
+    group_id: str,
+    reward: float,
+    *,
+    vocab: int,
+    size: int = 3,
+    scale: int = 1,
 ) -> Episode:
-    """A random multi-agent episode with about `size` parent turns (see the module docstring)."""
-    b = _Builder(rng, vocab, episode_id)
+    """A random multi-agent episode with about `size` parent turns (see the module docstring).
+
+    Token counts are small (completions of 2-8 tokens) times `scale`.
+    """
+    b = _Builder(rng, vocab, episode_id, scale)
     ctx = 0
     head = b.call("parent", f"parent/c{ctx}", None, b.tokens(4, 12))
     for _ in range(size):
@@ -113,52 +128,41 @@ def random_episode(
     return Episode(episode_id, group_id, reward, b.calls)
 
 
-def rows_from_calls(ep: Episode) -> list[Row]:
-    """Endpoint rows of an episode's selected calls; each eligible call owned by exactly one row."""
-    by_id = {c.call_id: c for c in ep.calls}
-    selected = sorted((c for c in ep.calls if c.selected), key=lambda c: c.call_id)
-    has_child = {c.parent_call_id for c in selected if c.parent_call_id}
-    endpoints = [c for c in selected if c.call_id not in has_child]
-    paths = {}
-    for e in endpoints:
-        path, node = [], e
-        while node is not None:
-            path.append(node)
-            node = by_id[node.parent_call_id] if node.parent_call_id else None
-        paths[e.call_id] = path[::-1]
-    owner: dict[str, str] = {}
-    for e in endpoints:  # canonical order: the first endpoint below a call owns it
-        for c in paths[e.call_id]:
-            owner.setdefault(c.call_id, e.call_id)
-    rows = []
-    for e in endpoints:
-        ids = np.concatenate([e.prompt, e.completion])
-        mask = np.zeros(ids.size, dtype=bool)
-        blp = np.zeros(ids.size, dtype=np.float32)
-        spans = []
-        for c in paths[e.call_id]:
-            start = c.prompt.size
-            end = start + c.completion.size
-            assert np.array_equal(ids[start:end], c.completion), "continuation broken in the generator"
-            owned = owner[c.call_id] == e.call_id
-            spans.append(Span(c.call_id, c.agent, start, end, owned, c.eligible, 0))
-            if owned and c.eligible:
-                mask[start:end] = True
-                blp[start:end] = c.logprobs
-        rows.append(
-            Row(
-                row_id=f"{ep.episode_id}#{e.call_id}",
-                episode_id=ep.episode_id,
-                group_id=ep.group_id,
-                input_ids=ids.astype(np.int32),
-                loss_mask=mask,
-                behavior_logprobs=blp,
-                spans=tuple(spans),
-                reward=ep.reward,
-                valid=ep.valid,
-            )
-        )
-    return rows
+def _receipt(c: Call, tokens: CallTokens) -> CallReceipt:
+    if c.kind == "auxiliary":
+        kind, state = CallKind.AUXILIARY, CallState.AUXILIARY
+    else:
+        kind, state = CallKind.ACTION, CallState.SELECTED if c.selected else CallState.DISCARDED
+    return CallReceipt(
+        call_id=c.call_id,
+        context_id=c.context_id,
+        agent=c.agent,
+        kind=kind,
+        parent_call_id=c.parent_call_id,
+        state=state,
+        digests=tokens.digests(),
+        policy_version=0,
+    )
+
+
+def rows_from_calls(ep: Episode, *, parent_only: bool = False) -> list[Row]:
+    """The episode's rows from trainer/forest.py `reconstruct` (links verified on tokens).
+
+    `parent_only`: the run's agent filter trains only the parent's calls (workers' calls remain
+    conditioning). An invalid episode's rows are marked valid=False (a failed episode's placeholders).
+    """
+    tokens = {c.call_id: CallTokens.of(c.prompt, c.completion, c.logprobs) for c in ep.calls}
+    receipts = [_receipt(c, tokens[c.call_id]) for c in ep.calls]
+    members = {r.call_id for r in receipts if r.state in (CallState.SELECTED, CallState.AUXILIARY)}
+    options = ReconstructionOptions(train_agents="parent_only" if parent_only else "all")
+    rows = reconstruct(
+        EpisodeRef(episode_id=ep.episode_id, group_id=ep.group_id),
+        receipts,
+        {k: v for k, v in tokens.items() if k in members},
+        options,
+        reward=ep.reward,
+    ).rows
+    return rows if ep.valid else [dataclasses.replace(r, valid=False) for r in rows]
 
 
 def random_batch(

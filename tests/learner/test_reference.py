@@ -85,7 +85,7 @@ def per_call_reference(model, episodes: list[Episode], cfg: LearnerConfig, refer
             per_token = per_token + cfg.kl_coef * (torch.exp(ref - logp) - (ref - logp) - 1)
         loss = per_token.sum() / denominator
         loss.backward()
-        total += float(loss)
+        total += loss.item()
     return total, {k: v.grad.detach().clone() for k, v in model.named_parameters()}
 
 
@@ -107,23 +107,27 @@ def learner_loss(model, rows: list[Row], cfg: LearnerConfig, reference=None, *, 
 
 
 def worst_relative(loss, grads, ref_loss, ref_grads) -> float:
-    """max over loss and parameters of |x - ref|_max / |ref|_max."""
+    """The largest relative error: |loss - ref| / |ref|, and ||g - g_ref||_2 / ||g_ref||_2 per parameter.
+
+    Per-parameter norms, not per element: an element of a sum with cancellation has no meaningful
+    float32 relative error (measured here: the element-max version is 0.4-1.3e-6 at the noise floor).
+    """
     worst = abs(loss - ref_loss) / abs(ref_loss)
     for name, g in ref_grads.items():
-        scale = float(g.abs().max())
+        scale = float(g.norm())
         assert scale > 0, f"reference gradient of {name} is zero: the test would prove nothing"
-        worst = max(worst, float((grads[name] - g).abs().max()) / scale)
+        worst = max(worst, float((grads[name] - g).norm()) / scale)
     return worst
 
 
 @pytest.fixture(scope="module")
-def policy(learner_model_dir):
-    return load_policy(learner_model_dir, CPU, trainable=True)
+def policy(small_model_dir):
+    return load_policy(small_model_dir, CPU, trainable=True)
 
 
 @pytest.fixture(scope="module")
-def frozen_reference(learner_model_dir):
-    model = load_policy(learner_model_dir, CPU, trainable=False)
+def frozen_reference(small_model_dir):
+    model = load_policy(small_model_dir, CPU, trainable=False)
     with torch.no_grad():  # a reference that differs from the policy, so the KL term is not ~0
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))

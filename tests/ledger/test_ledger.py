@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from grove.receipts import CallKind, CallState
@@ -60,7 +61,11 @@ def test_admit_request_model_matches_admit():
     ep.ledger.validate_admit_request(request)
     receipt = ep.ledger.admit_request(request)
     assert (receipt.call_id, receipt.agent, receipt.kind, receipt.parent_call_id, receipt.state) == (
-        "c3", "parent", CallKind.AUXILIARY, "c2", CallState.ADMITTED,
+        "c3",
+        "parent",
+        CallKind.AUXILIARY,
+        "c2",
+        CallState.ADMITTED,
     )
 
 
@@ -143,8 +148,11 @@ def test_resolve_extends_ignores_discarded_calls():
 
 def test_accounting_check_rejects_a_call_in_no_terminal_state():
     acc = LedgerAccounting(
-        episode_id="ep", group_id="g", admitted=["c1", "c2"],
-        by_state={CallState.SELECTED: ["c1"], CallState.ADMITTED: ["c2"]}, per_context={},
+        episode_id="ep",
+        group_id="g",
+        admitted=["c1", "c2"],
+        by_state={CallState.SELECTED: ["c1"], CallState.ADMITTED: ["c2"]},
+        per_context={},
     )
     with pytest.raises(IncompleteAccountingError, match="c2"):
         acc.check_complete()
@@ -152,8 +160,42 @@ def test_accounting_check_rejects_a_call_in_no_terminal_state():
 
 def test_accounting_check_rejects_a_call_in_two_states():
     acc = LedgerAccounting(
-        episode_id="ep", group_id="g", admitted=["c1"],
-        by_state={CallState.SELECTED: ["c1"], CallState.DISCARDED: ["c1"]}, per_context={},
+        episode_id="ep",
+        group_id="g",
+        admitted=["c1"],
+        by_state={CallState.SELECTED: ["c1"], CallState.DISCARDED: ["c1"]},
+        per_context={},
     )
     with pytest.raises(IncompleteAccountingError, match="c1"):
         acc.check_complete()
+
+
+def test_a_lost_attempt_is_abandoned_as_discarded_and_retried_under_a_new_id():
+    ep = chain()
+    ep.admit("c3", "a", "c2")
+    ep.ledger.abandon("c3", "lost attempt: heartbeat timeout")
+    assert ep.ledger.calls["c3"].state == CallState.DISCARDED and ep.ledger.head("a") == "c2"
+    ep.call("c3.r1", "a", tokens([1, 2, 3, 4, 5, 6, 7], [8], [-4]), extends="c2")
+    acc = ep.close()
+    assert acc.by_state[CallState.DISCARDED] == ["c3"]
+    assert acc.by_state[CallState.SELECTED] == ["c1", "c2", "c3.r1"]
+    assert "c3" not in ep.staged  # a lost attempt has no arrays, and needs none
+    (row,) = ep.reconstruct().rows
+    assert row.row_id == "ep#c3.r1" and row.input_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_a_lost_first_call_of_a_context_is_retried_as_the_root():
+    ep = Episode()
+    ep.root("a", "parent")
+    ep.admit("c1", "a")
+    ep.ledger.abandon("c1", "lost attempt")
+    ep.call("c1.r1", "a", tokens([1, 2], [3], [-1]))
+    assert ep.close().by_state[CallState.SELECTED] == ["c1.r1"]
+
+
+def test_ancestry_evidence_hashes_like_the_staging_digests_for_numpy_and_list_prompts():
+    staged = tokens([5, 6, 70_000, -1], [], []).digests()
+    for prompt in ([5, 6, 70_000, -1, 9], np.asarray([5, 6, 70_000, -1, 9], dtype=np.int32)):
+        evidence = ancestry_evidence(prompt, [(0, 4), (0, 9)])  # (0, 9) is past the end: skipped
+        assert evidence.prompt_len == 5
+        assert [(s.start, s.end, s.sha256) for s in evidence.slices] == [(0, 4, staged.prompt_sha256)]

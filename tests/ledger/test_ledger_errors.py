@@ -172,8 +172,15 @@ def test_pending_predecessor():
         ContextRecord(context_id="v", agent="x", origin=ContextOrigin.REWRITE),  # rewrites nothing
         ContextRecord(context_id="v", agent="worker-1", origin=ContextOrigin.REWRITE, rewrite_of="p"),
     ],
-    ids=["root-twice", "root-spawned", "spawn-no-call", "spawn-self", "spawn-existing-agent",
-         "rewrite-nothing", "rewrite-other-agent"],
+    ids=[
+        "root-twice",
+        "root-spawned",
+        "spawn-no-call",
+        "spawn-self",
+        "spawn-existing-agent",
+        "rewrite-nothing",
+        "rewrite-other-agent",
+    ],
 )
 def test_invalid_context_reservations(record):
     ep = started()
@@ -189,7 +196,13 @@ def test_spawn_from_a_discarded_call_is_invalid():
 
 @pytest.mark.parametrize(
     ("first", "then"),
-    [("fail", "complete"), ("cancel", "fail"), ("complete", "fail"), ("admitted", "discard")],
+    [
+        ("fail", "complete"),
+        ("cancel", "fail"),
+        ("complete", "fail"),
+        ("admitted", "discard"),
+        ("complete", "abandon"),
+    ],
 )
 def test_invalid_transitions(first, then):
     ep = started()
@@ -200,6 +213,7 @@ def test_invalid_transitions(first, then):
         "cancel": lambda: ep.ledger.cancel("p3", "stop"),
         "complete": lambda: ep.complete("p3", arrays),
         "discard": lambda: ep.ledger.discard("p3", "retry"),
+        "abandon": lambda: ep.ledger.abandon("p3", "lost"),
         "admitted": lambda: None,
     }
     steps[first]()

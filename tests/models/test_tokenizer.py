@@ -1,4 +1,4 @@
-"""The tiny model's byte-level BPE: fixed special ids, every byte covered, lossless round-trips, determinism."""
+"""The tiny model's byte-level BPE: fixed special ids, all bytes covered, lossless round trips."""
 
 from __future__ import annotations
 
@@ -81,7 +81,9 @@ def test_special_tokens_are_atomic_and_control_tokens_are_skippable(tiny_tokeniz
     ids = tiny_tokenizer.encode(text, add_special_tokens=False)
     assert ids[0] == 1 and ids[-2:] == [2, 0] and 2044 in ids and 2045 in ids
     # Control tokens disappear; tool tags stay so a hermes parser sees them in decoded text.
-    assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == 'assistant\n<tool_call>{"a": 1}</tool_call>'
+    assert (
+        tiny_tokenizer.decode(ids, skip_special_tokens=True) == 'assistant\n<tool_call>{"a": 1}</tool_call>'
+    )
 
 
 def test_digits_are_split_one_by_one(tiny_tokenizer):

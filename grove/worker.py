@@ -1,0 +1,108 @@
+"""Worker processes: one process can serve any set of grove's task queues.
+
+    grove worker --queues episodes,io,trainer,inference --model tiny     # everything on one machine
+
+At scale each queue is its own pool: `episodes` and `io` are cheap CPU workers, `inference` hosts a
+vLLM engine per process, `trainer` owns the GPU(s) of the learner. Only one inference worker may
+serve a run while weights are published through one `publish_weights` activity per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from grove import queues
+
+# A dead worker's sticky queue would otherwise hold the next workflow task for 10 s (infra_probe.md).
+STICKY_TIMEOUT = timedelta(seconds=2)
+
+
+class UnknownQueueError(ValueError):
+    """A queue name that is not one of grove's task queues."""
+
+
+def parse_queues(spec: str | Sequence[str]) -> list[str]:
+    names = [q.strip() for q in (spec.split(",") if isinstance(spec, str) else spec) if q.strip()]
+    bad = [q for q in names if q not in queues.ALL]
+    if bad or not names:
+        raise UnknownQueueError(f"unknown task queues {bad or names}; choose from {list(queues.ALL)}")
+    return names
+
+
+def episodes_worker(client: Client) -> Worker:
+    from workflows.episode import EpisodeWorkflow
+    from workflows.training_run import TrainingRunWorkflow
+
+    return Worker(
+        client,
+        task_queue=queues.EPISODES,
+        workflows=[EpisodeWorkflow, TrainingRunWorkflow],
+        sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
+    )
+
+
+def io_worker(client: Client, store) -> Worker:
+    from activities.episode_io import EpisodeIO
+
+    io = EpisodeIO(store)
+    return Worker(
+        client,
+        task_queue=queues.IO,
+        activities=[io.score_episode, io.materialize_episode, io.clean_staging],
+        activity_executor=ThreadPoolExecutor(max_workers=4),
+    )
+
+
+def trainer_worker(client: Client, store, work_dir: Path, device: str | None) -> Worker:
+    from activities.training import TrainerActivities
+
+    acts = TrainerActivities(store, work_dir / "trainer", device=device)
+    # one step at a time: the learner is a single in-memory model
+    return Worker(client, task_queue=queues.TRAINER, activities=[acts.train_step], max_concurrent_activities=1)
+
+
+async def run_worker(
+    client: Client,
+    queue_names: Sequence[str],
+    *,
+    store,
+    model: str = "tiny",
+    work_dir: Path | None = None,
+    device: str | None = None,
+    engine_config: dict | None = None,
+    engine=None,
+) -> None:
+    """Serve `queue_names` until cancelled; the inference queue starts a vLLM engine first
+    (or uses `engine`, a started PolicyEngine the caller owns and shuts down)."""
+    work_dir = Path(work_dir or tempfile.mkdtemp(prefix="grove-worker-"))
+    workers: list[Worker] = []
+    owned_engine = None
+    names = parse_queues(queue_names)
+    if queues.EPISODES in names:
+        workers.append(episodes_worker(client))
+    if queues.IO in names:
+        workers.append(io_worker(client, store))
+    if queues.TRAINER in names:
+        workers.append(trainer_worker(client, store, work_dir, device))
+    if queues.INFERENCE in names:
+        from activities.engine import EngineConfig, PolicyEngine
+        from activities.inference_worker import build_inference_worker
+        from models.registry import ensure_model
+
+        if engine is None:
+            config = EngineConfig(model_dir=ensure_model(model), **(engine_config or {}))
+            engine = owned_engine = await PolicyEngine.start(config)
+        workers.append(build_inference_worker(client, engine, store, weights_root=work_dir / "weights"))
+    try:
+        await asyncio.gather(*(w.run() for w in workers))
+    finally:
+        if owned_engine is not None:
+            await owned_engine.shutdown()

@@ -1,0 +1,171 @@
+"""The acceptance episode on real services (Temporal dev server, vLLM on the tiny model, object store).
+
+A parent; two workers whose calls overlap; worker-1 compacts mid-way and so finishes after worker-2;
+the parent resumes after both answer. Run through TrainingRunWorkflow (2 steps, one group of 2
+episodes per step), then checked against the calls the engine actually served:
+exact conditioning, tokens, masks and behaviour logprobs of every row; complete accounting;
+once-only loss; one logical-rollout contribution per episode to the GRPO baseline; loss and gradient
+agreement with the independent per-call reference; a real learner step on worker actions whose
+checkpoint is published, so step 2's calls report policy version 1.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from activities.sampling import SamplingConfig
+from grove import queues
+from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, RunConfig, RunResult, RunState
+from harnesses import scenario
+from tests.learner.forests import Call, Episode
+from tests.learner.test_reference import learner_loss, per_call_reference, worst_relative
+from trainer.advantages import episode_advantages
+from trainer.checkpoint import latest_committed_step
+from trainer.config import LearnerConfig
+from trainer.learner import load_policy
+from trainer.rows import Row, rows_from_parquet
+from workflows.training_run import TrainingRunWorkflow, step_specs
+
+pytestmark = pytest.mark.timeout(900)
+
+SAMPLING = SamplingConfig(max_tokens=10)
+LEARNER = LearnerConfig(lr=1e-3)
+
+# The scenario's calls (harnesses/scenario.py), written out: context -> call ids in order.
+ALL_CALLS = {
+    "parent.0.c0", "parent.0.c1",
+    "worker-1.0.c0", "worker-1.0.c1", "worker-1.0.c2",  # c2 is the compaction's summary call
+    "worker-1.1.c0",  # after the declared rewrite
+    "worker-2.0.c0",
+}  # fmt: skip
+# Rows: one per endpoint; each eligible call owned by exactly one row (its only descendant endpoint).
+EXPECTED_ROWS = {
+    "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
+    "worker-1.0.c2": ["worker-1.0.c0", "worker-1.0.c1", "worker-1.0.c2"],
+    "worker-1.1.c0": ["worker-1.1.c0"],
+    "worker-2.0.c0": ["worker-2.0.c0"],
+}
+
+
+def run_config(train_agents: str, steps: int) -> RunConfig:
+    return RunConfig(
+        run_id=f"accept-{train_agents}-{uuid.uuid4().hex[:6]}",
+        model="",  # set by the test (the tiny model folder)
+        steps=steps,
+        task_family=scenario.NAME,
+        num_tasks=4,
+        tasks_per_step=1,
+        group_size=2,
+        harness=HarnessSpec(program=scenario.NAME),
+        sampling=SAMPLING,
+        train_agents=train_agents,
+        learner=LEARNER,
+    )
+
+
+async def run_training(client, cfg: RunConfig) -> RunResult:
+    return await client.execute_workflow(
+        TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES
+    )
+
+
+async def episode_result(client, spec: EpisodeSpec) -> EpisodeResult:
+    return await client.get_workflow_handle(spec.episode_id, result_type=EpisodeResult).result()
+
+
+def endpoint_of(row: Row) -> str:
+    return row.spans[-1].call_id
+
+
+def check_row_against_served(row: Row, served: dict) -> None:
+    end = served[endpoint_of(row)]
+    np.testing.assert_array_equal(row.input_ids, np.concatenate([end.prompt_ids, end.completion_ids]))
+    expected_mask = np.zeros(row.input_ids.size, dtype=bool)
+    expected_lp = np.zeros(row.input_ids.size, dtype=np.float32)
+    for span in row.spans:
+        s = served[span.call_id]
+        # exact conditioning: everything before the call's completion is exactly the prompt it was served
+        np.testing.assert_array_equal(row.input_ids[: span.start], s.prompt_ids)
+        np.testing.assert_array_equal(row.input_ids[span.start : span.end], s.completion_ids)
+        if span.owned:
+            expected_mask[span.start : span.end] = True
+            expected_lp[span.start : span.end] = s.logprobs
+    np.testing.assert_array_equal(row.loss_mask, expected_mask)
+    np.testing.assert_array_equal(row.behavior_logprobs, expected_lp)
+
+
+def as_reference_episode(result: EpisodeResult, served: dict, parent_only: bool) -> Episode:
+    """The episode as the engine served it, for the per-call reference (no row code involved)."""
+    calls = [
+        Call(
+            call_id=cid, agent=cid.split(".")[0], context_id=cid.rsplit(".", 1)[0], parent_call_id=None,
+            prompt=s.prompt_ids, completion=s.completion_ids, logprobs=s.logprobs,
+            selected=not parent_only or cid.startswith("parent."),
+        )  # fmt: skip
+        for cid, s in sorted(served.items())
+    ]
+    return Episode(episode_id=result.episode_id, group_id=result.group_id, reward=result.reward, calls=calls)
+
+
+async def test_acceptance_episode_trains_worker_actions_and_publishes(
+    temporal_client, grove_worker, recording_engine, e2e_store, tiny_model_dir
+):
+    cfg = run_config("all", steps=2).model_copy(update={"model": str(tiny_model_dir)})
+    run = await run_training(temporal_client, cfg)
+    assert [h.step for h in run.history] == [1, 2]
+
+    state = RunState(config=cfg)
+    step1 = step_specs(state, 1)
+    results = [await episode_result(temporal_client, spec) for spec in step1]
+    all_rows: list[Row] = []
+    for spec, result in zip(step1, results, strict=True):
+        served = recording_engine.calls_of(spec.episode_id)
+        assert set(served) == ALL_CALLS  # nothing lost, nothing extra
+        assert result.status == "ok" and result.counts == {"selected": len(ALL_CALLS)}
+        # worker calls overlapped in time, and worker-2 answered before worker-1 finished
+        w1, w2 = served["worker-1.0.c0"], served["worker-2.0.c0"]
+        assert w1.started < w2.finished and w2.started < w1.finished
+        assert w2.finished < served["worker-1.1.c0"].finished
+        assert all(s.policy_version == 0 for s in served.values())
+
+        rows = rows_from_parquet(e2e_store.get(result.rows_key))
+        assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == EXPECTED_ROWS
+        for row in rows:
+            assert all(s.owned for s in row.spans)  # here every call has exactly one endpoint
+            check_row_against_served(row, served)
+            assert row.reward == result.reward and row.episode_id == spec.episode_id
+        # the workers' answers came back into the parent as observations: no loss on them
+        parent_row = next(r for r in rows if endpoint_of(r) == "parent.0.c1")
+        c0, c1 = parent_row.spans
+        assert c1.start - c0.end > 0 and not parent_row.loss_mask[c0.end : c1.start].any()
+        owned = [s.call_id for r in rows for s in r.spans if s.owned]
+        assert sorted(owned) == sorted(ALL_CALLS)  # once-only loss
+        assert sum(r.num_loss_tokens for r in rows) == sum(s.completion_ids.size for s in served.values())
+        all_rows += rows
+
+    # one logical-rollout contribution per episode, whatever its number of rows (4 each)
+    r1, r2 = (r.reward for r in results)
+    mean, std = (r1 + r2) / 2, abs(r1 - r2) / np.sqrt(2)  # sample std of two values
+    adv = episode_advantages(all_rows, std_scaling=LEARNER.adv_std_scaling, eps=LEARNER.adv_eps)
+    for result, r in zip(results, (r1, r2), strict=True):
+        assert adv[result.episode_id].advantage == pytest.approx((r - mean) / (std + LEARNER.adv_eps), abs=1e-9)
+
+    # loss and every gradient agree with the per-call reference built from the served calls
+    policy = load_policy(tiny_model_dir, torch.device("cpu"), trainable=True)
+    episodes = [as_reference_episode(res, recording_engine.calls_of(res.episode_id), False) for res in results]
+    ref_loss, ref_grads = per_call_reference(policy, episodes, LEARNER)
+    loss, grads = learner_loss(policy, all_rows, LEARNER)
+    assert worst_relative(loss, grads, ref_loss, ref_grads) <= 1e-6
+
+    # the learner step trained on worker actions, its checkpoint is committed and published
+    first = run.history[0]
+    worker_tokens = sum(r.num_loss_tokens for r in all_rows if endpoint_of(r).startswith("worker-"))
+    assert worker_tokens > 0 and first.metrics["loss_tokens"] == sum(r.num_loss_tokens for r in all_rows)
+    assert latest_committed_step(e2e_store, cfg.run_id) == 2
+    for spec in step_specs(state, 2):
+        served = recording_engine.calls_of(spec.episode_id)
+        assert served and all(s.policy_version == 1 for s in served.values())
