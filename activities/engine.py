@@ -5,12 +5,13 @@ one behaviour logprob per sampled token (vLLM `processed_logprobs`, see activiti
 finish reason and the policy version that produced them out. Concurrent calls go straight to the
 engine, whose scheduler batches them; the worker never serialises generations.
 
-Process model: vLLM 0.32's AsyncLLM always runs its EngineCore in a child process (AsyncMPClient).
-With `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set here unless the environment says otherwise) the model
-runs inside that EngineCore (the "uni" executor) instead of in a third, separately spawned worker
-process ("mp", vLLM-CPU's default): one process less, a faster start and less memory, and the same
-code path on a single-GPU host. Everything sent to the model worker (`collective_rpc`) is a plain
-value (a folder path), never a tensor, so it works with either executor.
+Process model: vLLM 0.32's AsyncLLM always runs its EngineCore in a child process (AsyncMPClient);
+`VLLM_ENABLE_V1_MULTIPROCESSING` only chooses where the model runs. We keep vLLM's default ("1": a
+separate model-worker process, the "mp" executor), which on CPU binds the model's OpenMP thread to
+its own core. Measured here with the tiny model: "0" (model inside the EngineCore, unbound threads)
+starts faster (13-18 s vs 27 s) but generates 4x slower at batch 16 (~670 vs ~2500 tokens/s).
+Everything sent to the model worker (`collective_rpc`) is a plain value (a folder path), never a
+tensor, so either setting works (pitfall 5 of shared/research/vllm_cpu.md section 4).
 
 Publication (`publish`) and the version a call reports:
 - A version gate admits each generation under the version current at admission. `publish` closes
@@ -35,7 +36,6 @@ import asyncio
 import gc
 import hashlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -288,7 +288,6 @@ class PolicyEngine:
     @classmethod
     async def start(cls, config: EngineConfig) -> PolicyEngine:
         """Start the engine (10-30 s on CPU) and label its weights with `config.initial_version`."""
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when the config is built
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

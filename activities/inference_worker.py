@@ -56,8 +56,8 @@ class DataConverterError(ValueError):
     """The Temporal client does not use the pydantic data converter every grove process must use."""
 
 
-def _non_retryable(exc: Exception) -> ApplicationError:
-    return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True)
+def _non_retryable(exc: Exception, what: str) -> ApplicationError:
+    return ApplicationError(f"{what}: {exc}", type=type(exc).__name__, non_retryable=True)
 
 
 class InferenceActivities:
@@ -75,14 +75,14 @@ class InferenceActivities:
         try:
             return await run_generate(inp, self.engine, self.store)
         except NON_RETRYABLE as exc:
-            raise _non_retryable(exc) from exc
+            raise _non_retryable(exc, f"generate call {inp.call_id} of episode {inp.episode_id}") from exc
 
     @activity.defn(name="publish_weights")
     async def publish_weights(self, inp: PublishInput) -> PublishResult:
         try:
             result, report = await run_publish(inp, self.engine, self.store, self.weights_root)
         except NON_RETRYABLE as exc:
-            raise _non_retryable(exc) from exc
+            raise _non_retryable(exc, f"publish_weights {inp.run_id} version {inp.version}") from exc
         activity.logger.info(
             "published %s v%d (from v%d) in %.3f s: drain %.3f s, reload %.3f s, repacked %s",
             inp.run_id, report.version, report.previous_version, report.seconds, report.drain_seconds,

@@ -69,6 +69,9 @@ def worker(
     model: str = typer.Option("tiny", help="Model for the inference engine: tiny | smollm2 | a HF folder."),
     address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS or 127.0.0.1:7233)."),
     device: str = typer.Option(None, help="Learner device (default: cuda if available, else cpu)."),
+    inference_queue: str = typer.Option(
+        "inference", help="Task queue name of this worker's engine (one per concurrently training run)."
+    ),
 ) -> None:
     """Serve grove's task queues (one process can serve all of them on a single machine)."""
     import asyncio
@@ -82,12 +85,34 @@ def worker(
     async def main() -> None:
         client = await connect(address)
         typer.echo(f"worker: queues {names} on {client.service_client.config.target_host}")
-        await run_worker(client, names, store=store_from_env(), model=model, device=device)
+        await run_worker(
+            client, names, store=store_from_env(), model=model, device=device, inference_queue=inference_queue
+        )
 
     try:
         asyncio.run(main())
     except KeyboardInterrupt:
         typer.echo("worker stopped")
+
+
+@app.command("demo")
+def demo(
+    model: str = typer.Option("tiny", help="tiny | smollm2 | a HF causal-LM folder."),
+    steps: int = typer.Option(30, help="Optimizer steps per run."),
+    name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),
+    group_size: int = typer.Option(8, help="Episodes per task (GRPO group)."),
+    tasks_per_step: int = typer.Option(2, help="Tasks per step."),
+    lr: float = typer.Option(2e-4, help="Learning rate."),
+    max_tokens: int = typer.Option(8, help="Max tokens per model call."),
+) -> None:
+    """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
+    from grove.demo import DemoConfig, main
+
+    cfg = DemoConfig(
+        name=name, model=model, steps=steps, group_size=group_size, tasks_per_step=tasks_per_step, lr=lr,
+        max_tokens=max_tokens,
+    )  # fmt: skip
+    raise typer.Exit(main(cfg))
 
 
 if __name__ == "__main__":

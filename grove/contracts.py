@@ -120,6 +120,7 @@ class EpisodeSpec(BaseModel):
     train_agents: TrainAgents = "all"
     train_auxiliary: bool = False
     max_lost_attempts: int = Field(2, ge=0)  # per call: new admissions after a crash
+    inference_queue: str = "inference"  # the queue of the engine serving this run's policy
 
 
 class HarnessOutcome(BaseModel):
@@ -247,6 +248,8 @@ class RunConfig(BaseModel):
     train_agents: TrainAgents = "all"
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     continue_as_new_every: int = Field(5, ge=1)
+    # One engine holds one policy: runs that train at the same time need their own inference queues.
+    inference_queue: str = "inference"
 
 
 class StepRecord(BaseModel):

@@ -79,6 +79,7 @@ async def run_worker(
     device: str | None = None,
     engine_config: dict | None = None,
     engine=None,
+    inference_queue: str = queues.INFERENCE,
 ) -> None:
     """Serve `queue_names` until cancelled; the inference queue starts a vLLM engine first
     (or uses `engine`, a started PolicyEngine the caller owns and shuts down)."""
@@ -100,7 +101,11 @@ async def run_worker(
         if engine is None:
             config = EngineConfig(model_dir=ensure_model(model), **(engine_config or {}))
             engine = owned_engine = await PolicyEngine.start(config)
-        workers.append(build_inference_worker(client, engine, store, weights_root=work_dir / "weights"))
+        workers.append(
+            build_inference_worker(
+                client, engine, store, weights_root=work_dir / "weights", task_queue=inference_queue
+            )
+        )
     try:
         await asyncio.gather(*(w.run() for w in workers))
     finally:

@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.models",
     "tests.fixtures.s3",
     "tests.fixtures.temporal",
+    "tests.fixtures.worker",
 ]

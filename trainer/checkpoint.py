@@ -269,11 +269,13 @@ def load_checkpoint(
         map_location=learner.device,
         weights_only=True,
     )
-    # The implementation flags belong to this device (fused AdamW on CUDA), not the saving one.
-    flags = [{k: g.get(k) for k in ("fused", "foreach")} for g in learner.optimizer.param_groups]
+    # The implementation flags belong to this device (fused AdamW on CUDA), not the saving one; set
+    # them before loading, because load_state_dict places the step counters according to them.
+    for saved_group, own in zip(
+        saved["optimizer"]["param_groups"], learner.optimizer.param_groups, strict=True
+    ):
+        saved_group.update({k: own.get(k) for k in ("fused", "foreach", "capturable")})
     learner.optimizer.load_state_dict(saved["optimizer"])
-    for group, own in zip(learner.optimizer.param_groups, flags, strict=True):
-        group.update(own)
     if saved["scheduler"]["rollouts_consumed"] != state.rollouts_consumed:
         raise CheckpointCorruptError(
             f"run {run_id!r} step {step}: optimizer.pt counts {saved['scheduler']['rollouts_consumed']} "

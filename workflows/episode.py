@@ -211,7 +211,7 @@ class EpisodeWorkflow:
         )
         # One attempt per call id: a retry after a crash is a new admission (see the module docstring).
         return await workflow.execute_activity(
-            "generate", inp, task_queue=queues.INFERENCE, start_to_close_timeout=GENERATE_TIMEOUT,
+            "generate", inp, task_queue=self.spec.inference_queue, start_to_close_timeout=GENERATE_TIMEOUT,
             heartbeat_timeout=GENERATE_HEARTBEAT, retry_policy=RetryPolicy(maximum_attempts=1),
             result_type=GenerateResult,
         )  # fmt: skip

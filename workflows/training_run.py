@@ -67,6 +67,7 @@ def step_specs(state: RunState, step: int) -> list[EpisodeSpec]:
                     run_id=cfg.run_id, step=step, group_id=group_id(cfg.run_id, step, t),
                     episode_id=episode_id(cfg.run_id, step, t, j), index_in_group=j, task=make_task(t),
                     harness=cfg.harness, sampling=cfg.sampling, train_agents=cfg.train_agents,
+                    inference_queue=cfg.inference_queue,
                 )  # fmt: skip
             )
     return specs
@@ -130,7 +131,7 @@ class TrainingRunWorkflow:
         assert self.state is not None
         return await workflow.execute_activity(
             "publish_weights", PublishInput(run_id=self.state.config.run_id, version=version),
-            task_queue=queues.INFERENCE, start_to_close_timeout=PUBLISH_TIMEOUT, retry_policy=RETRY,
+            task_queue=self.state.config.inference_queue, start_to_close_timeout=PUBLISH_TIMEOUT, retry_policy=RETRY,
             result_type=PublishResult,
         )  # fmt: skip
 

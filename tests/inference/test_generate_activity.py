@@ -17,7 +17,7 @@ from storage.base import sha256_hex
 from tests.inference.reference import learner_logprobs
 from trainer.staging_format import decode_call_tokens, staging_key
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 
 SAMPLING = SamplingConfig(max_tokens=20, ignore_eos=True)
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

@@ -18,7 +18,7 @@ from grove import queues
 from grove.contracts import GenerateInput, GenerateResult, PromptSpec
 from trainer.staging_format import decode_call_tokens
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 
 
 @workflow.defn(sandboxed=False)

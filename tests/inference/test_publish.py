@@ -23,7 +23,7 @@ from grove.contracts import PublishInput
 from tests.inference.checkpoints import commit_checkpoint, perturbed_copy
 from tests.inference.reference import learner_logprobs
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 
 TOL = 1e-4
 SAMPLING = SamplingConfig(max_tokens=24, ignore_eos=True)
@@ -182,3 +182,18 @@ async def test_prefix_cache_does_not_serve_stale_keys_and_values(policy_engine, 
     await policy_engine.publish(new_dir, policy_engine.version + 1)
     diff, _ = await max_diff_to(policy_engine, new_dir, 63, "cache-after", prompt=prompt)
     assert diff <= TOL, f"stale prefix cache: diff {diff:.2e}"
+
+
+async def test_publishing_an_uncommitted_checkpoint_is_refused(policy_engine, store, tmp_path):
+    acts = InferenceActivities(policy_engine, store, weights_root=tmp_path / "weights")
+    version = policy_engine.version
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(
+            acts.publish_weights, PublishInput(run_id="no-run", version=version + 1)
+        )
+    assert err.value.type == "CheckpointNotFoundError" and err.value.non_retryable
+    assert f"publish_weights no-run version {version + 1}" in str(err.value)
+    assert (
+        policy_engine.version == version
+        and not (tmp_path / "weights" / "no-run" / f"step-{version + 1:06d}").exists()
+    )

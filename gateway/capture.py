@@ -1,0 +1,228 @@
+"""One chat request of an external harness, captured: route it to its context, decide how it relates to
+the context's head, admit it through the episode's Updates, and record what the harness got.
+
+    spec      -> sampling (the episode's, with the request's overrides; 400 before anything runs)
+    summary   -> identity (headers) -> target context (gateway/routing.py)
+    head      -> its chat record (a completed head without one was never delivered: discard it, redo)
+    decision  -> ROOT / CONTINUE / RETRY / REWRITE or 400 (gateway/continuation.py); nothing is
+                 admitted for a refused request
+    act       -> open_context (new agent, or a rewrite), discard (retry), call -> CallResult
+    record    -> written before the response leaves (gateway/records.py)
+
+Call ids are deterministic per context: `{context_id}.c{n}`, n = the context's number of calls so far.
+A chat continuation names its parent's staged arrays, and the generate activity splices the parent's
+exact tokens in front of the new messages (grove.contracts.ChatPrompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.chat_request import ChatCompletionRequest, sampling_for
+from gateway.continuation import Decision, Move, decide
+from gateway.episodes import Episodes
+from gateway.identity import Identity
+from gateway.records import ChatRecord, Usage, load_record, save_record
+from gateway.routing import Target, identify, route
+from activities.sampling import SamplingConfig
+from grove.contracts import CallRequest, CallResult, ChatPrompt, PromptSpec
+from grove.receipts import ContextOrigin, ContextRecord
+from storage.base import ObjectStore
+from trainer.staging_format import staging_key
+
+MAX_RECOVERIES = 3  # undelivered heads discarded before giving up on one request
+_REPLAN = object()  # _head's answer after discarding an undelivered head
+
+
+class CaptureError(Exception):
+    """Base of the capture errors that are not the ledger's or the request's."""
+
+
+class HeadPendingError(CaptureError):
+    """The context's head is still generating: the harness sent the next request too early (HTTP 409)."""
+
+
+class ForeignSessionError(CaptureError):
+    """An OpenCode root session that is not the session the episode's parent agent runs in (HTTP 400)."""
+
+
+class MissingRecordError(CaptureError):
+    """The chat record of a call the request builds on is missing (HTTP 409)."""
+
+
+class ContextConflictError(CaptureError):
+    """A concurrent request opened the same context id with another reservation (HTTP 409)."""
+
+
+class UndeliveredHeadsError(CaptureError):
+    """Too many heads of one context without chat records in a row (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: Target
+    identity: Identity
+    decision: Decision
+
+
+class Capture:
+    """Captures chat requests into episode workflows; stateless (Temporal + object store)."""
+
+    def __init__(self, episodes: Episodes, store: ObjectStore) -> None:
+        self.episodes = episodes
+        self.store = store
+
+    async def _record(self, episode_id: str, call_id: str) -> ChatRecord | None:
+        return await asyncio.to_thread(load_record, self.store, episode_id, call_id)
+
+    async def chat(
+        self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str]
+    ) -> ChatRecord:
+        """Capture one request; returns the record of the call (what the harness gets)."""
+        spec = await self.episodes.spec(episode_id)
+        sampling = sampling_for(request, spec.sampling)
+        for _ in range(MAX_RECOVERIES):
+            plan = await self._plan(episode_id, request, headers)
+            if plan is not None:
+                return await self._act(episode_id, request, plan, sampling)
+        raise UndeliveredHeadsError(
+            f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row had no chat record (responses the "
+            "gateway never delivered); check the gateway's object store"
+        )
+
+    async def _plan(
+        self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str]
+    ) -> Plan | None:
+        """The plan for this request; None after discarding an undelivered head (plan again)."""
+        summary = await self.episodes.summary(episode_id)
+        identity = identify(headers, request.messages, request.tools, summary)
+        target = route(summary, identity)
+        head = await self._head(episode_id, target)
+        if head is _REPLAN:
+            return None
+        _check_session(episode_id, identity, head)
+        return Plan(target, identity, decide(request.messages, request.tools, head, identity.rewrite))
+
+    async def _head(self, episode_id: str, target: Target) -> ChatRecord | None | object:
+        """The head's record (None: no head); _REPLAN after discarding an undelivered head."""
+        ctx = target.current
+        if ctx is None or ctx.head is None:
+            return None
+        if ctx.head in ctx.pending:
+            raise HeadPendingError(
+                f"episode {episode_id!r}: call {ctx.head!r}, the head of context {ctx.context_id!r}, is still "
+                "generating; send the next request of this context after its response arrived"
+            )
+        record = await self._record(episode_id, ctx.head)
+        if record is not None:
+            return record
+        # Records are written before responses leave: this response never reached the harness.
+        reason = "response never delivered (the gateway stopped before answering)"
+        await self.episodes.discard(episode_id, ctx.head, reason)
+        return _REPLAN
+
+    async def _act(
+        self, episode_id: str, request: ChatCompletionRequest, plan: Plan, sampling: SamplingConfig | None
+    ) -> ChatRecord:
+        target, decision = plan.target, plan.decision
+        context_id, calls, base = target.context_id, _calls(target), decision.head
+        if decision.move == Move.ROOT and target.opening is not None:
+            await self._open(episode_id, target.opening)
+        elif decision.move == Move.RETRY:
+            head = decision.head
+            await self.episodes.discard(episode_id, head.call_id, "the harness sent the same request again")
+            base = None if head.extends is None else await self._parent(episode_id, head)
+        elif decision.move == Move.REWRITE:
+            rewrite = ContextRecord(
+                context_id=target.rewrite_id,
+                agent=target.agent,
+                origin=ContextOrigin.REWRITE,
+                rewrite_of=target.context_id,
+            )
+            await self._open(episode_id, rewrite)
+            context_id, calls, base = rewrite.context_id, 0, None
+        elif decision.move == Move.ROOT:
+            base = None
+        call = _call_request(episode_id, f"{context_id}.c{calls}", context_id, request, plan, base, sampling)
+        result = await self.episodes.call(episode_id, call)
+        record = _record_of(episode_id, call, result, request, plan)
+        await asyncio.to_thread(save_record, self.store, record)
+        return record
+
+    async def _open(self, episode_id: str, record: ContextRecord) -> None:
+        opened = await self.episodes.open_context(episode_id, record)
+        if opened != record:  # a concurrent request opened this id with another reservation
+            raise ContextConflictError(
+                f"episode {episode_id!r}: context {record.context_id!r} was opened concurrently as {opened}, "
+                f"not {record}; retry the request"
+            )
+
+    async def _parent(self, episode_id: str, head: ChatRecord) -> ChatRecord:
+        parent = await self._record(episode_id, head.extends)
+        if parent is None:
+            raise MissingRecordError(
+                f"episode {episode_id!r}: call {head.call_id!r} is retried, but the chat record of the call it "
+                f"extends ({head.extends!r}) is missing; the retry cannot be spliced onto it"
+            )
+        return parent
+
+
+def _calls(target: Target) -> int:
+    return 0 if target.current is None else sum(target.current.counts.values())
+
+
+def _check_session(episode_id: str, identity: Identity, head: ChatRecord | None) -> None:
+    if identity.root_session and head is not None and head.session_id not in (None, identity.session_id):
+        raise ForeignSessionError(
+            f"episode {episode_id!r}: OpenCode session {identity.session_id!r} has no parent session, but the "
+            f"episode's parent agent runs in session {head.session_id!r}; one episode serves one OpenCode run"
+        )
+
+
+def _call_request(
+    episode_id: str,
+    call_id: str,
+    context_id: str,
+    request: ChatCompletionRequest,
+    plan: Plan,
+    base: ChatRecord | None,
+    sampling: SamplingConfig | None,
+) -> CallRequest:
+    chat = ChatPrompt(
+        messages=request.messages, tools=request.tools, parent_messages=base.messages if base else None
+    )
+    prompt = PromptSpec(
+        chat=chat,
+        parent_call_id=base.call_id if base else None,
+        parent_staging_key=staging_key(episode_id, base.call_id) if base else None,
+    )
+    return CallRequest(
+        call_id=call_id,
+        context_id=context_id,
+        kind=plan.identity.kind,
+        extends=base.call_id if base else None,
+        prompt=prompt,
+        sampling=sampling,
+    )
+
+
+def _record_of(
+    episode_id: str, call: CallRequest, result: CallResult, request: ChatCompletionRequest, plan: Plan
+) -> ChatRecord:
+    return ChatRecord(
+        episode_id=episode_id,
+        call_id=result.call_id,  # a retry after a lost attempt completes under its own id
+        context_id=call.context_id,
+        agent=plan.target.agent,
+        kind=call.kind,
+        extends=call.extends,
+        messages=request.messages,
+        tools=request.tools,
+        response=result.assistant_message,
+        finish_reason=result.finish_reason,
+        usage=Usage(prompt_tokens=result.digests.prompt_len, completion_tokens=result.digests.completion_len),
+        policy_version=result.policy_version,
+        session_id=plan.identity.session_id,
+    )

@@ -1,0 +1,79 @@
+"""How a chat request relates to its context's head: continue it, retry it, rewrite, or refuse.
+
+Given the request's messages and tools, the chat record of the context's head (gateway/records.py)
+and the identity's rewrite mode, in this order:
+
+1. no head (a new context, or every earlier call was discarded)  -> ROOT;
+2. a rewrite the harness declared (x-grove-rewrite)              -> REWRITE (new context, a root);
+3. messages == head's messages + head's response + only new user/tool messages, compared
+   semantically (gateway/chat_render.check_extension)            -> CONTINUE (extends the head);
+4. the head's own prompt messages and tools again: the harness retried or resampled
+                                                                 -> RETRY (discard the head, extend
+                                                                    what the head extended);
+5. an adapter recognised a rewrite (OpenCode's post-compaction request, an auxiliary context)
+                                                                 -> REWRITE;
+6. otherwise chat_render.UndeclaredDiscontinuityError naming the first differing message index and
+   field; nothing is admitted.
+
+Pure module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gateway.chat_render import Predecessor, UndeclaredDiscontinuityError, canonical_message, check_extension
+from gateway.identity import RewriteMode
+from gateway.records import ChatRecord
+
+__all__ = ["Decision", "Move", "UndeclaredDiscontinuityError", "decide", "same_prompt"]
+
+
+class Move(StrEnum):
+    ROOT = "root"
+    CONTINUE = "continue"
+    RETRY = "retry"
+    REWRITE = "rewrite"
+
+
+@dataclass(frozen=True)
+class Decision:
+    move: Move
+    head: ChatRecord | None  # the context's head record (None for ROOT)
+
+
+def _canonical_tools(tools: Any) -> Any:
+    return json.loads(json.dumps(tools or [], sort_keys=True))
+
+
+def same_prompt(messages: Sequence[dict[str, Any]], tools: Any, record: ChatRecord) -> bool:
+    """Whether the request repeats `record`'s prompt (messages and tools), compared semantically."""
+    return (
+        len(messages) == len(record.messages)
+        and all(canonical_message(a) == canonical_message(b) for a, b in zip(messages, record.messages, strict=True))
+        and _canonical_tools(tools) == _canonical_tools(record.tools)
+    )
+
+
+def decide(
+    messages: Sequence[dict[str, Any]], tools: Any, head: ChatRecord | None, rewrite: RewriteMode
+) -> Decision:
+    """The move for this request (see the module docstring); raises UndeclaredDiscontinuityError."""
+    if head is None:
+        return Decision(Move.ROOT, None)
+    if rewrite == RewriteMode.DECLARED:
+        return Decision(Move.REWRITE, head)
+    predecessor = Predecessor(messages=head.messages, prompt_ids=(), completion_ids=(), tools=head.tools)
+    try:
+        check_extension(messages, tools, predecessor, head.response)
+    except UndeclaredDiscontinuityError:
+        if same_prompt(messages, tools, head):
+            return Decision(Move.RETRY, head)
+        if rewrite == RewriteMode.IF_NOT_EXTENSION:
+            return Decision(Move.REWRITE, head)
+        raise
+    return Decision(Move.CONTINUE, head)

@@ -1,0 +1,133 @@
+"""Which agent and context a chat request belongs to, from its headers (grove's own or a harness adapter's).
+
+grove's headers (any harness can send them, e.g. LangGraph `default_headers`, Agents SDK `extra_headers`):
+
+    x-grove-agent: worker-1            the agent (default "parent")
+    x-grove-context: worker-1.0        an explicit context id (default: the agent's current context)
+    x-grove-spawned-by: parent.0.c2    the call whose response spawned this worker (first context only)
+    x-grove-parent-context: parent.0   or: the context whose head spawned it
+    x-grove-rewrite: 1                 this request rewrites the agent's history (compaction): new context
+    x-grove-call-kind: auxiliary       not a policy action (title, summary): its own context, never trained
+
+An auxiliary call without an explicit context goes to the agent's auxiliary agent `<agent>~aux` (a
+context of its own, so it never breaks the agent's token stream); each unrelated auxiliary call there
+is a rewrite of the previous one. OpenCode's `x-session-id` / `x-parent-session-id` are handled by
+gateway/opencode.py when no grove agent/context header is present (gateway/capture.py chooses).
+
+Pure module: headers in, an `Identity` out; the Temporal-side lookup happens in gateway/capture.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from grove.receipts import CallKind
+
+DEFAULT_AGENT = "parent"
+AUX_SEPARATOR = "~"  # harness names cannot contain it, so `<agent>~aux` never collides with a harness agent
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+_ID = re.compile(r"^[A-Za-z0-9_~-]{1,96}(\.[A-Za-z0-9_~-]{1,32}){0,4}$")
+
+AGENT_HEADER = "x-grove-agent"
+CONTEXT_HEADER = "x-grove-context"
+SPAWNED_BY_HEADER = "x-grove-spawned-by"
+PARENT_CONTEXT_HEADER = "x-grove-parent-context"
+REWRITE_HEADER = "x-grove-rewrite"
+KIND_HEADER = "x-grove-call-kind"
+_TRUE, _FALSE = frozenset({"1", "true", "yes"}), frozenset({"0", "false", "no"})
+
+
+class InvalidIdentityHeaderError(ValueError):
+    """An identity header with a value the gateway does not accept."""
+
+
+class RewriteMode(StrEnum):
+    """What to do when a request does not extend its context's head."""
+
+    NONE = "none"  # an undeclared discontinuity: refused (400), nothing admitted
+    DECLARED = "declared"  # the harness declared a rewrite: always a new context, whatever the messages
+    IF_NOT_EXTENSION = "if_not_extension"  # an adapter recognised a rewrite: new context unless it extends
+
+
+@dataclass(frozen=True)
+class Spawner:
+    """Who spawned a worker's first context: a call id, or the head of a context, or of an agent's
+    current context (exactly one is set)."""
+
+    call_id: str | None = None
+    context_id: str | None = None
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class Identity:
+    agent: str | None  # None: the explicit context's agent (or DEFAULT_AGENT for a new context)
+    context_id: str | None = None
+    spawner: Spawner | None = None
+    rewrite: RewriteMode = RewriteMode.NONE
+    kind: CallKind = CallKind.ACTION
+    session_id: str | None = None  # the harness's own session id (OpenCode), kept in the chat record
+    root_session: bool = False  # this session claims the root agent (checked against earlier records)
+
+
+def aux_agent(agent: str, purpose: str) -> str:
+    return f"{agent}{AUX_SEPARATOR}{purpose}"
+
+
+def header_value(headers: Mapping[str, str], name: str, pattern: re.Pattern[str] = _NAME) -> str | None:
+    """A header's value checked against `pattern` (names become context ids, call ids and object keys)."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    if not pattern.match(value):
+        raise InvalidIdentityHeaderError(
+            f"header {name}: {value!r} is not accepted; expected {pattern.pattern} (letters, digits, '_' "
+            "and '-'; ids may have '.'-separated parts)"
+        )
+    return value
+
+
+def _flag(headers: Mapping[str, str], name: str) -> bool:
+    value = (headers.get(name) or "0").strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise InvalidIdentityHeaderError(f"header {name}: {value!r} is not accepted; send 1 or 0")
+    return value in _TRUE
+
+
+def _kind(headers: Mapping[str, str]) -> CallKind:
+    value = (headers.get(KIND_HEADER) or CallKind.ACTION.value).strip().lower()
+    try:
+        return CallKind(value)
+    except ValueError:
+        raise InvalidIdentityHeaderError(
+            f"header {KIND_HEADER}: {value!r} is not a call kind; "
+            f"expected one of {[k.value for k in CallKind]}"
+        ) from None
+
+
+def grove_identity(headers: Mapping[str, str]) -> Identity:
+    """Identity from grove's own headers (defaults: agent "parent", its current context)."""
+    agent = header_value(headers, AGENT_HEADER)
+    context_id = header_value(headers, CONTEXT_HEADER, _ID)
+    spawned_by = header_value(headers, SPAWNED_BY_HEADER, _ID)
+    parent_context = header_value(headers, PARENT_CONTEXT_HEADER, _ID)
+    if spawned_by and parent_context:
+        raise InvalidIdentityHeaderError(
+            f"both {SPAWNED_BY_HEADER} and {PARENT_CONTEXT_HEADER} are set; send one of them"
+        )
+    spawner = Spawner(call_id=spawned_by, context_id=parent_context) if spawned_by or parent_context else None
+    rewrite = RewriteMode.DECLARED if _flag(headers, REWRITE_HEADER) else RewriteMode.NONE
+    kind = _kind(headers)
+    if kind == CallKind.AUXILIARY and context_id is None:
+        # A context of its own: an unrelated auxiliary call replaces the previous one (a new root).
+        agent = aux_agent(agent or DEFAULT_AGENT, "aux")
+        spawner = None
+        rewrite = RewriteMode.DECLARED if rewrite == RewriteMode.DECLARED else RewriteMode.IF_NOT_EXTENSION
+    elif agent is None and context_id is None:
+        agent = DEFAULT_AGENT
+    return Identity(agent=agent, context_id=context_id, spawner=spawner, rewrite=rewrite, kind=kind)
+

@@ -1,0 +1,119 @@
+"""OpenCode adapter: agent identity from `x-session-id` / `x-parent-session-id`, and OpenCode's own
+auxiliary calls and compaction rewrite (shared/research/harnesses.md).
+
+- The root session (no `x-parent-session-id`, not a known worker) is agent "parent"; a child session S
+  is agent `worker-S`, spawned by the head of its parent session's agent's current context.
+- Title calls ("You are a title generator...") and compaction-summary calls ("You are a context
+  summarization agent...") have no tools and reuse their session's id: they are AUXILIARY calls in
+  `<agent>~title` / `<agent>~summary`, contexts of their own. A subagent's summary call lacks
+  `x-parent-session-id`; it is still the worker's, because `worker-S` is already known.
+- After a compaction the session's next request is `[system..., user "What did we do so far?",
+  assistant <summary>, user "Continue if you have next steps..."]`: a rewrite the adapter declares
+  (a new context for the agent), unless it extends or repeats the current head.
+
+Pure module.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from gateway.identity import (
+    DEFAULT_AGENT,
+    Identity,
+    RewriteMode,
+    Spawner,
+    aux_agent,
+    header_value,
+)
+from grove.receipts import CallKind
+
+SESSION_HEADER = "x-session-id"
+PARENT_SESSION_HEADER = "x-parent-session-id"
+TITLE_PROMPT = "You are a title generator"
+SUMMARY_PROMPT = "You are a context summarization agent"
+COMPACTION_QUESTION = "What did we do so far?"
+COMPACTION_CONTINUE = "Continue if you have next steps"
+_SESSION = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+
+
+def text_of(content: Any) -> str:
+    """A message's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def _leading_systems(messages: Sequence[dict[str, Any]]) -> int:
+    n = 0
+    while n < len(messages) and messages[n].get("role") == "system":
+        n += 1
+    return n
+
+
+def auxiliary_purpose(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None) -> str | None:
+    """"title" or "summary" for OpenCode's auxiliary calls, else None."""
+    if tools:
+        return None
+    for message in messages[: _leading_systems(messages)]:
+        text = text_of(message.get("content")).lstrip()
+        if text.startswith(TITLE_PROMPT):
+            return "title"
+        if text.startswith(SUMMARY_PROMPT):
+            return "summary"
+    return None
+
+
+def is_post_compaction(messages: Sequence[dict[str, Any]]) -> bool:
+    """The first request of a session after OpenCode compacted it."""
+    rest = messages[_leading_systems(messages) :]
+    return (
+        len(rest) == 3
+        and [m.get("role") for m in rest] == ["user", "assistant", "user"]
+        and text_of(rest[0].get("content")).strip() == COMPACTION_QUESTION
+        and text_of(rest[2].get("content")).lstrip().startswith(COMPACTION_CONTINUE)
+    )
+
+
+def worker_agent(session_id: str) -> str:
+    return f"worker-{session_id}"
+
+
+def session_agent(session_id: str, has_parent: bool, known_agents: Collection[str]) -> str:
+    """The agent of an OpenCode session: a child session's worker, else the root agent."""
+    worker = worker_agent(session_id)
+    return worker if has_parent or worker in known_agents else DEFAULT_AGENT
+
+
+def identify(
+    headers: Mapping[str, str],
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[Any] | None,
+    known_agents: Collection[str],
+) -> Identity:
+    session = header_value(headers, SESSION_HEADER, _SESSION)
+    parent_session = header_value(headers, PARENT_SESSION_HEADER, _SESSION)
+    assert session is not None  # identity.identify dispatches here only when the header is present
+    agent = session_agent(session, parent_session is not None, known_agents)
+    purpose = auxiliary_purpose(messages, tools)
+    if purpose is not None:
+        return Identity(
+            agent=aux_agent(agent, purpose),
+            rewrite=RewriteMode.IF_NOT_EXTENSION,
+            kind=CallKind.AUXILIARY,
+            session_id=session,
+        )
+    spawner = None
+    if parent_session is not None:
+        spawner = Spawner(agent=session_agent(parent_session, False, known_agents))
+    return Identity(
+        agent=agent,
+        spawner=spawner,
+        rewrite=RewriteMode.IF_NOT_EXTENSION if is_post_compaction(messages) else RewriteMode.NONE,
+        session_id=session,
+        root_session=agent == DEFAULT_AGENT,
+    )

@@ -1,0 +1,63 @@
+"""Gateway settings: validated, built lazily (`GatewaySettings.from_env()` at startup, never at import)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from grove.client import DEFAULT_ADDRESS
+from storage.config import default_store_url
+
+SECRET_VAR = "GROVE_GATEWAY_SECRET"
+MIN_SECRET_LEN = 16
+
+
+class GatewaySettingsError(ValueError):
+    """Settings the gateway cannot start with (missing or weak secret, bad value)."""
+
+
+class GatewaySettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temporal_address: str = DEFAULT_ADDRESS
+    namespace: str = "default"
+    store: str = Field(description="object-store URL or path (storage/config.py), as GROVE_STORE")
+    secret: SecretStr = Field(description="HMAC key of the per-episode bearer tokens")
+    model_name: str = "grove"  # the model id clients send and /v1/models lists
+    host: str = "127.0.0.1"
+    port: int = Field(8400, ge=0, le=65535)
+
+    @field_validator("secret")
+    @classmethod
+    def _strong_secret(cls, secret: SecretStr) -> SecretStr:
+        if len(secret.get_secret_value()) < MIN_SECRET_LEN:
+            raise ValueError(
+                f"the gateway secret has fewer than {MIN_SECRET_LEN} characters; set {SECRET_VAR} to a long "
+                "random string (e.g. `openssl rand -hex 32`)"
+            )
+        return secret
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> GatewaySettings:
+        """Settings from GROVE_TEMPORAL_ADDRESS, GROVE_TEMPORAL_NAMESPACE, GROVE_STORE,
+        GROVE_GATEWAY_SECRET, GROVE_GATEWAY_MODEL, plus explicit overrides."""
+        env = os.environ if environ is None else environ
+        if SECRET_VAR not in env and "secret" not in overrides:
+            raise GatewaySettingsError(
+                f"{SECRET_VAR} is not set; the gateway signs per-episode tokens with it. Set it to a long "
+                "random string and give harnesses tokens from gateway.auth.issue_token"
+            )
+        values: dict[str, object] = {
+            "temporal_address": env.get("GROVE_TEMPORAL_ADDRESS", DEFAULT_ADDRESS),
+            "namespace": env.get("GROVE_TEMPORAL_NAMESPACE", "default"),
+            "store": env.get("GROVE_STORE") or default_store_url(),
+            "secret": env.get(SECRET_VAR),
+            "model_name": env.get("GROVE_GATEWAY_MODEL", "grove"),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            raise GatewaySettingsError(f"invalid gateway settings: {err}") from None

@@ -1,0 +1,221 @@
+"""The demo (README's main command): parent+worker GRPO on the `delegation` task, beside the
+parent-only baseline, on the real stack (Temporal dev server with its UI, vLLM, the learner).
+
+    grove demo [--model tiny|smollm2|DIR] [--steps N] [--name demo]
+
+Both runs train at the same time, each with its own inference engine (one engine holds one policy).
+Progress bars show step, mean reward and episodes; metrics go to runs/<name>/metrics.csv and the
+plot to runs/<name>/reward.png. Ctrl-C stops the workers and leaves the Temporal server and the runs
+where they are; running the same command again re-attaches to the same workflows and resumes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy
+from tqdm import tqdm
+
+from activities.sampling import SamplingConfig
+from grove import queues
+from grove.client import connect
+from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState, StepRecord
+from grove.paths import grove_home
+from infra.procs import log_tail, stop_pid
+from trainer.config import LearnerConfig
+
+
+class DemoConfig(BaseModel):
+    name: str = "demo"
+    model: str = "tiny"
+    steps: int = 30
+    group_size: int = 8
+    tasks_per_step: int = 2
+    lr: float = 2e-4
+    max_tokens: int = 8
+    temperature: float = 1.0
+    port: int = 7233
+    ui_port: int = 8233
+    out_dir: Path = Path("runs")
+
+
+def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
+    """The two runs: identical but for which agents' actions are trained."""
+    runs = []
+    for agents, suffix in (("all", "parent-and-workers"), ("parent_only", "parent-only")):
+        run_id = f"{cfg.name}-{suffix}"
+        runs.append(
+            RunConfig(
+                run_id=run_id,
+                model=str(model_dir),
+                steps=cfg.steps,
+                task_family="delegation",
+                num_tasks=64,
+                tasks_per_step=cfg.tasks_per_step,
+                group_size=cfg.group_size,
+                harness=HarnessSpec(program="delegation"),
+                sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
+                train_agents=agents,
+                learner=LearnerConfig(lr=cfg.lr, temperature=cfg.temperature, weight_decay=0.0),
+                inference_queue=f"{queues.INFERENCE}-{run_id}",
+            )
+        )
+    return runs
+
+
+def start_worker(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "grove.cli", "worker", *args],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )  # fmt: skip
+
+
+async def attach(client: Client, run: RunConfig):
+    """Start the run, or re-attach to it if a workflow with its id already exists (resume)."""
+    from workflows.training_run import TrainingRunWorkflow
+
+    return await client.start_workflow(
+        TrainingRunWorkflow.run,
+        RunState(config=run),
+        id=run.run_id,
+        task_queue=queues.EPISODES,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+
+
+async def history_of(handle) -> tuple[list[StepRecord], bool]:
+    """(steps done so far, finished?) of a run, from its result or its `progress` query."""
+    desc = await handle.describe()
+    if desc.status == WorkflowExecutionStatus.COMPLETED:
+        result: RunResult = await handle.result()
+        return result.history, True
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        raise RuntimeError(f"run {handle.id} is {desc.status.name}; inspect it in the Temporal UI")
+    state = await handle.query("progress", result_type=RunState)
+    return (state.history if state else []), False
+
+
+def write_metrics(path: Path, histories: dict[str, list[StepRecord]]) -> None:
+    keys = sorted({k for h in histories.values() for r in h for k in r.metrics})
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "step", "mean_reward", "episodes", "failed_episodes", "policy_version", *keys])
+        for run_id, history in histories.items():
+            for r in history:
+                w.writerow([run_id, r.step, f"{r.mean_reward:.6f}", r.episodes, r.failed_episodes,
+                            r.policy_version, *(r.metrics.get(k, "") for k in keys)])  # fmt: skip
+
+
+def plot(path: Path, histories: dict[str, list[StepRecord]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run_id, history in histories.items():
+        ax.plot([r.step for r in history], [r.mean_reward for r in history], marker=".", label=run_id)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+async def follow(client: Client, runs: list[RunConfig], out: Path, workers: list[subprocess.Popen]) -> dict:
+    handles = {r.run_id: await attach(client, r) for r in runs}
+    bars = {
+        rid: tqdm(total=r.steps, desc=rid, position=i, unit="step", dynamic_ncols=True)
+        for i, (rid, r) in enumerate(zip(handles, runs, strict=True))
+    }
+    histories: dict[str, list[StepRecord]] = {rid: [] for rid in handles}
+    finished: set[str] = set()
+    while len(finished) < len(handles):
+        for p in workers:
+            if p.poll() is not None:
+                raise RuntimeError(f"a worker exited with code {p.returncode}; see runs/*/logs")
+        for rid, handle in handles.items():
+            if rid in finished:
+                continue
+            history, done = await history_of(handle)
+            if len(history) != len(histories[rid]):
+                histories[rid] = history
+                last = history[-1]
+                bars[rid].n = len(history)
+                bars[rid].set_postfix(
+                    reward=f"{last.mean_reward:.3f}", episodes=sum(h.episodes for h in history), refresh=False
+                )
+                bars[rid].refresh()
+                write_metrics(out / "metrics.csv", histories)
+                plot(out / "reward.png", histories, "delegation: mean reward per step")
+            if done:
+                finished.add(rid)
+        await asyncio.sleep(2.0)
+    for bar in bars.values():
+        bar.close()
+    return histories
+
+
+def main(cfg: DemoConfig) -> int:
+    from infra import stack
+    from models.registry import ensure_model
+
+    out = cfg.out_dir / cfg.name
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"[demo] model {cfg.model!r}: building or loading from the cache ...", flush=True)
+    model_dir = ensure_model(cfg.model)
+    rec = stack.up_temporal(port=cfg.port, ui=True, ui_port=cfg.ui_port)
+    env = dict(os.environ, GROVE_TEMPORAL_ADDRESS=rec.address)
+    env.setdefault("GROVE_STORE", f"file://{grove_home() / 'store'}")
+    runs = run_configs(cfg, model_dir)
+    logs = out / "logs"
+    workers = [start_worker(["--queues", "episodes,io,trainer", "--model", str(model_dir)], logs / "worker.log", env)]
+    for r in runs:
+        workers.append(
+            start_worker(
+                ["--queues", "inference", "--inference-queue", r.inference_queue, "--model", str(model_dir)],
+                logs / f"inference-{r.run_id}.log", env,
+            )  # fmt: skip
+        )
+    print(f"[demo] Temporal UI: {rec.ui_url}   (address {rec.address})")
+    for r in runs:
+        print(f"[demo] run workflow: {r.run_id}   {rec.ui_url}/namespaces/default/workflows/{r.run_id}")
+    print(f"[demo] episodes: {rec.ui_url}/namespaces/default/workflows?query=GroveRun%3D%22{runs[0].run_id}%22")
+    print(f"[demo] metrics {out / 'metrics.csv'}, plot {out / 'reward.png'}, worker logs {logs}", flush=True)
+    started = time.monotonic()
+    try:
+        histories = asyncio.run(_follow(rec.address, runs, out, workers))
+    except KeyboardInterrupt:
+        print("\n[demo] interrupted: workers stopped, runs kept in Temporal. Run the same command to resume.")
+        return 130
+    except RuntimeError as err:
+        print(f"[demo] {err}\n{log_tail(logs / 'worker.log')}")
+        return 1
+    finally:
+        for p in workers:
+            stop_pid(p.pid)
+    minutes = (time.monotonic() - started) / 60
+    print(f"[demo] done in {minutes:.1f} min (this invocation). Mean reward first -> last step:")
+    for rid, h in histories.items():
+        if h:
+            print(f"    {rid:28s} {h[0].mean_reward:.3f} -> {h[-1].mean_reward:.3f}")
+    print(f"[demo] plot: {out / 'reward.png'}   UI (still running): {rec.ui_url}   stop it: grove infra down")
+    return 0
+
+
+async def _follow(address: str, runs: list[RunConfig], out: Path, workers: list[subprocess.Popen]):
+    client = await connect(address)
+    return await follow(client, runs, out, workers)

@@ -1,0 +1,366 @@
+"""Helpers of the durability tests: grove worker subprocesses we can SIGKILL, and ways to watch Temporal.
+
+A `WorkerProcess` is a real `grove worker --queues ...` process started in its own session, so a
+SIGKILL of its process group takes down the vLLM EngineCore and model-worker children with it (a
+crashed host), and nothing else: only the group we started is ever signalled, by its id.
+
+Waiting is always bounded; a wait that runs out raises `WaitTimeoutError` naming what was awaited
+and the tail of the worker logs, so a failure says where it stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from temporalio.api.enums.v1 import EventType, PendingActivityState, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflow.v1 import PendingActivityInfo
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowHandle
+
+from grove import queues
+from infra.procs import log_tail
+
+T = TypeVar("T")
+
+GROVE = Path(sys.executable).parent / "grove"
+
+
+class WaitTimeoutError(AssertionError):
+    """A bounded wait of a durability test ran out (the message names what it waited for)."""
+
+
+class WorkerExitedError(AssertionError):
+    """A worker subprocess exited while the test needed it alive."""
+
+
+class WorkerProcess:
+    """One `grove worker` subprocess serving `queues`, owned by the test (signalled by its group id)."""
+
+    def __init__(
+        self,
+        name: str,
+        queue_names: Iterable[str],
+        *,
+        address: str,
+        store_dir: Path,
+        model: Path,
+        log_dir: Path,
+    ) -> None:
+        self.name = name
+        self.queues = list(queue_names)
+        self.address = address
+        self.store_dir = Path(store_dir)
+        self.model = Path(model)
+        self.log_dir = Path(log_dir)
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"worker-{self.name}-{self.starts}.log"
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise WorkerExitedError(f"worker {self.name!r} is not started")
+        return self.proc.pid
+
+    def env(self) -> dict[str, str]:
+        return dict(
+            os.environ,
+            GROVE_TEMPORAL_ADDRESS=self.address,
+            GROVE_STORE=self.store_dir.as_uri(),
+            PYTHONUNBUFFERED="1",
+        )
+
+    def start(self) -> WorkerProcess:
+        self.starts += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(GROVE),
+            "worker",
+            "--queues",
+            ",".join(self.queues),
+            "--model",
+            str(self.model),
+            "--device",
+            "cpu",
+        ]
+        with self.log_path.open("ab") as log:
+            # own session: the process group id is the worker's pid, so killpg reaches vLLM's children too
+            self.proc = subprocess.Popen(
+                cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the worker and every process it started (a crash, not a shutdown)."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        _signal_group(pgid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.proc = None
+        _wait_group_gone(pgid, self.name)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the group, SIGKILL whatever is left after `timeout`."""
+        if self.proc is None:
+            return
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout)
+        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers of the group (vLLM children)
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise WorkerExitedError(
+                f"worker {self.name!r} (pid {self.proc.pid}) exited with code {self.proc.returncode}. "
+                f"Log {self.log_path}:\n{log_tail(self.log_path, 40)}"
+            )
+
+    async def wait_ready(self, client: Client, timeout: float = 180.0) -> None:
+        """Until every queue of this worker has a poller whose identity is this process (pid@host)."""
+        started = time.monotonic()
+
+        async def polling() -> bool:
+            self.check_alive()
+            return all([await has_poller(client, q, self.pid) for q in self.queues])
+
+        await wait_until(
+            polling, timeout, f"worker {self.name!r} polling {self.queues}", logs=[self.log_path]
+        )
+        self.ready_seconds = time.monotonic() - started
+
+
+def _wait_group_gone(pgid: int, name: str, timeout: float = 15.0) -> None:
+    """Until no process of group `pgid` is left (vLLM's EngineCore and model worker die with it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise WorkerExitedError(
+        f"worker {name!r}: processes of group {pgid} still alive {timeout:.0f} s after SIGKILL"
+    )
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _queue_type(name: str) -> int:
+    return (
+        TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+        if name == queues.EPISODES
+        else TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
+    )
+
+
+async def has_poller(client: Client, queue: str, pid: int) -> bool:
+    """Whether process `pid` polls `queue` (Temporal's default worker identity is `pid@hostname`)."""
+    resp = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=_queue_type(queue)
+        )
+    )
+    return any(p.identity.startswith(f"{pid}@") for p in resp.pollers)
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[T]],
+    timeout: float,
+    what: str,
+    *,
+    every: float = 0.1,
+    logs: Iterable[Path] = (),
+) -> T:
+    """Poll `predicate` until it returns a truthy value (returned); WaitTimeoutError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p}:\n{log_tail(p, 25)}" for p in logs)
+            raise WaitTimeoutError(f"waited {timeout:.0f} s for {what}; it did not happen.\n{tails}")
+        await asyncio.sleep(every)
+
+
+# ---------------------------------------------------------------------------------------- workflows
+
+
+async def pending_activities(handle: WorkflowHandle) -> list[PendingActivityInfo]:
+    desc = await handle.describe()
+    return list(desc.raw_description.pending_activities)
+
+
+def is_started(info: PendingActivityInfo) -> bool:
+    return info.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+
+
+async def heartbeat_details(client: Client, info: PendingActivityInfo) -> list[Any]:
+    """The last recorded heartbeat details of a pending activity (decoded), [] if none yet."""
+    if not info.HasField("heartbeat_details") or not info.heartbeat_details.payloads:
+        return []
+    return await client.data_converter.decode(info.heartbeat_details.payloads)
+
+
+async def decoded_inputs(
+    client: Client, handle: WorkflowHandle, activity: str, input_type: type[T]
+) -> list[T]:
+    """The inputs of every `activity` the workflow scheduled, in history order, as `input_type` models."""
+    history = await handle.fetch_history()
+    out: list[T] = []
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            continue
+        attrs = event.activity_task_scheduled_event_attributes
+        if attrs.activity_type.name == activity:
+            [value] = await client.data_converter.decode(attrs.input.payloads, [input_type])
+            out.append(value)
+    return out
+
+
+async def activity_attempts(handle: WorkflowHandle, activity: str) -> list[int]:
+    """The attempt number each scheduled `activity` finally started with (history order)."""
+    history = await handle.fetch_history()
+    scheduled: dict[int, str] = {}
+    attempts: list[int] = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = event.activity_task_started_event_attributes
+            if scheduled.get(attrs.scheduled_event_id) == activity:
+                attempts.append(attrs.attempt)
+    return attempts
+
+
+async def workflow_ids_of_run(client: Client, run_id: str, workflow_type: str) -> list[str]:
+    """Ids of every execution (any status, every run of an id) tagged GroveRun=run_id."""
+    query = f"GroveRun = '{run_id}' AND WorkflowType = '{workflow_type}'"
+    return [wf.id async for wf in client.list_workflows(query)]
+
+
+async def activity_results(
+    client: Client, handle: WorkflowHandle, activity: str, result_type: type[T]
+) -> list[T]:
+    """The results of every completed `activity` of the workflow, in history order."""
+    history = await handle.fetch_history()
+    scheduled: dict[int, str] = {}
+    out: list[T] = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            attrs = event.activity_task_completed_event_attributes
+            if scheduled.get(attrs.scheduled_event_id) == activity:
+                [value] = await client.data_converter.decode(attrs.result.payloads, [result_type])
+                out.append(value)
+    return out
+
+
+async def scheduled_call_ids(
+    client: Client, handle: WorkflowHandle, activity_ids: Iterable[str]
+) -> dict[str, str]:
+    """activity id -> call id of the `generate` activities with those ids (from their scheduled inputs)."""
+    from grove.contracts import GenerateInput
+
+    wanted = set(activity_ids)
+    history = await handle.fetch_history()
+    out: dict[str, str] = {}
+    for event in history.events:
+        if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            continue
+        attrs = event.activity_task_scheduled_event_attributes
+        if attrs.activity_id in wanted:
+            [inp] = await client.data_converter.decode(attrs.input.payloads, [GenerateInput])
+            out[attrs.activity_id] = inp.call_id
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the stack
+
+MAIN_QUEUES = (queues.EPISODES, queues.IO, queues.INFERENCE)
+
+
+class DurabilityStack:
+    """A dev server on its own SQLite file, a local object store, and two worker processes: `main`
+    (episodes, io, inference: the vLLM engine) and `trainer` (the learner), each killable on its own.
+
+    An engine only moves its policy version forward, so a test that runs a training run asks for an
+    engine at version 0 (`fresh_engine`), which restarts `main` if an earlier run published to it.
+    """
+
+    def __init__(self, root: Path, model: Path) -> None:
+        from infra.temporal import TemporalDevServer
+
+        self.root = Path(root)
+        self.store_dir = self.root / "store"
+        self.server = TemporalDevServer(self.root / "temporal")
+        self.model = Path(model)
+        self.client: Client | None = None
+        self.main: WorkerProcess | None = None
+        self.trainer: WorkerProcess | None = None
+        self.engine_published = False
+
+    def _worker(self, name: str, queue_names: Iterable[str]) -> WorkerProcess:
+        return WorkerProcess(
+            name, queue_names, address=self.server.address, store_dir=self.store_dir, model=self.model,
+            log_dir=self.root / "logs",
+        )  # fmt: skip
+
+    async def up(self) -> DurabilityStack:
+        """Start (or restart after a test's kill) whatever is down, and wait until it polls."""
+        from grove.client import connect
+
+        if self.server.proc is None or self.server.proc.poll() is not None:
+            self.server.start()
+        if self.client is None:
+            self.client = await connect(self.server.address)
+        self.main = self.main or self._worker("main", MAIN_QUEUES)
+        self.trainer = self.trainer or self._worker("trainer", [queues.TRAINER])
+        for w in (self.main, self.trainer):
+            if not w.alive():
+                w.start()
+        for w in (self.main, self.trainer):
+            await w.wait_ready(self.client)
+        return self
+
+    async def fresh_engine(self) -> None:
+        """An inference engine at policy version 0 (restart `main` if a run published to it)."""
+        assert self.main is not None
+        if self.engine_published:
+            self.main.stop()
+            self.engine_published = False
+        await self.up()
+
+    def down(self) -> None:
+        for w in (self.main, self.trainer):
+            if w is not None:
+                w.stop()
+        self.server.stop()
+
+    def logs(self) -> list[Path]:
+        return [w.log_path for w in (self.main, self.trainer) if w is not None] + [self.server.log_path]

@@ -1,0 +1,126 @@
+"""SIGKILL the worker process in the middle of a worker agent's model call: the episode completes on a
+new worker process, the lost attempt is accounted as discarded and its retry is the call that is trained.
+
+Real parts: the Temporal dev server, `grove worker` subprocesses (vLLM on the tiny-random model), the
+local object store. The kill must land inside a `generate` activity: the episode samples 256 tokens
+per call with `ignore_eos` (about 1 s per call here, against ~0.1 s from seeing the activity started
+to the kill), and the kill happens only once the workflow's `summary` query shows a worker agent's
+call pending *and* `describe` shows a generate activity started on the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from activities.sampling import SamplingConfig
+from grove import queues
+from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, MaterializeInput
+from grove.receipts import CallState
+from harnesses import scenario
+from storage.local import LocalStore
+from tests.durability.helpers import (
+    decoded_inputs,
+    is_started,
+    pending_activities,
+    scheduled_call_ids,
+    wait_until,
+)
+from trainer.rows import rows_from_parquet
+from workflows.accounting import LedgerSummary
+from workflows.episode import EpisodeWorkflow
+
+pytestmark = pytest.mark.timeout(300)
+
+SLOW_SAMPLING = SamplingConfig(max_tokens=256, ignore_eos=True)
+
+# The scenario's calls (harnesses/scenario.py), written out, and its rows: endpoint -> calls in order.
+ALL_CALLS = {
+    "parent.0.c0", "parent.0.c1",
+    "worker-1.0.c0", "worker-1.0.c1", "worker-1.0.c2", "worker-1.1.c0",
+    "worker-2.0.c0",
+}  # fmt: skip
+EXPECTED_ROWS = [
+    ["parent.0.c0", "parent.0.c1"],
+    ["worker-1.0.c0", "worker-1.0.c1", "worker-1.0.c2"],
+    ["worker-1.1.c0"],
+    ["worker-2.0.c0"],
+]
+
+
+def episode_spec() -> EpisodeSpec:
+    run = f"dur-worker-kill-{uuid.uuid4().hex[:6]}"
+    return EpisodeSpec(
+        run_id=run, step=0, group_id=f"{run}/t0", episode_id=f"{run}/t0/g0", task=scenario.make_task(0),
+        harness=HarnessSpec(program=scenario.NAME), sampling=SLOW_SAMPLING,
+    )  # fmt: skip
+
+
+async def started_worker_calls(handle) -> list[str]:
+    """Activity ids of started `generate` activities while only worker agents have calls pending."""
+    summary = await handle.query(EpisodeWorkflow.summary, result_type=LedgerSummary)
+    pending = {ctx.agent: ctx.pending for ctx in summary.contexts if ctx.pending}
+    if not pending or not all(agent.startswith("worker-") for agent in pending):
+        return []
+    return [
+        a.activity_id
+        for a in await pending_activities(handle)
+        if a.activity_type.name == "generate" and is_started(a)
+    ]
+
+
+def renamed(call_id: str, lost: set[str]) -> str:
+    return f"{call_id}.r1" if call_id in lost else call_id
+
+
+async def test_worker_sigkill_mid_worker_call_discards_the_lost_attempt(stack):
+    await stack.up()
+    client, old = stack.client, stack.main
+    spec = episode_spec()
+    handle = await client.start_workflow(
+        EpisodeWorkflow.run, spec, id=spec.episode_id, task_queue=queues.EPISODES, result_type=EpisodeResult
+    )
+    started = await wait_until(
+        lambda: started_worker_calls(handle), 120, "a worker agent's generate activity running",
+        every=0.05, logs=stack.logs(),
+    )  # fmt: skip
+    killed_pid = old.pid
+    old.kill()
+    lost = set((await scheduled_call_ids(client, handle, started)).values())
+    assert lost and all(c.startswith("worker-") for c in lost), lost
+
+    old.start()  # a new process (new pid) on the same queues
+    assert old.pid != killed_pid
+    await old.wait_ready(client)
+    result = await asyncio.wait_for(handle.result(), 180)
+
+    # the episode completed; every admitted call is in exactly one terminal state
+    assert result.status == "ok", result.failure
+    assert result.counts == {"selected": len(ALL_CALLS), "discarded": len(lost)}
+    [materialized] = await decoded_inputs(client, handle, "materialize_episode", MaterializeInput)
+    receipts = {r.call_id: r for r in materialized.receipts}
+    assert set(receipts) == ALL_CALLS - lost | lost | {f"{c}.r1" for c in lost}
+    for call_id, receipt in receipts.items():
+        if call_id in lost:
+            # the lost attempt: discarded, with the reason (a heartbeat timeout of the dead worker)
+            assert receipt.state == CallState.DISCARDED
+            assert (
+                receipt.note
+                and receipt.note.startswith("lost attempt:")
+                and "timeout" in receipt.note.lower()
+            )
+            assert receipt.digests is None  # its tokens were never recorded
+        else:
+            assert receipt.state == CallState.SELECTED, (call_id, receipt)
+
+    # rows: the retries take the lost calls' places; no call twice, the lost attempts nowhere
+    rows = rows_from_parquet(LocalStore(stack.store_dir).get(result.rows_key))
+    spans = sorted([s.call_id for s in row.spans] for row in rows)
+    assert spans == sorted([renamed(c, lost) for c in row] for row in EXPECTED_ROWS)
+    flat = [s.call_id for row in rows for s in row.spans]
+    assert len(flat) == len(set(flat)) and not lost & set(flat)
+    assert sorted(s.call_id for row in rows for s in row.spans if s.owned) == sorted(
+        renamed(c, lost) for c in ALL_CALLS
+    )
