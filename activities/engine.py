@@ -282,6 +282,7 @@ class PolicyEngine:
         self._shapes = weight_shapes(config.model_dir)
         self._source = Path(config.model_dir)
         self._fingerprint = weights_fingerprint(config.model_dir)
+        self._run: str | None = None  # the run whose policy lineage is served; None: the start-up weights
         self._broken: str | None = None
         self.batch_stats = stats
 
@@ -479,12 +480,31 @@ class PolicyEngine:
         if self._llm is None:
             raise EngineBrokenError("the engine was shut down; start a new PolicyEngine")
 
-    async def publish(self, folder: Path, version: int) -> PublishReport:
-        """Load the HF model folder `folder` as policy `version` without restarting the engine."""
+    @property
+    def run_id(self) -> str | None:
+        return self._run
+
+    async def publish(self, folder: Path, version: int, run_id: str | None = None) -> PublishReport:
+        """Load the HF model folder `folder` as policy `version` without restarting the engine.
+
+        Versions are ordered within one run's lineage. `run_id` naming another run than the one served
+        switches lineage (one engine serving runs one after another, or a run resuming on an engine
+        that served another): any version is accepted then, and it is loaded unless the engine already
+        holds byte-identical weights under that version number. `run_id=None` stays in the lineage.
+        """
         folder = Path(folder)
         async with self._publish_lock:
             self._raise_if_broken()
             current = self._gate.version
+            if run_id is not None and run_id != self._run:
+                fingerprint = weights_fingerprint(folder)
+                if version == current and fingerprint == self._fingerprint:
+                    self._run = run_id
+                    return PublishReport(version, current, 0.0, 0.0, 0.0, (), already_current=True)
+                check_same_tensors(self._shapes, weight_shapes(folder), folder)
+                report = await self._swap(folder, version, fingerprint)
+                self._run = run_id
+                return report
             if version < current:
                 raise StaleVersionError(
                     f"publication of policy version {version} from {folder} refused: the engine already "

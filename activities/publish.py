@@ -57,8 +57,14 @@ async def run_publish(
     inp: PublishInput, engine: PolicyEngine, store: ObjectStore, weights_root: Path
 ) -> tuple[PublishResult, PublishReport]:
     t0 = time.perf_counter()
-    folder = await asyncio.to_thread(fetch_model_folder, store, inp.run_id, inp.version, weights_root)
-    report = await engine.publish(folder, inp.version)
+    if inp.version == 0:
+        # version 0 is the run's base model (the learner starts from it; no checkpoint holds it)
+        from models.registry import ensure_model
+
+        folder = await asyncio.to_thread(ensure_model, inp.base_model)
+    else:
+        folder = await asyncio.to_thread(fetch_model_folder, store, inp.run_id, inp.version, weights_root)
+    report = await engine.publish(folder, inp.version, run_id=inp.run_id)
     await asyncio.to_thread(prune_versions, weights_root, inp.run_id, engine.source_dir)
     result = PublishResult(
         version=report.version,

@@ -20,13 +20,13 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from activities.sampling import SamplingConfig
 from gateway.chat_request import ChatCompletionRequest, sampling_for
 from gateway.continuation import Decision, Move, decide
 from gateway.episodes import Episodes
 from gateway.identity import Identity
 from gateway.records import ChatRecord, Usage, load_record, save_record
 from gateway.routing import Target, identify, route
-from activities.sampling import SamplingConfig
 from grove.contracts import CallRequest, CallResult, ChatPrompt, PromptSpec
 from grove.receipts import ContextOrigin, ContextRecord
 from storage.base import ObjectStore
@@ -112,8 +112,8 @@ class Capture:
             return None
         if ctx.head in ctx.pending:
             raise HeadPendingError(
-                f"episode {episode_id!r}: call {ctx.head!r}, the head of context {ctx.context_id!r}, is still "
-                "generating; send the next request of this context after its response arrived"
+                f"episode {episode_id!r}: call {ctx.head!r}, the head of context {ctx.context_id!r}, "
+                "is still generating; send the next request of this context after its response arrived"
             )
         record = await self._record(episode_id, ctx.head)
         if record is not None:
@@ -163,8 +163,8 @@ class Capture:
         parent = await self._record(episode_id, head.extends)
         if parent is None:
             raise MissingRecordError(
-                f"episode {episode_id!r}: call {head.call_id!r} is retried, but the chat record of the call it "
-                f"extends ({head.extends!r}) is missing; the retry cannot be spliced onto it"
+                f"episode {episode_id!r}: call {head.call_id!r} is retried, but the chat record of the "
+                f"call it extends ({head.extends!r}) is missing; the retry cannot be spliced onto it"
             )
         return parent
 
@@ -176,8 +176,9 @@ def _calls(target: Target) -> int:
 def _check_session(episode_id: str, identity: Identity, head: ChatRecord | None) -> None:
     if identity.root_session and head is not None and head.session_id not in (None, identity.session_id):
         raise ForeignSessionError(
-            f"episode {episode_id!r}: OpenCode session {identity.session_id!r} has no parent session, but the "
-            f"episode's parent agent runs in session {head.session_id!r}; one episode serves one OpenCode run"
+            f"episode {episode_id!r}: OpenCode session {identity.session_id!r} has no parent session, but "
+            f"the episode's parent agent runs in session {head.session_id!r}; one episode serves one "
+            "OpenCode run"
         )
 
 

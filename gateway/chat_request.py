@@ -110,9 +110,7 @@ def _check_parameters(body: dict[str, Any]) -> None:
             )
         harmless, why = _NO_EFFECT[name]
         if not harmless(value):
-            raise UnsupportedParameterError(
-                f"parameter {name}={value!r} is not supported: {why}", param=name
-            )
+            raise UnsupportedParameterError(f"parameter {name}={value!r} is not supported: {why}", param=name)
 
 
 def _check_messages(messages: list[dict[str, Any]]) -> None:
@@ -120,12 +118,14 @@ def _check_messages(messages: list[dict[str, Any]]) -> None:
         role = message.get("role")
         if role not in ROLES:
             raise InvalidChatRequestError(
-                f"messages[{i}].role is {role!r}; expected one of {sorted(ROLES)}", param=f"messages[{i}].role"
+                f"messages[{i}].role is {role!r}; expected one of {sorted(ROLES)}",
+                param=f"messages[{i}].role",
             )
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise InvalidChatRequestError(
-                f"messages[{i}].content must be a string, a list of parts or null", param=f"messages[{i}].content"
+                f"messages[{i}].content must be a string, a list of parts or null",
+                param=f"messages[{i}].content",
             )
 
 
@@ -151,7 +151,11 @@ def parse_chat_request(body: Any, served_model: str) -> ChatCompletionRequest:
 def sampling_for(request: ChatCompletionRequest, base: SamplingConfig) -> SamplingConfig | None:
     """The call's SamplingConfig: the episode's (`base`) with the request's overrides; None if none."""
     max_tokens = request.max_completion_tokens or request.max_tokens
-    if request.max_tokens and request.max_completion_tokens and request.max_tokens != request.max_completion_tokens:
+    if (
+        request.max_tokens
+        and request.max_completion_tokens
+        and request.max_tokens != request.max_completion_tokens
+    ):
         raise InvalidSamplingError(
             f"max_tokens={request.max_tokens} and max_completion_tokens={request.max_completion_tokens} "
             "disagree; send one of them",
@@ -159,7 +163,11 @@ def sampling_for(request: ChatCompletionRequest, base: SamplingConfig) -> Sampli
         )
     overrides = {
         k: v
-        for k, v in (("temperature", request.temperature), ("top_p", request.top_p), ("max_tokens", max_tokens))
+        for k, v in (
+            ("temperature", request.temperature),
+            ("top_p", request.top_p),
+            ("max_tokens", max_tokens),
+        )
         if v is not None
     }
     if not overrides:

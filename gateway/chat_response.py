@@ -32,7 +32,11 @@ def finish_reason(record: ChatRecord) -> str:
 
 def usage_body(record: ChatRecord) -> dict[str, int]:
     u = record.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+    }
 
 
 def completion_body(record: ChatRecord, model: str, created: int) -> dict[str, Any]:

@@ -54,7 +54,10 @@ def same_prompt(messages: Sequence[dict[str, Any]], tools: Any, record: ChatReco
     """Whether the request repeats `record`'s prompt (messages and tools), compared semantically."""
     return (
         len(messages) == len(record.messages)
-        and all(canonical_message(a) == canonical_message(b) for a, b in zip(messages, record.messages, strict=True))
+        and all(
+            canonical_message(a) == canonical_message(b)
+            for a, b in zip(messages, record.messages, strict=True)
+        )
         and _canonical_tools(tools) == _canonical_tools(record.tools)
     )
 

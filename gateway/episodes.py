@@ -43,7 +43,7 @@ class NotExternalEpisodeError(EpisodeError):
 
 
 class EpisodeUpdateRejectedError(EpisodeError):
-    """The workflow refused an Update; `error_type` is the ledger's named error (e.g. StaleContinuationError)."""
+    """The workflow refused an Update; `error_type` names the ledger's error (e.g. StaleContinuationError)."""
 
     def __init__(self, message: str, *, error_type: str) -> None:
         super().__init__(message)
@@ -70,7 +70,9 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
     except WorkflowUpdateFailedError as err:
         cause = err.cause
         if isinstance(cause, ApplicationError):
-            raise EpisodeUpdateRejectedError(cause.message, error_type=cause.type or "ApplicationError") from None
+            raise EpisodeUpdateRejectedError(
+                cause.message, error_type=cause.type or "ApplicationError"
+            ) from None
         raise EpisodeUpdateRejectedError(f"{what}: {cause}", error_type=type(cause).__name__) from None
     except (WorkflowQueryFailedError, WorkflowQueryRejectedError) as err:
         raise EpisodeQueryError(f"episode {episode_id!r}: {what} failed: {err}") from None

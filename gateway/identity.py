@@ -130,4 +130,3 @@ def grove_identity(headers: Mapping[str, str]) -> Identity:
     elif agent is None and context_id is None:
         agent = DEFAULT_AGENT
     return Identity(agent=agent, context_id=context_id, spawner=spawner, rewrite=rewrite, kind=kind)
-

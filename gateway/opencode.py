@@ -56,7 +56,7 @@ def _leading_systems(messages: Sequence[dict[str, Any]]) -> int:
 
 
 def auxiliary_purpose(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None) -> str | None:
-    """"title" or "summary" for OpenCode's auxiliary calls, else None."""
+    """ "title" or "summary" for OpenCode's auxiliary calls, else None."""
     if tools:
         return None
     for message in messages[: _leading_systems(messages)]:

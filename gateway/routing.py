@@ -77,7 +77,9 @@ def _opening(summary: LedgerSummary, identity: Identity, agent: str, context_id:
     if identity.spawner is None:
         return ContextRecord(context_id=context_id, agent=agent, origin=ContextOrigin.ROOT)
     spawned_by = _spawning_call(summary, identity.spawner, summary.episode_id)
-    return ContextRecord(context_id=context_id, agent=agent, origin=ContextOrigin.SPAWN, spawned_by_call=spawned_by)
+    return ContextRecord(
+        context_id=context_id, agent=agent, origin=ContextOrigin.SPAWN, spawned_by_call=spawned_by
+    )
 
 
 def route(summary: LedgerSummary, identity: Identity) -> Target:
@@ -88,17 +90,22 @@ def route(summary: LedgerSummary, identity: Identity) -> Target:
         if identity.agent is not None and named.agent != identity.agent:
             raise RoutingError(
                 f"episode {summary.episode_id!r}: context {named.context_id!r} belongs to agent "
-                f"{named.agent!r}, not {identity.agent!r}; send the agent's own context id or no context header"
+                f"{named.agent!r}, not {identity.agent!r}; send the agent's own context id or no context "
+                "header"
             )
         agent, current = named.agent, named
     else:
         agent = identity.agent or DEFAULT_AGENT
         current = current_context(summary, agent)
-        if current is not None and identity.context_id is not None and identity.rewrite != RewriteMode.DECLARED:
+        if (
+            current is not None
+            and identity.context_id is not None
+            and identity.rewrite != RewriteMode.DECLARED
+        ):
             raise RoutingError(
                 f"episode {summary.episode_id!r}: context {identity.context_id!r} does not exist and agent "
-                f"{agent!r} already has the current context {current.context_id!r}; a new context of the same "
-                "agent must be a declared rewrite (x-grove-rewrite: 1)"
+                f"{agent!r} already has the current context {current.context_id!r}; a new context of the "
+                "same agent must be a declared rewrite (x-grove-rewrite: 1)"
             )
     n = sum(c.agent == agent for c in summary.contexts)
     fresh = identity.context_id if identity.context_id and named is None else f"{agent}.{n}"

@@ -222,7 +222,8 @@ class TrainStepResult(BaseModel):
 
 class PublishInput(BaseModel):
     run_id: str
-    version: int  # the checkpoint step whose weights to load; == the new policy version
+    version: int = Field(ge=0)  # the checkpoint step whose weights to load; == the new policy version
+    base_model: str = "tiny"  # what version 0 is: the run's base model (name or folder)
 
 
 class PublishResult(BaseModel):

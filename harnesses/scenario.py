@@ -7,13 +7,14 @@ both answers arrive as tool results.
 `single-compaction` — one agent, two calls, a compaction (summary call + declared rewrite), two
 more calls: the plain context-compaction case (two rows).
 
-The reward is a deterministic function of the texts (how many of the expected markers appear), so a
-group of such episodes has distinct rewards without any model skill.
+The reward is a deterministic pseudo-random function of the texts (a hash mapped to [0, 1)), so the
+episodes of a group have distinct rewards without any model skill and GRPO has a signal to test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
 from harnesses.native import NativeEpisode, system, tool_result, user
@@ -57,6 +58,6 @@ async def single_agent_program(episode: NativeEpisode) -> str:
 
 
 def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:
-    texts = [outcome.final_answer] + [t for ts in outcome.outputs.values() for t in ts]
-    letters = set("".join(texts).lower()) & set("abcdefghijklmnopqrstuvwxyz")
-    return RewardResult(reward=len(letters) / 26.0, details={"letters": float(len(letters))})
+    texts = [outcome.final_answer] + [f"{a}:{t}" for a, ts in sorted(outcome.outputs.items()) for t in ts]
+    digest = hashlib.sha256("\x00".join(texts).encode()).digest()
+    return RewardResult(reward=int.from_bytes(digest[:4], "big") / 2**32)

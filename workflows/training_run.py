@@ -1,6 +1,8 @@
 """TrainingRunWorkflow: the run as an entity workflow — episodes, learner step, weight publication.
 
-Per step N (1-based; step N's optimizer update produces policy version N):
+At start (and after each continue-as-new) the run publishes its current version to its inference
+queue: the engine may have served another run, or restarted with the base weights. Then per step N
+(1-based; step N's optimizer update produces policy version N):
   tasks = task_indices(seed, N)            data order is a pure function of (seed, step)
   G EpisodeWorkflow children per task      deterministic ids {run}/s{N:06d}/t{task}/g{j}: a replayed
                                            or resumed run re-attaches instead of duplicating
@@ -85,6 +87,8 @@ class TrainingRunWorkflow:
         cfg = state.config
         _check_config(state)
         workflow.upsert_search_attributes([RUN.value_set(cfg.run_id), STATUS.value_set("running")])
+        # The engine may serve another run's policy, or restarted with the base weights: load ours.
+        await self._publish(state.next_step - 1)
         while state.next_step <= cfg.steps:
             step = self.current_step = state.next_step
             workflow.upsert_search_attributes([STEP.value_set(step)])
@@ -130,7 +134,8 @@ class TrainingRunWorkflow:
     async def _publish(self, version: int) -> PublishResult:
         assert self.state is not None
         return await workflow.execute_activity(
-            "publish_weights", PublishInput(run_id=self.state.config.run_id, version=version),
+            "publish_weights",
+            PublishInput(run_id=self.state.config.run_id, version=version, base_model=self.state.config.model),
             task_queue=self.state.config.inference_queue, start_to_close_timeout=PUBLISH_TIMEOUT, retry_policy=RETRY,
             result_type=PublishResult,
         )  # fmt: skip

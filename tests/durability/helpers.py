@@ -350,8 +350,7 @@ class DurabilityStack:
 
     async def fresh_engine(self) -> None:
         """An inference engine at policy version 0 (restart `main` if a run published to it)."""
-        assert self.main is not None
-        if self.engine_published:
+        if self.engine_published and self.main is not None:
             self.main.stop()
             self.engine_published = False
         await self.up()

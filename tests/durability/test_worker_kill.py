@@ -59,16 +59,16 @@ def episode_spec() -> EpisodeSpec:
 
 
 async def started_worker_calls(handle) -> list[str]:
-    """Activity ids of started `generate` activities while only worker agents have calls pending."""
+    """Activity ids of the started `generate` activities, once every pending call is a worker agent's
+    and each has its activity started (so no call is between scheduling and a worker's poll)."""
     summary = await handle.query(EpisodeWorkflow.summary, result_type=LedgerSummary)
-    pending = {ctx.agent: ctx.pending for ctx in summary.contexts if ctx.pending}
-    if not pending or not all(agent.startswith("worker-") for agent in pending):
+    pending = [(ctx.agent, c) for ctx in summary.contexts for c in ctx.pending]
+    if not pending or not all(agent.startswith("worker-") for agent, _ in pending):
         return []
-    return [
-        a.activity_id
-        for a in await pending_activities(handle)
-        if a.activity_type.name == "generate" and is_started(a)
-    ]
+    acts = [a for a in await pending_activities(handle) if a.activity_type.name == "generate"]
+    if len(acts) != len(pending) or not all(is_started(a) for a in acts):
+        return []
+    return [a.activity_id for a in acts]
 
 
 def renamed(call_id: str, lost: set[str]) -> str:

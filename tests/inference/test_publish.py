@@ -100,6 +100,8 @@ async def test_versions_only_move_forward(policy_engine, store, tmp_path):
     assert same.already_current and policy_engine.version == current
 
     # Through the activity the refusal is a non-retryable ApplicationError naming the error type.
+    relabel = await policy_engine.publish(source, current, run_id="run-b")  # same weights: no reload
+    assert relabel.already_current and policy_engine.run_id == "run-b"
     commit_checkpoint(store, "run-b", current - 1, other)
     acts = InferenceActivities(policy_engine, store, weights_root=tmp_path / "weights")
     with pytest.raises(ApplicationError) as err:

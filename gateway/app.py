@@ -1,0 +1,41 @@
+"""The capture gateway: an OpenAI-compatible HTTP front that records external harnesses into episodes.
+
+`create_app(settings)` builds the app; its lifespan owns the Temporal client (pydantic data
+converter) and the object store. Routers: OpenAI-compatible `/episodes/{ref}/v1/...`
+(gateway/routes/openai.py), management `/episodes/{ref}/close`, and `/healthz`. Serve it with
+`python -m gateway` (gateway/cli.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway.capture import Capture
+from gateway.episodes import Episodes
+from gateway.routes import health, manage, openai
+from gateway.routes.errors import install_error_handlers
+from gateway.settings import GatewaySettings
+from grove.client import connect
+from storage.config import open_store
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = await connect(settings.temporal_address, settings.namespace)
+        store = await asyncio.to_thread(open_store, settings.store)
+        app.state.episodes = Episodes(client)
+        app.state.capture = Capture(app.state.episodes, store)
+        yield
+
+    app = FastAPI(title="grove capture gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(openai.router)
+    app.include_router(manage.router)
+    return app

@@ -1,0 +1,35 @@
+"""`python -m gateway` / the `gateway` command: serve the capture gateway with uvicorn.
+
+The lead registers `gateway` in grove/cli.py as `grove gateway` (`app.command("gateway")(gateway)`).
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+def gateway(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind (default: loopback only)."),
+    port: int = typer.Option(8400, help="Port to serve on."),
+    address: str = typer.Option(
+        None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS or 127.0.0.1:7233)."
+    ),
+    store: str = typer.Option(None, help="Object store URL or path (default $GROVE_STORE)."),
+    model_name: str = typer.Option(
+        None, help="Model id clients send (default $GROVE_GATEWAY_MODEL or 'grove')."
+    ),
+) -> None:
+    """Serve the OpenAI-compatible capture gateway (secret from $GROVE_GATEWAY_SECRET)."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+
+    settings = GatewaySettings.from_env(
+        temporal_address=address, store=store, model_name=model_name, host=host, port=port
+    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+
+
+def main() -> None:
+    typer.run(gateway)

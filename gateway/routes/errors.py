@@ -1,0 +1,143 @@
+"""Domain exceptions -> OpenAI-style JSON errors: the only place where gateway errors get HTTP codes.
+
+Body: `{"error": {"message", "type", "param", "code"}}`, `code` = the exception's class name (for an
+Update the workflow refused: the ledger's named error). An unexpected exception becomes a 500 that
+names only an incident id; its traceback goes to the gateway's log, never to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
+from gateway.capture import (
+    ContextConflictError,
+    ForeignSessionError,
+    HeadPendingError,
+    MissingRecordError,
+    UndeliveredHeadsError,
+)
+from gateway.chat_render import UndeclaredDiscontinuityError
+from gateway.chat_request import ChatRequestError, UnknownModelError
+from gateway.episode_ref import InvalidEpisodeRefError
+from gateway.episodes import (
+    EpisodeFailedError,
+    EpisodeNotFoundError,
+    EpisodeQueryError,
+    EpisodeUpdateRejectedError,
+    NotExternalEpisodeError,
+    TemporalUnavailableError,
+)
+from gateway.identity import InvalidIdentityHeaderError
+from gateway.records import CorruptChatRecordError
+from gateway.routing import RoutingError
+from storage.base import StorageError
+
+log = logging.getLogger("grove.gateway")
+
+# Most specific first is not needed: the lookup walks the exception's MRO.
+STATUS: dict[type[Exception], tuple[int, str]] = {
+    InvalidEpisodeRefError: (404, "not_found_error"),
+    MissingTokenError: (401, "authentication_error"),
+    MalformedTokenError: (401, "authentication_error"),
+    WrongEpisodeTokenError: (403, "permission_error"),
+    UnknownModelError: (404, "not_found_error"),
+    ChatRequestError: (400, "invalid_request_error"),
+    InvalidIdentityHeaderError: (400, "invalid_request_error"),
+    RoutingError: (400, "invalid_request_error"),
+    UndeclaredDiscontinuityError: (400, "invalid_request_error"),
+    ForeignSessionError: (400, "invalid_request_error"),
+    HeadPendingError: (409, "conflict_error"),
+    MissingRecordError: (409, "conflict_error"),
+    ContextConflictError: (409, "conflict_error"),
+    UndeliveredHeadsError: (409, "conflict_error"),
+    EpisodeNotFoundError: (404, "not_found_error"),
+    NotExternalEpisodeError: (409, "conflict_error"),
+    EpisodeFailedError: (409, "conflict_error"),
+    EpisodeQueryError: (502, "server_error"),
+    TemporalUnavailableError: (503, "server_error"),
+    CorruptChatRecordError: (500, "server_error"),
+    StorageError: (503, "server_error"),
+}
+# Ledger errors (and the workflow's own) that say "not now / not any more" rather than "wrong request".
+CONFLICT_TYPES = frozenset(
+    {
+        "StaleContinuationError",
+        "DuplicateCallError",
+        "DuplicateContextError",
+        "PendingPredecessorError",
+        "DiscardInUseError",
+        "LedgerClosedError",
+        "Closing",
+        "InvalidTransitionError",
+        "AmbiguousAncestryError",
+        "ClosingWithOutstandingCallsError",
+        "UnresolvedAcknowledgementError",
+    }
+)
+
+
+def error_body(message: str, kind: str, code: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _status(exc: Exception) -> tuple[int, str]:
+    if isinstance(exc, EpisodeUpdateRejectedError):
+        if exc.error_type == "GenerationFailed":
+            return 502, "server_error"
+        return (409, "conflict_error") if exc.error_type in CONFLICT_TYPES else (400, "invalid_request_error")
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    raise LookupError(type(exc))
+
+
+def _param(exc: Exception) -> str | None:
+    if isinstance(exc, UndeclaredDiscontinuityError):
+        return "tools" if exc.index is None else f"messages[{exc.index}].{exc.field}"
+    return getattr(exc, "param", None)
+
+
+def _code(exc: Exception) -> str:
+    return exc.error_type if isinstance(exc, EpisodeUpdateRejectedError) else type(exc).__name__
+
+
+async def domain_error(request: Request, exc: Exception) -> JSONResponse:
+    status, kind = _status(exc)
+    return JSONResponse(error_body(str(exc), kind, _code(exc), _param(exc)), status_code=status)
+
+
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    incident = uuid.uuid4().hex[:12]
+    log.error("incident %s: %s %s failed", incident, request.method, request.url.path, exc_info=exc)
+    message = f"internal error (incident {incident}); the gateway's log has the details"
+    return JSONResponse(error_body(message, "server_error", "InternalError"), status_code=500)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    body = error_body(
+        f"invalid request: {where}: {first['msg']}", "invalid_request_error", "InvalidRequest", where
+    )
+    return JSONResponse(body, status_code=400)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return JSONResponse(error_body(message, kind, f"HTTP{exc.status_code}"), status_code=exc.status_code)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    for cls in (*STATUS, EpisodeUpdateRejectedError):
+        app.add_exception_handler(cls, domain_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected_error)

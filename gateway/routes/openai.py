@@ -1,0 +1,60 @@
+"""The OpenAI-compatible routes under `/episodes/{episode_ref}/v1`: chat completions and models.
+
+Point an unmodified OpenAI client at `base_url = http://host/episodes/<ref>/v1` with the episode's
+token as api_key, and every request it sends is captured into that episode.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gateway.chat_request import UnknownModelError
+from gateway.chat_response import completion_body, sse_events, stream_chunks
+from gateway.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
+from gateway.records import ChatRecord
+
+router = APIRouter(prefix="/episodes/{episode_ref}/v1", tags=["openai"])
+
+
+def grove_headers(record: ChatRecord) -> dict[str, str]:
+    """Where the call went, so a harness can name it (e.g. x-grove-spawned-by of a worker it starts)."""
+    return {
+        "x-grove-call-id": record.call_id,
+        "x-grove-context": record.context_id,
+        "x-grove-agent": record.agent,
+    }
+
+
+@router.post("/chat/completions")
+async def chat_completions(
+    episode_id: EpisodeIdDep, body: ChatBodyDep, capture: CaptureDep, settings: SettingsDep, request: Request
+):
+    record = await capture.chat(episode_id, body, request.headers)
+    created = int(time.time())
+    if body.stream:
+        chunks = stream_chunks(record, settings.model_name, created, body.include_usage)
+        return StreamingResponse(
+            sse_events(chunks), media_type="text/event-stream", headers=grove_headers(record)
+        )
+    return JSONResponse(completion_body(record, settings.model_name, created), headers=grove_headers(record))
+
+
+def _model(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "grove"}
+
+
+@router.get("/models")
+async def list_models(episode_id: EpisodeIdDep, settings: SettingsDep) -> dict:
+    return {"object": "list", "data": [_model(settings.model_name)]}
+
+
+@router.get("/models/{model}")
+async def get_model(model: str, episode_id: EpisodeIdDep, settings: SettingsDep) -> dict:
+    if model != settings.model_name:
+        raise UnknownModelError(
+            f"model {model!r} is not served here; this gateway serves {settings.model_name!r}"
+        )
+    return _model(model)

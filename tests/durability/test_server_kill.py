@@ -1,0 +1,147 @@
+"""SIGKILL the Temporal dev server while step 1's episodes are generating, restart it on the same port
+and SQLite file: the training run continues at the same step with the same data order, every episode
+exists once, and each step is trained exactly once.
+
+Real parts: the dev server (killed and restarted), `grove worker` subprocesses that are never
+restarted (they reconnect by themselves), vLLM on the tiny-random model, the local object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from temporalio.service import RPCError
+
+from activities.sampling import SamplingConfig
+from grove import queues
+from grove.contracts import (
+    EpisodeResult,
+    HarnessSpec,
+    RunConfig,
+    RunResult,
+    RunState,
+    TrainStepInput,
+    TrainStepResult,
+)
+from grove.data_order import task_indices
+from harnesses import scenario
+from storage.local import LocalStore
+from tests.durability.helpers import (
+    activity_results,
+    decoded_inputs,
+    is_started,
+    pending_activities,
+    wait_until,
+    workflow_ids_of_run,
+)
+from trainer.config import LearnerConfig
+from trainer.rows import rows_from_parquet
+from workflows.training_run import TrainingRunWorkflow
+
+pytestmark = pytest.mark.timeout(300)
+
+TASKS_PER_STEP, GROUP_SIZE, NUM_TASKS, SEED = 2, 2, 5, 7
+SCENARIO_CALLS = 7  # harnesses/scenario.py: parent 2, worker-1 3 + 1 after its compaction, worker-2 1
+DOWNTIME_S = 3.0  # long enough for every worker poll and in-flight completion to fail
+
+
+def run_config(model: str) -> RunConfig:
+    return RunConfig(
+        run_id=f"dur-server-kill-{uuid.uuid4().hex[:6]}", model=model, seed=SEED, steps=2,
+        task_family=scenario.NAME, num_tasks=NUM_TASKS, tasks_per_step=TASKS_PER_STEP, group_size=GROUP_SIZE,
+        harness=HarnessSpec(program=scenario.NAME), sampling=SamplingConfig(max_tokens=8),
+        learner=LearnerConfig(lr=1e-3),
+    )  # fmt: skip
+
+
+def expected_episode_ids(cfg: RunConfig, step: int) -> list[str]:
+    """Written from the documented id scheme {run}/s{step:06d}/t{task}/g{j}, not from the workflow."""
+    tasks = task_indices(cfg.seed, step, cfg.tasks_per_step, cfg.num_tasks)
+    return sorted(f"{cfg.run_id}/s{step:06d}/t{t}/g{j}" for t in tasks for j in range(cfg.group_size))
+
+
+async def generating_episode(client, episode_ids: list[str]) -> str | None:
+    """An episode of `episode_ids` with a generate activity started (mid-call), if any."""
+    for eid in episode_ids:
+        try:
+            acts = await pending_activities(client.get_workflow_handle(eid))
+        except RPCError:
+            continue  # not started yet
+        if any(a.activity_type.name == "generate" and is_started(a) for a in acts):
+            return eid
+    return None
+
+
+async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
+    await stack.fresh_engine()
+    client, server = stack.client, stack.server
+    cfg = run_config(str(stack.model))
+    pids = (stack.main.pid, stack.trainer.pid)
+    step1 = expected_episode_ids(cfg, 1)
+    handle = await client.start_workflow(
+        TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
+        result_type=RunResult,
+    )  # fmt: skip
+    stack.engine_published = True
+    in_flight = await wait_until(
+        lambda: generating_episode(client, step1),
+        120,
+        "a step-1 episode mid-call",
+        every=0.05,
+        logs=stack.logs(),
+    )
+    port, db = server.port, server.db_path
+    server.kill()
+    await asyncio.sleep(DOWNTIME_S)
+    server.start()  # same object: same port, same SQLite file
+    assert (server.port, server.db_path) == (port, db)
+
+    run = await asyncio.wait_for(handle.result(), 240)
+    assert (stack.main.pid, stack.trainer.pid) == pids  # the workers were never restarted: they reconnected
+    assert stack.main.alive() and stack.trainer.alive()
+
+    # the run finished every step, in order, on the same data order
+    assert [h.step for h in run.history] == [1, 2]
+    assert in_flight in step1
+    trained = await decoded_inputs(client, handle, "train_step", TrainStepInput)
+    assert [t.step for t in trained] == [1, 2]
+    for t in trained:
+        assert t.row_keys == sorted(f"rows/{eid}.parquet" for eid in expected_episode_ids(cfg, t.step))
+
+    # every episode exists exactly once (one execution per deterministic id, no extra ids)
+    expected = expected_episode_ids(cfg, 1) + expected_episode_ids(cfg, 2)
+    ids = await wait_until(
+        lambda: _listed(client, cfg.run_id, len(expected)), 30, "visibility to list every episode of the run"
+    )
+    assert sorted(ids) == sorted(expected)
+    # in-flight episodes finished: a call lost with the server may be discarded and retried, never missing
+    for eid in expected:
+        res = await client.get_workflow_handle(eid, result_type=EpisodeResult).result()
+        assert res.status == "ok" and res.counts["selected"] == SCENARIO_CALLS, (eid, res.counts)
+        assert set(res.counts) <= {"selected", "discarded"}, (eid, res.counts)
+        print(f"{eid}: {res.counts}")
+
+    # nothing trained twice: one train_step completion per step, none a reuse; one COMMIT per step
+    results = await activity_results(client, handle, "train_step", TrainStepResult)
+    assert [(r.step, r.reused_checkpoint) for r in results] == [(1, False), (2, False)]
+    store = LocalStore(stack.store_dir)
+    commits = [k for k in store.list(f"checkpoints/{cfg.run_id}/") if k.endswith("/COMMIT")]
+    assert commits == [f"checkpoints/{cfg.run_id}/step-00000{s}/COMMIT" for s in (1, 2)]
+    for record in run.history:
+        assert record.metrics["rollouts"] == GROUP_SIZE * TASKS_PER_STEP
+        assert record.episodes == GROUP_SIZE * TASKS_PER_STEP and record.failed_episodes == 0
+
+    # no call twice in any episode's rows, and what was trained is what the rows hold
+    for t in trained:
+        rows = [row for key in t.row_keys for row in rows_from_parquet(store.get(key))]
+        for eid in expected_episode_ids(cfg, t.step):
+            calls = [s.call_id for row in rows if row.episode_id == eid for s in row.spans]
+            assert calls and len(calls) == len(set(calls)), (eid, calls)
+        assert sum(r.num_loss_tokens for r in rows) == run.history[t.step - 1].metrics["loss_tokens"]
+
+
+async def _listed(client, run_id: str, want: int) -> list[str] | None:
+    ids = await workflow_ids_of_run(client, run_id, "EpisodeWorkflow")
+    return ids if len(ids) >= want else None
