@@ -42,14 +42,16 @@ class TrainerActivities:
     def _learner_before(self, inp: TrainStepInput) -> Learner:
         """The learner holding the weights of version inp.step - 1."""
         have = self.learner
-        if have is not None and self.run_id == inp.run_id and have.step_count == inp.step - 1:
-            if have.config == inp.learner:
-                return have
+        same_run = have is not None and self.run_id == inp.run_id and have.config == inp.learner
+        if same_run and have.step_count == inp.step - 1:
+            return have
         if inp.step == 1:
             learner = Learner(ensure_model(inp.model), inp.learner, device=self.device)
         else:
             dest = Path(tempfile.mkdtemp(prefix=f"step-{inp.step - 1:06d}-", dir=self.work_dir))
-            learner = load_checkpoint(self.store, inp.run_id, inp.step - 1, inp.learner, dest, device=self.device)
+            learner = load_checkpoint(
+                self.store, inp.run_id, inp.step - 1, inp.learner, dest, device=self.device
+            )
         self.learner, self.run_id = learner, inp.run_id
         return learner
 
@@ -68,7 +70,10 @@ class TrainerActivities:
     async def train_step(self, inp: TrainStepInput) -> TrainStepResult:
         if self.store.exists(commit_key(inp.run_id, inp.step)):
             return TrainStepResult(
-                step=inp.step, policy_version=inp.step, reused_checkpoint=True, metrics=self._saved_metrics(inp)
+                step=inp.step,
+                policy_version=inp.step,
+                reused_checkpoint=True,
+                metrics=self._saved_metrics(inp),
             )
         self.work_dir.mkdir(parents=True, exist_ok=True)
         task = asyncio.create_task(asyncio.to_thread(self._train, inp))
@@ -76,7 +81,9 @@ class TrainerActivities:
             activity.heartbeat({"run": inp.run_id, "step": inp.step, "rows": len(inp.row_keys)})
             await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
         metrics = task.result()
-        return TrainStepResult(step=inp.step, policy_version=inp.step, reused_checkpoint=False, metrics=metrics)
+        return TrainStepResult(
+            step=inp.step, policy_version=inp.step, reused_checkpoint=False, metrics=metrics
+        )
 
     def _saved_metrics(self, inp: TrainStepInput) -> dict[str, float]:
         key = metrics_key(inp.run_id, inp.step)

@@ -40,6 +40,10 @@ class CaptureError(Exception):
     """Base of the capture errors that are not the ledger's or the request's."""
 
 
+class EpisodeClosedError(CaptureError):
+    """The episode's ledger is closed: the harness closed it, no more calls (HTTP 409)."""
+
+
 class HeadPendingError(CaptureError):
     """The context's head is still generating: the harness sent the next request too early (HTTP 409)."""
 
@@ -97,6 +101,11 @@ class Capture:
     ) -> Plan | None:
         """The plan for this request; None after discarding an undelivered head (plan again)."""
         summary = await self.episodes.summary(episode_id)
+        if summary.closed:
+            raise EpisodeClosedError(
+                f"episode {episode_id!r} is closed (its ledger is settled); no more calls. Start a new "
+                "episode for a new attempt"
+            )
         identity = identify(headers, request.messages, request.tools, summary)
         target = route(summary, identity)
         head = await self._head(episode_id, target)

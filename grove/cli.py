@@ -67,7 +67,9 @@ def model_init(
 def worker(
     queues: str = typer.Option("episodes,io,trainer,inference", help="Comma-separated task queues to serve."),
     model: str = typer.Option("tiny", help="Model for the inference engine: tiny | smollm2 | a HF folder."),
-    address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS or 127.0.0.1:7233)."),
+    address: str = typer.Option(
+        None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS or 127.0.0.1:7233)."
+    ),
     device: str = typer.Option(None, help="Learner device (default: cuda if available, else cpu)."),
     inference_queue: str = typer.Option(
         "inference", help="Task queue name of this worker's engine (one per concurrently training run)."

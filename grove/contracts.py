@@ -33,7 +33,7 @@ class TaskSpec(BaseModel):
 
 
 class HarnessSpec(BaseModel):
-    """Who drives the episode: a native program inside the workflow, or an external harness via the gateway."""
+    """Who drives the episode: a native program inside the workflow, or an external harness (gateway)."""
 
     kind: Literal["native", "external"] = "native"
     program: str = "delegation"  # native: the program's name in harnesses.programs

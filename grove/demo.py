@@ -182,18 +182,23 @@ def main(cfg: DemoConfig) -> int:
     env.setdefault("GROVE_STORE", f"file://{grove_home() / 'store'}")
     runs = run_configs(cfg, model_dir)
     logs = out / "logs"
-    workers = [start_worker(["--queues", "episodes,io,trainer", "--model", str(model_dir)], logs / "worker.log", env)]
+    workers = [
+        start_worker(["--queues", "episodes,io,trainer", "--model", str(model_dir)], logs / "worker.log", env)
+    ]
     for r in runs:
         workers.append(
             start_worker(
                 ["--queues", "inference", "--inference-queue", r.inference_queue, "--model", str(model_dir)],
-                logs / f"inference-{r.run_id}.log", env,
+                logs / f"inference-{r.run_id}.log",
+                env,
             )  # fmt: skip
         )
     print(f"[demo] Temporal UI: {rec.ui_url}   (address {rec.address})")
     for r in runs:
         print(f"[demo] run workflow: {r.run_id}   {rec.ui_url}/namespaces/default/workflows/{r.run_id}")
-    print(f"[demo] episodes: {rec.ui_url}/namespaces/default/workflows?query=GroveRun%3D%22{runs[0].run_id}%22")
+    print(
+        f"[demo] episodes: {rec.ui_url}/namespaces/default/workflows?query=GroveRun%3D%22{runs[0].run_id}%22"
+    )
     print(f"[demo] metrics {out / 'metrics.csv'}, plot {out / 'reward.png'}, worker logs {logs}", flush=True)
     started = time.monotonic()
     try:

@@ -66,7 +66,9 @@ def trainer_worker(client: Client, store, work_dir: Path, device: str | None) ->
 
     acts = TrainerActivities(store, work_dir / "trainer", device=device)
     # one step at a time: the learner is a single in-memory model
-    return Worker(client, task_queue=queues.TRAINER, activities=[acts.train_step], max_concurrent_activities=1)
+    return Worker(
+        client, task_queue=queues.TRAINER, activities=[acts.train_step], max_concurrent_activities=1
+    )
 
 
 async def run_worker(

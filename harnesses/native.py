@@ -151,7 +151,9 @@ class NativeEpisode:
         return {name: list(agent.outputs) for name, agent in self.agents.items()}
 
 
-async def run_program(spec: EpisodeSpec, host: EpisodeHost, programs: Mapping[str, Program]) -> HarnessOutcome:
+async def run_program(
+    spec: EpisodeSpec, host: EpisodeHost, programs: Mapping[str, Program]
+) -> HarnessOutcome:
     """Run the spec's native program (looked up in `programs`) to its final answer."""
     program = programs.get(spec.harness.program)
     if program is None:

@@ -19,7 +19,9 @@ class UnknownTaskFamilyError(KeyError):
     """A task family grove does not know."""
 
 
-TASK_FAMILIES: dict[str, tuple[Callable[[int], TaskSpec], Callable[[TaskSpec, HarnessOutcome], RewardResult]]] = {
+TASK_FAMILIES: dict[
+    str, tuple[Callable[[int], TaskSpec], Callable[[TaskSpec, HarnessOutcome], RewardResult]]
+] = {
     delegation.FAMILY: (delegation.make_task, delegation.score),
     scenario.NAME: (scenario.make_task, scenario.score),
 }
@@ -29,4 +31,6 @@ def family(name: str):
     try:
         return TASK_FAMILIES[name]
     except KeyError:
-        raise UnknownTaskFamilyError(f"unknown task family {name!r}; known: {sorted(TASK_FAMILIES)}") from None
+        raise UnknownTaskFamilyError(
+            f"unknown task family {name!r}; known: {sorted(TASK_FAMILIES)}"
+        ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -64,10 +65,8 @@ def stop_pid(pid: int, timeout: float = 10.0) -> bool:
         if not pid_alive(pid):
             return True
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     return True
 
 

@@ -6,7 +6,6 @@ started (by PID), and `status` can tell a stale record from a live server.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -58,7 +57,11 @@ def up_temporal(*, port: int = 7233, ui: bool = True, ui_port: int = 8233) -> Se
     server.start()
     assert server.proc is not None
     rec = ServiceRecord(
-        name="temporal", pid=server.proc.pid, address=server.address, ui_url=server.ui_url, log=str(server.log_path)
+        name="temporal",
+        pid=server.proc.pid,
+        address=server.address,
+        ui_url=server.ui_url,
+        log=str(server.log_path),
     )
     state.services["temporal"] = rec
     save_state(state)

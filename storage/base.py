@@ -122,6 +122,6 @@ class ObjectStore(ABC):
             raise DigestMismatchError(
                 f"object {key!r} already holds different bytes (stored sha256 {sha256_hex(stored)[:16]}…, "
                 f"{len(stored)} B; new sha256 {sha256_hex(data)[:16]}…, {len(data)} B). Writers of a "
-                f"deterministic key must produce identical bytes; inspect the stored object before deleting it."
+                "deterministic key must produce identical bytes; inspect the stored object before deleting it"
             )
         return PutOutcome.VERIFIED

@@ -5,18 +5,18 @@ lineage, laid out as the endpoint call's prompt followed by its completion.
 
 Columns (one Parquet record per row; list columns hold the per-token arrays):
 
-| column              | type                  | meaning |
-| ------------------- | --------------------- | ------- |
-| row_id              | string                | `{episode_id}#{endpoint call_id}` |
-| episode_id          | string                | the owner: the logical rollout this row belongs to |
-| group_id            | string                | the GRPO group of the owner |
-| input_ids           | list<int32>  [T]      | exact tokens the policy saw and sampled on this path |
-| loss_mask           | list<bool>   [T]      | True only on completion tokens of eligible calls *owned* by this row |
-| behavior_logprobs   | list<float32>[T]      | sampling logprobs on loss positions; 0 where loss_mask is False |
-| spans               | list<struct>          | per call completion on the path: call_id, agent, start, end (token
-|                     |                       | positions of its completion in input_ids), owned, eligible, policy_version |
-| reward              | float64               | the owner episode's reward (same value on all its rows) |
-| valid               | bool                  | False for a failed episode's placeholder row (no loss; keeps the group intact) |
+| column            | type           | meaning |
+| ----------------- | -------------- | ------- |
+| row_id            | string         | `{episode_id}#{endpoint call_id}` |
+| episode_id        | string         | the owner: the logical rollout this row belongs to |
+| group_id          | string         | the GRPO group of the owner |
+| input_ids         | list<int32>    | [T] the exact tokens the policy saw and sampled on the path |
+| loss_mask         | list<bool>     | [T] True only on completion tokens of eligible calls owned here |
+| behavior_logprobs | list<float32>  | [T] sampling logprobs on loss positions; 0 where loss_mask is False |
+| spans             | list<struct>   | per call on the path: call_id, agent, start, end (where its |
+|                   |                | completion is in input_ids), owned, eligible, policy_version |
+| reward            | float64        | the owner episode's reward (same value on all its rows) |
+| valid             | bool           | False: a failed episode's placeholder row (no loss; keeps its group) |
 
 Position convention: the token at position t was sampled given input_ids[:t], so the learner scores
 position t with the logits at t-1. A completion span therefore never starts at 0.

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
 from gateway.capture import (
     ContextConflictError,
+    EpisodeClosedError,
     ForeignSessionError,
     HeadPendingError,
     MissingRecordError,
@@ -54,6 +55,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     UndeclaredDiscontinuityError: (400, "invalid_request_error"),
     ForeignSessionError: (400, "invalid_request_error"),
     HeadPendingError: (409, "conflict_error"),
+    EpisodeClosedError: (409, "conflict_error"),
     MissingRecordError: (409, "conflict_error"),
     ContextConflictError: (409, "conflict_error"),
     UndeliveredHeadsError: (409, "conflict_error"),

@@ -132,8 +132,13 @@ def as_reference_episode(result: EpisodeResult, served: dict, parent_only: bool)
     """The episode as the engine served it, for the per-call reference (no row code involved)."""
     calls = [
         Call(
-            call_id=cid, agent=cid.split(".")[0], context_id=cid.rsplit(".", 1)[0], parent_call_id=None,
-            prompt=s.prompt_ids, completion=s.completion_ids, logprobs=s.logprobs,
+            call_id=cid,
+            agent=cid.split(".")[0],
+            context_id=cid.rsplit(".", 1)[0],
+            parent_call_id=None,
+            prompt=s.prompt_ids,
+            completion=s.completion_ids,
+            logprobs=s.logprobs,
             selected=not parent_only or cid.startswith("parent."),
         )  # fmt: skip
         for cid, s in sorted(served.items())
@@ -183,11 +188,15 @@ async def test_acceptance_episode_trains_worker_actions_and_publishes(
     mean, std = (r1 + r2) / 2, abs(r1 - r2) / np.sqrt(2)  # sample std of two values
     adv = episode_advantages(all_rows, std_scaling=LEARNER.adv_std_scaling, eps=LEARNER.adv_eps)
     for result, r in zip(results, (r1, r2), strict=True):
-        assert adv[result.episode_id].advantage == pytest.approx((r - mean) / (std + LEARNER.adv_eps), abs=1e-9)
+        assert adv[result.episode_id].advantage == pytest.approx(
+            (r - mean) / (std + LEARNER.adv_eps), abs=1e-9
+        )
 
     # loss and every gradient agree with the per-call reference built from the served calls
     policy = load_policy(tiny_model_dir, torch.device("cpu"), trainable=True)
-    episodes = [as_reference_episode(res, recording_engine.calls_of(res.episode_id), False) for res in results]
+    episodes = [
+        as_reference_episode(res, recording_engine.calls_of(res.episode_id), False) for res in results
+    ]
     ref_loss, ref_grads = per_call_reference(policy, episodes, LEARNER)
     loss, grads = learner_loss(policy, all_rows, LEARNER)
     # With ratio ~1 and two episodes of equal length, +A and -A cancel: the loss itself is ~1e-8, so
@@ -229,7 +238,9 @@ async def test_parent_only_option_trains_parent_actions_only(
         # worker endpoints carry no loss under parent-only, so only the parent's row exists
         assert [endpoint_of(r) for r in rows] == ["parent.0.c1"]
         check_row_against_served(rows[0], served)
-        assert rows[0].num_loss_tokens == sum(served[c].completion_ids.size for c in ("parent.0.c0", "parent.0.c1"))
+        assert rows[0].num_loss_tokens == sum(
+            served[c].completion_ids.size for c in ("parent.0.c0", "parent.0.c1")
+        )
         assert result.eligible_tokens == rows[0].num_loss_tokens
         all_rows += rows
     assert run.history[0].metrics["loss_tokens"] == sum(r.num_loss_tokens for r in all_rows)
@@ -254,7 +265,9 @@ async def test_single_agent_with_one_compaction_gives_two_rows(
         run_id="single", step=0, group_id="single/g", episode_id=eid, task=scenario.make_task(0),
         harness=HarnessSpec(program=scenario.SINGLE_NAME), sampling=SAMPLING,
     )  # fmt: skip
-    result = await temporal_client.execute_workflow(EpisodeWorkflow.run, spec, id=eid, task_queue=queues.EPISODES)
+    result = await temporal_client.execute_workflow(
+        EpisodeWorkflow.run, spec, id=eid, task_queue=queues.EPISODES
+    )
     served = recording_engine.calls_of(eid)
     # two calls, the summary call (c2), a declared rewrite, two more calls
     assert set(served) == {"parent.0.c0", "parent.0.c1", "parent.0.c2", "parent.1.c0", "parent.1.c1"}

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.timeout(300)
 SECRET = "gateway-test-secret-0123456789"
 MODEL = "grove-tiny"
 SYSTEM = {"role": "system", "content": "You are a careful agent."}
+MORE = {"role": "user", "content": "More."}
 TOOLS = [
     {
         "type": "function",
@@ -353,7 +354,51 @@ async def test_worker_context_spawned_via_headers(gateway_url, temporal_client, 
     with pytest.raises(openai.BadRequestError) as err:
         await w3.chat.completions.create(model=MODEL, messages=worker_msgs)
     assert err.value.body["code"] == "RoutingError"
-    assert "worker-3.0" not in contexts(await summary(temporal_client, eid))
+    # a spawning call the ledger never admitted: the workflow's validator refuses the reservation
+    w4 = oai(gateway_url, eid, **{"x-grove-agent": "worker-4", "x-grove-spawned-by": "parent.0.c9"})
+    with pytest.raises(openai.BadRequestError) as err:
+        await w4.chat.completions.create(model=MODEL, messages=worker_msgs)
+    assert err.value.body["code"] == "UnknownCallError" and "parent.0.c9" in err.value.body["message"]
+    assert not {"worker-3.0", "worker-4.0"} & set(contexts(await summary(temporal_client, eid)))
+
+
+async def test_declared_rewrite_and_auxiliary_calls_get_contexts_of_their_own(
+    gateway_url, temporal_client, recording_engine
+):
+    eid = await start_episode(temporal_client, "rewrite")
+    client = oai(gateway_url, eid)
+    first = await client.chat.completions.create(
+        model=MODEL, messages=[SYSTEM, {"role": "user", "content": "Long task."}]
+    )
+    aux = oai(gateway_url, eid, **{"x-grove-call-kind": "auxiliary"})
+    raw = await aux.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Summarise: long task."}]
+    )
+    assert (raw.headers["x-grove-agent"], raw.headers["x-grove-call-id"]) == ("parent~aux", "parent~aux.0.c0")
+    rewritten = [SYSTEM, {"role": "user", "content": "Summary: a long task. Continue."}]
+    rewrite = oai(gateway_url, eid, **{"x-grove-rewrite": "1"})
+    raw = await rewrite.chat.completions.with_raw_response.create(model=MODEL, messages=rewritten)
+    assert raw.headers["x-grove-call-id"] == "parent.1.c0"
+    # the next turn continues the new context, without any header
+    turn = [*rewritten, assistant_of(raw.parse().choices[0].message), {"role": "user", "content": "Next."}]
+    raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=turn)
+    assert raw.headers["x-grove-call-id"] == "parent.1.c1"
+    assert extension_of(recording_engine, eid, "parent.1.c1", "parent.1.c0")
+    before = await summary(temporal_client, eid)
+    ctx = contexts(before)
+    assert ctx["parent.0"].retired_by == "parent.1" and ctx["parent.1"].origin == ContextOrigin.REWRITE
+    # continuing the retired context by name: the ledger refuses it (409, its own message), admits nothing
+    stale = oai(gateway_url, eid, **{"x-grove-context": "parent.0"})
+    old = [SYSTEM, {"role": "user", "content": "Long task."}, assistant_of(first.choices[0].message), MORE]
+    with pytest.raises(openai.ConflictError) as err:
+        await stale.chat.completions.create(model=MODEL, messages=old)
+    assert (
+        err.value.body["code"] == "StaleContinuationError"
+        and "retired by rewrite" in err.value.body["message"]
+    )
+    assert await summary(temporal_client, eid) == before
+    r = await close(gateway_url, eid, {}, wait=True)
+    assert r.json()["result"]["counts"] == {"selected": 3, "auxiliary": 1}
 
 
 async def opencode_call(c: httpx.AsyncClient, messages, headers, tools=None) -> tuple[dict, dict, dict]:
@@ -540,5 +585,4 @@ async def test_requests_after_close_are_refused_by_the_workflow(gateway_url, tem
         await client.chat.completions.create(
             model=MODEL, messages=[SYSTEM, {"role": "user", "content": "again"}]
         )
-    print("AFTER CLOSE", err.value.status_code, err.value.body)
-    assert err.value.status_code in (404, 409) and "Traceback" not in str(err.value.body)
+    assert (err.value.status_code, err.value.body["code"]) == (409, "EpisodeClosedError")

@@ -1,0 +1,473 @@
+"""The gateway's pure parts: episode references, tokens, identity headers and the OpenCode adapter,
+context routing, the continuation decision, request validation and sampling, response chunks, chat
+records, settings, and the HTTP error mapping (app without its lifespan: nothing reaches Temporal)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from activities.sampling import SamplingConfig
+from gateway import opencode
+from gateway.app import create_app
+from gateway.auth import (
+    MalformedTokenError,
+    MissingTokenError,
+    WrongEpisodeTokenError,
+    check_token,
+    issue_token,
+)
+from gateway.chat_request import (
+    InvalidChatRequestError,
+    InvalidSamplingError,
+    UnknownModelError,
+    UnsupportedParameterError,
+    parse_chat_request,
+    sampling_for,
+)
+from gateway.chat_response import completion_body, sse_events, stream_chunks
+from gateway.continuation import Move, UndeclaredDiscontinuityError, decide
+from gateway.episode_ref import InvalidEpisodeRefError, episode_id_of, episode_ref
+from gateway.identity import InvalidIdentityHeaderError, RewriteMode, Spawner, grove_identity
+from gateway.records import ChatRecord, CorruptChatRecordError, Usage, load_record, record_key, save_record
+from gateway.routing import RoutingError, identify, route
+from gateway.settings import GatewaySettings, GatewaySettingsError
+from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
+from storage.local import LocalStore
+from workflows.accounting import ContextSummary, LedgerSummary
+
+SECRET = "unit-test-secret-0123456789"
+SYSTEM = {"role": "system", "content": "You are an agent."}
+USER = {"role": "user", "content": "Read a.txt"}
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+
+# ---------------------------------------------------------------------------------------------- refs
+
+
+def test_episode_ref_round_trips_ids_with_slashes():
+    assert episode_ref("run/s000001/t3/g0") == "cnVuL3MwMDAwMDEvdDMvZzA"  # written by hand: base64url, no '='
+    assert episode_id_of("cnVuL3MwMDAwMDEvdDMvZzA") == "run/s000001/t3/g0"
+    assert episode_id_of(episode_ref("é/ü?x")) == "é/ü?x"
+
+
+@pytest.mark.parametrize("ref", ["cnVu=", "cn+u", "a", "YR", ""])
+def test_malformed_episode_refs_are_refused(ref):
+    # "YR" decodes to "a" but is not its canonical reference ("YQ"): it names no episode
+    with pytest.raises(InvalidEpisodeRefError):
+        episode_id_of(ref)
+
+
+# ---------------------------------------------------------------------------------------------- auth
+
+
+def test_token_is_hmac_sha256_of_the_episode_id():
+    # RFC 4231 test case 2 (key "Jefe")
+    expected = "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    assert issue_token("Jefe", "what do ya want for nothing?") == "grove-" + expected
+
+
+def test_token_checks_name_the_failure():
+    token = issue_token(SECRET, "ep/1")
+    check_token(SECRET, "ep/1", f"Bearer {token}")
+    check_token(SECRET, "ep/1", f"bearer  {token} ")
+    with pytest.raises(MissingTokenError):
+        check_token(SECRET, "ep/1", None)
+    for bad in ("Basic abc", f"Bearer {token[:-1]}", "Bearer sk-123", token):
+        with pytest.raises(MalformedTokenError):
+            check_token(SECRET, "ep/1", bad)
+    with pytest.raises(WrongEpisodeTokenError, match="ep/2"):
+        check_token(SECRET, "ep/2", f"Bearer {token}")
+
+
+# ---------------------------------------------------------------------------------------------- identity
+
+
+def test_grove_headers_default_to_the_parent_agent():
+    ident = grove_identity({})
+    assert (ident.agent, ident.context_id, ident.spawner, ident.rewrite, ident.kind) == (
+        "parent", None, None, RewriteMode.NONE, CallKind.ACTION
+    )  # fmt: skip
+
+
+def test_grove_headers_name_agent_spawner_rewrite_and_kind():
+    ident = grove_identity({"x-grove-agent": "worker-1", "x-grove-spawned-by": "parent.0.c2"})
+    assert ident.agent == "worker-1" and ident.spawner == Spawner(call_id="parent.0.c2")
+    ident = grove_identity(
+        {"x-grove-agent": "w", "x-grove-parent-context": "parent.0", "x-grove-rewrite": "1"}
+    )
+    assert ident.spawner == Spawner(context_id="parent.0") and ident.rewrite == RewriteMode.DECLARED
+    aux = grove_identity({"x-grove-agent": "w", "x-grove-call-kind": "auxiliary"})
+    assert (aux.agent, aux.kind, aux.rewrite) == ("w~aux", CallKind.AUXILIARY, RewriteMode.IF_NOT_EXTENSION)
+    ident = grove_identity({"x-grove-context": "worker-1.0"})
+    assert (ident.agent, ident.context_id) == (None, "worker-1.0")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-grove-agent": "a/b"},
+        {"x-grove-agent": "a~aux"},  # '~' is reserved for the gateway's auxiliary agents
+        {"x-grove-agent": ""},
+        {"x-grove-context": "../x"},
+        {"x-grove-spawned-by": "p.0.c1", "x-grove-parent-context": "p.0"},
+        {"x-grove-rewrite": "maybe"},
+        {"x-grove-call-kind": "title"},
+    ],
+)
+def test_bad_identity_headers_are_refused(headers):
+    with pytest.raises(InvalidIdentityHeaderError):
+        grove_identity(headers)
+
+
+def test_opencode_root_child_and_auxiliary_calls():
+    root = opencode.identify({"x-session-id": "ses_a"}, [SYSTEM, USER], TOOLS, set())
+    assert (root.agent, root.spawner, root.root_session, root.session_id) == ("parent", None, True, "ses_a")
+    child = opencode.identify(
+        {"x-session-id": "ses_b", "x-parent-session-id": "ses_a"}, [SYSTEM, USER], TOOLS, {"parent"}
+    )
+    assert (child.agent, child.spawner, child.root_session) == (
+        "worker-ses_b",
+        Spawner(agent="parent"),
+        False,
+    )
+    title = [{"role": "system", "content": "You are a title generator. You output ONLY a title."}, USER]
+    t = opencode.identify({"x-session-id": "ses_a"}, title, None, {"parent"})
+    assert (t.agent, t.kind, t.rewrite) == ("parent~title", CallKind.AUXILIARY, RewriteMode.IF_NOT_EXTENSION)
+    # a subagent's compaction call lacks x-parent-session-id: still the worker's, since it is known
+    summary = [
+        {"role": "system", "content": [{"type": "text", "text": "You are a context summarization agent."}]},
+        USER,
+    ]
+    s = opencode.identify({"x-session-id": "ses_b"}, summary, None, {"parent", "worker-ses_b"})
+    assert s.agent == "worker-ses_b~summary"
+    # the same system prompt *with* tools is not a title call
+    assert opencode.identify({"x-session-id": "ses_a"}, title, TOOLS, {"parent"}).kind == CallKind.ACTION
+
+
+def test_opencode_post_compaction_request_is_a_recognised_rewrite():
+    compacted = [
+        SYSTEM,
+        {"role": "user", "content": "What did we do so far?"},
+        {"role": "assistant", "content": "We read a.txt."},
+        {"role": "user", "content": "Continue if you have next steps, or stop."},
+    ]
+    assert (
+        opencode.identify({"x-session-id": "s"}, compacted, TOOLS, set()).rewrite
+        == RewriteMode.IF_NOT_EXTENSION
+    )
+    later = [*compacted, {"role": "assistant", "content": "ok"}, USER]
+    assert opencode.identify({"x-session-id": "s"}, later, TOOLS, set()).rewrite == RewriteMode.NONE
+
+
+def test_grove_headers_win_over_opencode_headers():
+    summary = ledger_summary([])
+    ident = identify({"x-session-id": "ses_a", "x-grove-agent": "planner"}, [USER], None, summary)
+    assert ident.agent == "planner" and ident.session_id is None
+
+
+# ---------------------------------------------------------------------------------------------- routing
+
+
+def ctx_summary(context_id, agent, origin, head=None, calls=0, retired_by=None, pending=()):
+    counts = dict.fromkeys(CallState, 0)
+    counts[CallState.COMPLETED] = calls
+    return ContextSummary(
+        context_id=context_id, agent=agent, origin=origin, retired_by=retired_by, head=head, counts=counts,
+        pending=list(pending),
+    )  # fmt: skip
+
+
+def ledger_summary(contexts) -> LedgerSummary:
+    return LedgerSummary(
+        episode_id="ep/1", group_id="g", closed=False, totals=dict.fromkeys(CallState, 0), contexts=contexts
+    )
+
+
+PARENT = ctx_summary("parent.0", "parent", ContextOrigin.ROOT, head="parent.0.c1", calls=2)
+
+
+def test_route_opens_root_and_spawn_contexts_for_new_agents():
+    s = ledger_summary([PARENT])
+    target = route(s, grove_identity({"x-grove-agent": "planner"}))
+    assert target.current is None and target.opening == ContextRecord(
+        context_id="planner.0", agent="planner", origin=ContextOrigin.ROOT
+    )
+    for headers in ({"x-grove-spawned-by": "parent.0.c1"}, {"x-grove-parent-context": "parent.0"}):
+        target = route(s, grove_identity({"x-grove-agent": "worker-1", **headers}))
+        assert target.opening == ContextRecord(
+            context_id="worker-1.0",
+            agent="worker-1",
+            origin=ContextOrigin.SPAWN,
+            spawned_by_call="parent.0.c1",
+        )
+    with pytest.raises(RoutingError, match="does not exist"):
+        route(s, grove_identity({"x-grove-agent": "w", "x-grove-parent-context": "nope.0"}))
+
+
+def test_route_finds_the_agents_current_context_and_numbers_rewrites():
+    retired = ctx_summary("parent.0", "parent", ContextOrigin.ROOT, head="parent.0.c1", retired_by="parent.1")
+    current = ctx_summary("parent.1", "parent", ContextOrigin.REWRITE, head="parent.1.c0", calls=1)
+    target = route(ledger_summary([retired, current]), grove_identity({}))
+    assert (target.context_id, target.current, target.opening, target.rewrite_id) == (
+        "parent.1", current, None, "parent.2"
+    )  # fmt: skip
+
+
+def test_route_refuses_contexts_of_other_agents_and_undeclared_new_contexts():
+    s = ledger_summary([PARENT])
+    with pytest.raises(RoutingError, match="belongs to agent 'parent'"):
+        route(s, grove_identity({"x-grove-agent": "w", "x-grove-context": "parent.0"}))
+    with pytest.raises(RoutingError, match="declared rewrite"):
+        route(s, grove_identity({"x-grove-context": "parent.7"}))
+    target = route(s, grove_identity({"x-grove-context": "parent.7", "x-grove-rewrite": "1"}))
+    assert (target.context_id, target.rewrite_id) == ("parent.0", "parent.7")
+
+
+# ---------------------------------------------------------------------------------------------- decision
+
+
+def record(messages, response, tools=None, call_id="parent.0.c0", extends=None) -> ChatRecord:
+    return ChatRecord(
+        episode_id="ep/1", call_id=call_id, context_id="parent.0", agent="parent", kind=CallKind.ACTION,
+        extends=extends, messages=messages, tools=tools, response=response, finish_reason="stop",
+        usage=Usage(prompt_tokens=10, completion_tokens=3), policy_version=0,
+    )  # fmt: skip
+
+
+TOOL_RESPONSE = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {
+            "id": "call_x_0",
+            "type": "function",
+            "function": {"name": "read", "arguments": '{"path": "a.txt", "n": 2}'},
+        }
+    ],
+}
+
+
+def test_a_generated_tool_call_reserialised_compact_is_a_continuation():
+    head = record([SYSTEM, USER], TOOL_RESPONSE, TOOLS)
+    echoed = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_x_0",
+                "type": "function",
+                "function": {"name": "read", "arguments": '{"n":2,"path":"a.txt"}'},
+            }
+        ],
+    }
+    messages = [SYSTEM, USER, echoed, {"role": "tool", "tool_call_id": "call_x_0", "content": "hello"}]
+    assert decide(messages, TOOLS, head, RewriteMode.NONE).move == Move.CONTINUE
+
+
+OK = {"role": "assistant", "content": "ok"}
+
+
+def test_decisions_root_retry_rewrite():
+    head = record([SYSTEM, USER], OK)
+    assert decide([SYSTEM, USER], None, None, RewriteMode.NONE).move == Move.ROOT
+    retry = decide([SYSTEM, USER], None, head, RewriteMode.NONE)
+    assert retry.move == Move.RETRY and retry.head == head
+    extension = [SYSTEM, USER, OK, {"role": "user", "content": "more"}]
+    assert decide(extension, None, head, RewriteMode.NONE).move == Move.CONTINUE
+    assert decide(extension, None, head, RewriteMode.DECLARED).move == Move.REWRITE  # declared wins
+    assert decide(extension, None, head, RewriteMode.IF_NOT_EXTENSION).move == Move.CONTINUE
+    other = [SYSTEM, {"role": "user", "content": "new topic"}]
+    assert decide(other, None, head, RewriteMode.IF_NOT_EXTENSION).move == Move.REWRITE
+    # the same messages with other tools is neither a continuation nor a retry
+    with pytest.raises(UndeclaredDiscontinuityError):
+        decide([SYSTEM, USER], TOOLS, head, RewriteMode.NONE)
+
+
+MORE = {"role": "user", "content": "more"}
+
+
+@pytest.mark.parametrize(
+    ("head_prompt", "messages", "index", "field"),
+    [
+        ([SYSTEM, USER], [SYSTEM, {"role": "user", "content": "Read b.txt"}, OK, MORE], 1, "content"),  # edit
+        (
+            [SYSTEM, USER],
+            [SYSTEM, USER, {"role": "assistant", "content": "OK"}, MORE],
+            2,
+            "content",
+        ),  # response
+        (
+            [SYSTEM, USER],
+            [SYSTEM, USER, OK, {"role": "assistant", "content": "x"}],
+            3,
+            "role",
+        ),  # made-up turn
+        ([SYSTEM, USER, MORE], [SYSTEM, USER], 2, "role"),  # a shorter history
+        ([SYSTEM, USER], [SYSTEM, {**USER, "name": "bob"}, OK, MORE], 1, "name"),
+    ],
+)
+def test_undeclared_discontinuity_names_the_first_differing_message(head_prompt, messages, index, field):
+    with pytest.raises(UndeclaredDiscontinuityError) as err:
+        decide(messages, None, record(head_prompt, OK), RewriteMode.NONE)
+    assert (err.value.index, err.value.field) == (index, field)
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+def test_parse_chat_request_accepts_what_opencode_sends():
+    body = {
+        "model": "m", "messages": [SYSTEM, USER], "tools": TOOLS, "tool_choice": "auto", "stream": True,
+        "stream_options": {"include_usage": True}, "max_tokens": 32,
+    }  # fmt: skip
+    request = parse_chat_request(body, "m")
+    assert request.stream and request.include_usage and request.max_tokens == 32
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "param"),
+    [
+        ({"n": 2}, UnsupportedParameterError, "n"),
+        ({"logit_bias": {"1": 2}}, UnsupportedParameterError, "logit_bias"),
+        ({"frequency_penalty": 0.1}, UnsupportedParameterError, "frequency_penalty"),
+        ({"tool_choice": "required"}, UnsupportedParameterError, "tool_choice"),
+        ({"seed": 3}, UnsupportedParameterError, "seed"),
+        ({"stop": ["\n"]}, UnsupportedParameterError, "stop"),
+        ({"mystery": 1}, UnsupportedParameterError, "mystery"),
+        ({"model": "other"}, UnknownModelError, "model"),
+        ({"messages": []}, InvalidChatRequestError, "messages"),
+        ({"messages": [{"role": "developer", "content": "x"}]}, InvalidChatRequestError, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 3}]}, InvalidChatRequestError, "messages[0].content"),
+    ],
+)
+def test_parse_chat_request_refuses_what_grove_cannot_mirror(extra, error, param):
+    with pytest.raises(error) as err:
+        parse_chat_request({"model": "m", "messages": [USER], **extra}, "m")
+    assert err.value.param == param
+
+
+def test_no_op_values_of_refused_parameters_are_accepted():
+    body = {"model": "m", "messages": [USER], "n": 1, "logit_bias": {}, "presence_penalty": 0, "seed": None}
+    parse_chat_request(body, "m")
+
+
+def test_sampling_overrides_the_episodes_sampling():
+    base = SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=64)
+    req = lambda **kw: parse_chat_request({"model": "m", "messages": [USER], **kw}, "m")  # noqa: E731
+    assert sampling_for(req(), base) is None  # the episode's own
+    assert sampling_for(req(max_tokens=8), base) == SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=8)
+    assert sampling_for(req(max_completion_tokens=5, temperature=1.2), base) == SamplingConfig(
+        temperature=1.2, top_p=0.9, max_tokens=5
+    )
+    with pytest.raises(InvalidSamplingError, match="temperature"):
+        sampling_for(req(temperature=0), base)
+    with pytest.raises(InvalidSamplingError):
+        sampling_for(req(top_p=0), base)
+    with pytest.raises(InvalidSamplingError, match="disagree"):
+        sampling_for(req(max_tokens=4, max_completion_tokens=5), base)
+
+
+# ---------------------------------------------------------------------------------------------- responses
+
+
+def test_tool_call_response_streams_as_chunks_then_usage_then_done():
+    rec = record([SYSTEM, USER], TOOL_RESPONSE, TOOLS)
+    body = completion_body(rec, "m", 7)
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+    chunks = stream_chunks(rec, "m", 7, include_usage=True)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas == [
+        {"role": "assistant", "content": ""},
+        {"tool_calls": [{"index": 0, **TOOL_RESPONSE["tool_calls"][0]}]},
+        {},
+    ]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] == 13
+    events = list(sse_events(chunks))
+    assert events[-1] == "data: [DONE]\n\n" and all(e.startswith("data: {") for e in events[:-1])
+    assert all("usage" not in c for c in stream_chunks(rec, "m", 7, include_usage=False))
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+def test_chat_records_round_trip_and_refuse_foreign_objects(tmp_path):
+    store = LocalStore(tmp_path)
+    rec = record([SYSTEM, USER], TOOL_RESPONSE, TOOLS)
+    assert record_key("ep/1", "parent.0.c0") == "staging/ep/1/parent.0.c0.chat.json"
+    save_record(store, rec)
+    save_record(store, rec)  # a retried write verifies
+    assert load_record(store, "ep/1", "parent.0.c0") == rec
+    assert load_record(store, "ep/1", "parent.0.c1") is None
+    store.put(record_key("ep/1", "parent.0.c1"), store.get(record_key("ep/1", "parent.0.c0")))
+    with pytest.raises(CorruptChatRecordError, match="not of call 'parent.0.c1'"):
+        load_record(store, "ep/1", "parent.0.c1")
+
+
+# ---------------------------------------------------------------------------------------------- settings
+
+
+def test_settings_need_a_strong_secret():
+    with pytest.raises(GatewaySettingsError, match="GROVE_GATEWAY_SECRET"):
+        GatewaySettings.from_env({})
+    with pytest.raises(GatewaySettingsError, match="fewer than 16"):
+        GatewaySettings.from_env({"GROVE_GATEWAY_SECRET": "short"})
+    s = GatewaySettings.from_env({"GROVE_GATEWAY_SECRET": SECRET, "GROVE_STORE": "/tmp/x"}, model_name="tiny")
+    assert (s.store, s.model_name, s.secret.get_secret_value()) == ("/tmp/x", "tiny", SECRET)
+    assert SECRET not in repr(s)
+
+
+# ---------------------------------------------------------------------------------------------- HTTP
+
+
+@pytest.fixture
+def bare_app() -> FastAPI:
+    """The app without its lifespan: no Temporal client, no store. A request that got past auth and
+    validation to the workflow would fail for lack of them."""
+    settings = GatewaySettings(
+        temporal_address="127.0.0.1:1", store="/nonexistent", secret=SECRET, model_name="m"
+    )
+    app = create_app(settings)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret internals /etc/passwd")
+
+    return app
+
+
+async def call(app: FastAPI, method: str, path: str, **kw) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        return await c.request(method, path, **kw)
+
+
+async def test_unexpected_errors_are_json_500_without_internals(bare_app):
+    r = await call(bare_app, "GET", "/boom")
+    assert r.status_code == 500 and r.json()["error"]["code"] == "InternalError"
+    assert "passwd" not in r.text and "Traceback" not in r.text
+
+
+async def test_auth_and_validation_answer_before_any_workflow(bare_app):
+    path = f"/episodes/{episode_ref('ep/1')}/v1/chat/completions"
+    ok = {"authorization": f"Bearer {issue_token(SECRET, 'ep/1')}"}
+    r = await call(bare_app, "POST", path, json={"model": "m", "messages": [USER]})
+    assert (r.status_code, r.json()["error"]["type"]) == (401, "authentication_error")
+    r = await call(
+        bare_app,
+        "POST",
+        path,
+        json={"model": "m", "messages": [USER]},
+        headers={"authorization": f"Bearer {issue_token(SECRET, 'ep/2')}"},
+    )
+    assert (r.status_code, r.json()["error"]["type"]) == (403, "permission_error")
+    r = await call(bare_app, "POST", path, content=b"[", headers=ok)
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "InvalidChatRequestError")
+    r = await call(bare_app, "POST", "/episodes/not=valid/v1/chat/completions", json={}, headers=ok)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "InvalidEpisodeRefError")
+    r = await call(bare_app, "GET", f"/episodes/{episode_ref('ep/1')}/v1/models", headers=ok)
+    assert r.json()["data"][0]["id"] == "m"
+    r = await call(bare_app, "GET", "/healthz")
+    assert r.json() == {"status": "ok"}
