@@ -1,6 +1,6 @@
 """`python -m gateway` / the `gateway` command: serve the capture gateway with uvicorn.
 
-The lead registers `gateway` in grove/cli.py as `grove gateway` (`app.command("gateway")(gateway)`).
+Registered in grove/cli.py as `grove gateway`.
 """
 
 from __future__ import annotations

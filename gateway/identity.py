@@ -12,7 +12,7 @@ grove's headers (any harness can send them, e.g. LangGraph `default_headers`, Ag
 An auxiliary call without an explicit context goes to the agent's auxiliary agent `<agent>~aux` (a
 context of its own, so it never breaks the agent's token stream); each unrelated auxiliary call there
 is a rewrite of the previous one. OpenCode's `x-session-id` / `x-parent-session-id` are handled by
-gateway/opencode.py when no grove agent/context header is present (gateway/capture.py chooses).
+gateway/opencode.py when no grove agent/context header is present (gateway/routing.py chooses).
 
 Pure module: headers in, an `Identity` out; the Temporal-side lookup happens in gateway/capture.py.
 """

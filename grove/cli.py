@@ -117,5 +117,13 @@ def demo(
     raise typer.Exit(main(cfg))
 
 
+def _register_gateway() -> None:
+    from gateway.cli import gateway
+
+    app.command("gateway", help="Serve the OpenAI-compatible capture gateway for external harnesses.")(gateway)
+
+
+_register_gateway()
+
 if __name__ == "__main__":
     app()

@@ -5,6 +5,12 @@ answers, short code snippets, and chat dialogues rendered with the tiny model's 
 (system/user/assistant turns, hermes tool calls and tool results). The chat part teaches the model
 the turn structure, so that even a briefly trained model ends turns with `<|im_end|>` and can emit
 well-formed `<tool_call>` blocks.
+
+A small share of the chats are generic instruction-following drills: *echo* (the user gives a word,
+the assistant repeats it) and *report* (the assistant hands items to helpers, their answers come back
+as tool results, the assistant lists them). Their answers come in several styles (the bare word, a
+sentence around it, ...), so a pretrained tiny model sometimes, not always, answers with just the
+word: RL on tasks such as `delegation` has a behaviour to sharpen rather than one to invent.
 """
 
 from __future__ import annotations
@@ -74,6 +80,30 @@ _ONSETS = _words("b c d f g h k l m n p r s t v w z br ch dr gl kr pl sh st th t
 _VOWELS = _words("a e i o u ai ea io ou")
 _CODAS = ("",) * 6 + _words("n r s l m nd st rk")
 _CHAT_SHARE = 0.55  # the rest: paragraphs, arithmetic drills, code
+_DRILL_SHARE = 0.12  # of all documents: echo and report drills (taken out of the chat share)
+
+# Short common words for the drills (a generic list; any word task draws on words like these).
+_COMMON_WORDS = _words(
+    "red blue green black white gold cat dog fish bird cow horse sun moon star rain snow wind fire ice "
+    "tree leaf rose milk tea bread egg salt book door key box cup hat pen map bed car bus ship road hill "
+    "lake sea sand rock ring bell coin drum"
+)
+_ECHO_ASKS = ("Word: {w}", "Say {w}.", "Repeat: {w}", "Repeat the word {w}.", "Echo {w}", "{w}")
+_ECHO_ANSWERS = ("{w}", "{w}", "{w}.", "{W}.", "The word is {w}.", "You said {w}.", "{w} {w}", "Sure: {w}")
+_ECHO_SYSTEMS = (
+    "You are a helpful assistant.",
+    "You repeat what you are given.",
+    "Answer with one word.",
+    "You are a helper. Repeat the word.",
+)
+_REPORT_ASKS = ("Words: {ws}", "Items: {ws}", "Ask about {and}.", "Check {and}.")
+_REPORT_HANDOFFS = ("I will ask the helpers.", "Asking.", "Let me check {and}.", "{ws}", "OK.")
+_REPORT_FINALS = ("{ws}", "{and}.", "The words are {and}.", "I got {ws}.", "{first}.")
+_REPORT_SYSTEMS = (
+    "You are the lead. Ask helpers, then report their answers.",
+    "You are a helpful assistant.",
+    "Hand out the items, then list the answers.",
+)
 
 
 def _lexicon(rng: random.Random, size: int) -> list[str]:
@@ -182,8 +212,35 @@ class _Writer:
             messages.append({"role": "assistant", "content": self.paragraph()})
         return render_chat(messages)
 
+    def echo_chat(self) -> str:
+        """The user gives a word; the assistant repeats it, in one of several styles."""
+        rng = self.rng
+        word = rng.choice(_COMMON_WORDS) if rng.random() < 0.7 else self.name().lower()
+        messages = [{"role": "system", "content": rng.choice(_ECHO_SYSTEMS)}] if rng.random() < 0.7 else []
+        messages.append({"role": "user", "content": rng.choice(_ECHO_ASKS).format(w=word)})
+        answer = rng.choice(_ECHO_ANSWERS).format(w=word, W=word.capitalize())
+        messages.append({"role": "assistant", "content": answer})
+        return render_chat(messages)
+
+    def report_chat(self) -> str:
+        """Items go out to helpers, their answers come back as tool results, the assistant lists them."""
+        rng = self.rng
+        items = rng.sample(_COMMON_WORDS, rng.randint(1, 3))
+        fill = {"ws": " ".join(items), "and": " and ".join(items), "first": items[0]}
+        messages = [{"role": "system", "content": rng.choice(_REPORT_SYSTEMS)}] if rng.random() < 0.7 else []
+        messages.append({"role": "user", "content": rng.choice(_REPORT_ASKS).format(**fill)})
+        messages.append({"role": "assistant", "content": rng.choice(_REPORT_HANDOFFS).format(**fill)})
+        for item in items:
+            answer = item if rng.random() < 0.6 else rng.choice(_ECHO_ANSWERS).format(w=item, W=item.capitalize())
+            messages.append({"role": "tool", "content": answer})
+        messages.append({"role": "assistant", "content": rng.choice(_REPORT_FINALS).format(**fill)})
+        return render_chat(messages)
+
     def document(self) -> str:
-        if self.rng.random() < _CHAT_SHARE:
+        draw = self.rng.random()
+        if draw < _DRILL_SHARE:
+            return self.rng.choice((self.echo_chat, self.report_chat))()
+        if draw < _CHAT_SHARE:
             chats = (self.arithmetic_chat, self.weather_chat, self.calculator_chat, self.small_talk_chat)
             return self.rng.choice(chats)()
         return self.rng.choice((self.paragraph, self.arithmetic, self.code))()

@@ -28,7 +28,7 @@ from models.manifest import write_manifest
 from models.tokenizer import END_OF_TEXT, IM_END, save_tokenizer, train_tokenizer
 
 # Bump when the builder's output changes for an unchanged spec: it is part of every fingerprint.
-BUILDER_VERSION = "tiny-2"
+BUILDER_VERSION = "tiny-3"
 
 
 class NonDeterministicBuildError(RuntimeError):

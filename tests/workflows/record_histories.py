@@ -85,9 +85,15 @@ class StalledInference:
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
-        print(f"stalled worker caught {inp.call_id} attempt {activity.info().attempt}", flush=True)
         self.caught.set()
-        await self.release.wait()  # long after the heartbeat timeout: the attempt is lost
+        # Hang until released, long after the heartbeat timeout: the attempt is lost. The SDK cancels the
+        # activity locally when its heartbeat timeout passes; a hung host would not notice, and keeping
+        # the only slot busy keeps this worker from taking the retry.
+        while not self.release.is_set():
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                continue
         raise ApplicationError(f"stalled worker released call {inp.call_id}")
 
 
