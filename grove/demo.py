@@ -90,6 +90,7 @@ async def attach(client: Client, run: RunConfig):
         id=run.run_id,
         task_queue=queues.EPISODES,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        memo={"model": run.model, "train_agents": run.train_agents, "task_family": run.task_family},
     )
 
 
