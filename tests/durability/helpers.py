@@ -64,6 +64,7 @@ class WorkerProcess:
         self.log_dir = Path(log_dir)
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.ready_seconds: float | None = None  # start -> polling every queue, of the latest start
 
     @property
     def log_path(self) -> Path:
@@ -309,8 +310,8 @@ class DurabilityStack:
     """A dev server on its own SQLite file, a local object store, and two worker processes: `main`
     (episodes, io, inference: the vLLM engine) and `trainer` (the learner), each killable on its own.
 
-    An engine only moves its policy version forward, so a test that runs a training run asks for an
-    engine at version 0 (`fresh_engine`), which restarts `main` if an earlier run published to it.
+    Runs may share the engine: each run publishes its own policy version at its start, and the engine
+    switches to that run's lineage (activities/engine.py).
     """
 
     def __init__(self, root: Path, model: Path) -> None:
@@ -323,7 +324,6 @@ class DurabilityStack:
         self.client: Client | None = None
         self.main: WorkerProcess | None = None
         self.trainer: WorkerProcess | None = None
-        self.engine_published = False
 
     def _worker(self, name: str, queue_names: Iterable[str]) -> WorkerProcess:
         return WorkerProcess(
@@ -347,13 +347,6 @@ class DurabilityStack:
         for w in (self.main, self.trainer):
             await w.wait_ready(self.client)
         return self
-
-    async def fresh_engine(self) -> None:
-        """An inference engine at policy version 0 (restart `main` if a run published to it)."""
-        if self.engine_published and self.main is not None:
-            self.main.stop()
-            self.engine_published = False
-        await self.up()
 
     def down(self) -> None:
         for w in (self.main, self.trainer):

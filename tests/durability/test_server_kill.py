@@ -29,6 +29,7 @@ from grove.data_order import task_indices
 from harnesses import scenario
 from storage.local import LocalStore
 from tests.durability.helpers import (
+    activity_attempts,
     activity_results,
     decoded_inputs,
     is_started,
@@ -75,7 +76,7 @@ async def generating_episode(client, episode_ids: list[str]) -> str | None:
 
 
 async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
-    await stack.fresh_engine()
+    await stack.up()
     client, server = stack.client, stack.server
     cfg = run_config(str(stack.model))
     pids = (stack.main.pid, stack.trainer.pid)
@@ -84,7 +85,6 @@ async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
         result_type=RunResult,
     )  # fmt: skip
-    stack.engine_published = True
     in_flight = await wait_until(
         lambda: generating_episode(client, step1),
         120,
@@ -126,6 +126,7 @@ async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
     # nothing trained twice: one train_step completion per step, none a reuse; one COMMIT per step
     results = await activity_results(client, handle, "train_step", TrainStepResult)
     assert [(r.step, r.reused_checkpoint) for r in results] == [(1, False), (2, False)]
+    assert await activity_attempts(handle, "train_step") == [1, 1]
     store = LocalStore(stack.store_dir)
     commits = [k for k in store.list(f"checkpoints/{cfg.run_id}/") if k.endswith("/COMMIT")]
     assert commits == [f"checkpoints/{cfg.run_id}/step-00000{s}/COMMIT" for s in (1, 2)]

@@ -3,10 +3,11 @@ absent (then committed by the retry on a new trainer) or committed (then reused)
 and the final weights equal those of an uninterrupted learner on the same rows.
 
 The trainer queue runs in its own `grove worker --queues trainer` process. The kill lands inside the
-activity deterministically: `train_step` writes the step's metrics.json after the optimizer step and
-before the checkpoint files and their COMMIT, so the test kills the trainer the moment that object
-appears in the store (polled every 5 ms): in the middle of the checkpoint write. The history then
-shows train_step of step 2 started twice (attempt 2 after the 60 s heartbeat timeout).
+activity deterministically: `train_step` saves the checkpoint after the optimizer step, its files in
+sorted order and the COMMIT marker last, so the test kills the trainer the moment the first file
+(model/config.json) appears in the store (polled every 5 ms): in the middle of the checkpoint write,
+leaving a partial, uncommitted step behind. The history then shows train_step of step 2 started
+twice (attempt 2 after the 60 s heartbeat timeout).
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from grove import queues
 from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState, TrainStepInput, TrainStepResult
 from harnesses import scenario
 from storage.local import LocalStore
-from tests.durability.helpers import activity_attempts, activity_results, decoded_inputs, wait_until
+from tests.durability.helpers import (
+    activity_attempts,
+    activity_results,
+    decoded_inputs,
+    is_started,
+    pending_activities,
+    wait_until,
+)
 from trainer.checkpoint import (
     CheckpointNotFoundError,
     download_model_folder,
@@ -41,6 +49,7 @@ pytestmark = pytest.mark.timeout(300)
 
 TASKS_PER_STEP, GROUP_SIZE = 1, 2
 KILL_STEP = 2
+FIRST_CHECKPOINT_FILE = "model/config.json"  # save_checkpoint writes files in sorted order, COMMIT last
 
 
 def run_config(model: str) -> RunConfig:
@@ -65,22 +74,24 @@ def check_committed(store: LocalStore, run_id: str, step: int) -> dict[str, str]
 
 
 async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stack, tmp_path):
-    await stack.fresh_engine()
+    await stack.up()
     client, store = stack.client, LocalStore(stack.store_dir)
     cfg = run_config(str(stack.model))
     handle = await client.start_workflow(
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
         result_type=RunResult,
     )  # fmt: skip
-    stack.engine_published = True
-    metrics_file = store.root / step_prefix(cfg.run_id, KILL_STEP) / "metrics.json"
+    first_file = store.root / step_prefix(cfg.run_id, KILL_STEP) / FIRST_CHECKPOINT_FILE
 
-    async def in_train_step() -> bool:
-        return metrics_file.exists()
+    async def saving_checkpoint() -> bool:
+        return first_file.exists()
 
-    what = f"step {KILL_STEP}'s train_step to write {metrics_file}"
-    await wait_until(in_train_step, 180, what, every=0.005, logs=stack.logs())
+    what = f"step {KILL_STEP}'s train_step to write {first_file}"
+    await wait_until(saving_checkpoint, 180, what, every=0.005, logs=stack.logs())
     stack.trainer.kill()
+    # the server still sees step 2's train_step started (attempt 1) on the trainer that just died
+    [pending] = [a for a in await pending_activities(handle) if a.activity_type.name == "train_step"]
+    assert is_started(pending) and pending.attempt == 1
 
     # at the crash: the step is either committed whole, or invisible to readers (leftovers allowed)
     committed_at_kill = store.exists(commit_key(cfg.run_id, KILL_STEP))
@@ -90,6 +101,8 @@ async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stac
         assert latest_committed_step(store, cfg.run_id) == KILL_STEP - 1
         with pytest.raises(CheckpointNotFoundError):
             read_manifest(store, cfg.run_id, KILL_STEP)
+    left = store.list(step_prefix(cfg.run_id, KILL_STEP))
+    print(f"at the kill: committed={committed_at_kill}, objects {left}")
 
     stack.trainer.start()
     await stack.trainer.wait_ready(client)

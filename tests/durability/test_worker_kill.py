@@ -112,6 +112,7 @@ async def test_worker_sigkill_mid_worker_call_discards_the_lost_attempt(stack):
                 and "timeout" in receipt.note.lower()
             )
             assert receipt.digests is None  # its tokens were never recorded
+            print(f"{call_id}: {receipt.state.value}: {receipt.note}")
         else:
             assert receipt.state == CallState.SELECTED, (call_id, receipt)
 

@@ -1,21 +1,23 @@
 """Record the Temporal histories that tests/workflows/test_replay.py replays through current workflow code.
 
-    .venv/bin/python -m tests.workflows.record_histories          # ~1-2 min on 2 CPU cores
+    .venv/bin/python -m tests.workflows.record_histories          # ~2 min on 2 CPU cores
 
-It starts its own Temporal dev server (temporary SQLite file) and one in-process grove worker serving
-every queue (vLLM on the tiny-random model, a temporary local object store), runs
+It starts its own Temporal dev server (temporary SQLite file), an in-process grove worker for the
+episodes, io and trainer queues, and a real inference worker (vLLM on the tiny-random model, a
+temporary local object store), then records three finished workflows:
 
 - `episode_lost_attempt`: an EpisodeWorkflow of the `scenario` program whose first generate attempt
-  is lost: it is picked up by a stalled inference worker that never heartbeats (a hung host), times
-  out after the 20 s heartbeat timeout, is recorded as discarded and re-admitted as `parent.0.c0.r1`,
-  which the real worker serves (the workflow's crash-recovery branch);
+  is lost. A hung inference worker (a subprocess whose `generate` never returns nor heartbeats) takes
+  it and is SIGKILLed; the attempt times out after the 20 s heartbeat timeout, is recorded as
+  discarded and re-admitted as `parent.0.c0.r1`, which the real inference worker serves: the
+  workflow's crash-recovery branch;
 - `episode_scenario`: the same program with nothing lost (parent, two overlapping workers, a compaction);
 - `training_run`: a TrainingRunWorkflow of 2 steps (1 task x group of 2 per step: child episodes,
-  train_step, publish_weights),
+  train_step, publish_weights).
 
-and writes each finished workflow's history (`handle.fetch_history().to_json()`) to
-tests/workflows/histories/<name>.json, replacing the files there. Everything else it started is
-stopped and deleted when it ends.
+Each finished workflow's history (`handle.fetch_history().to_json()`, re-indented) is written to
+tests/workflows/histories/<name>.json, replacing the file there. Everything the script started is
+stopped (by PID) and its temporary folder deleted when it ends.
 
 When to re-record: only after an *intentional* change to workflows/ (or to code they run inside the
 sandbox: harnesses/native.py, harnesses/scenario.py, workflows/ledger.py, grove/data_order.py) that
@@ -30,12 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.worker import Worker
 
 from activities.sampling import SamplingConfig
@@ -60,12 +67,17 @@ from workflows.episode import EpisodeWorkflow
 from workflows.training_run import TrainingRunWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-random"  # a registry name, not a path: the recorded inputs hold no machine-specific folder
 SAMPLING = SamplingConfig(max_tokens=8)
 
 EPISODE_ID = "replay/episode/t0/g0"
 LOST_EPISODE_ID = "replay/lost/t0/g0"
 RUN_ID = "replay-run"
+
+
+class RecordingError(RuntimeError):
+    """The recording did not go as planned (a worker died, an episode ended otherwise than expected)."""
 
 
 def episode_spec(episode_id: str) -> EpisodeSpec:
@@ -76,27 +88,6 @@ def episode_spec(episode_id: str) -> EpisodeSpec:
     )  # fmt: skip
 
 
-class StalledInference:
-    """An inference worker that takes one generate task and hangs on it without heartbeating."""
-
-    def __init__(self) -> None:
-        self.caught = asyncio.Event()
-        self.release = asyncio.Event()
-
-    @activity.defn(name="generate")
-    async def generate(self, inp: GenerateInput) -> GenerateResult:
-        self.caught.set()
-        # Hang until released, long after the heartbeat timeout: the attempt is lost. The SDK cancels the
-        # activity locally when its heartbeat timeout passes; a hung host would not notice, and keeping
-        # the only slot busy keeps this worker from taking the retry.
-        while not self.release.is_set():
-            try:
-                await self.release.wait()
-            except asyncio.CancelledError:
-                continue
-        raise ApplicationError(f"stalled worker released call {inp.call_id}")
-
-
 def run_config() -> RunConfig:
     return RunConfig(
         run_id=RUN_ID, model=MODEL, seed=0, steps=2, task_family=scenario.NAME, num_tasks=4, tasks_per_step=1,
@@ -105,7 +96,59 @@ def run_config() -> RunConfig:
     )  # fmt: skip
 
 
-async def _record(client, name: str, handle) -> Path:
+# ------------------------------------------------------------------------------ the hung worker
+
+
+@activity.defn(name="generate")
+async def hung_generate(inp: GenerateInput) -> GenerateResult:
+    await asyncio.Event().wait()  # never returns, never heartbeats: the process is killed meanwhile
+    raise AssertionError("unreachable")
+
+
+async def serve_hung_inference(address: str) -> None:
+    """`--hung-worker ADDRESS`: an inference worker that takes generate tasks and never finishes them."""
+    client = await connect(address)
+    await Worker(client, task_queue=queues.INFERENCE, activities=[hung_generate]).run()
+
+
+def start_hung_worker(address: str, log: Path) -> subprocess.Popen:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.workflows.record_histories", "--hung-worker", address],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+async def generate_started(handle, timeout: float = 120.0) -> None:
+    """Until the workflow has a started `generate` activity (taken by a worker)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            desc = await handle.describe()
+        except Exception:  # not started yet
+            desc = None
+        if desc is not None and any(
+            a.activity_type.name == "generate"
+            and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+            for a in desc.raw_description.pending_activities
+        ):
+            return
+        await asyncio.sleep(0.1)
+    raise RecordingError(
+        f"{handle.id}: no generate activity started within {timeout:.0f} s (is the hung worker up?)"
+    )
+
+
+# ------------------------------------------------------------------------------ recording
+
+
+async def _record(name: str, handle) -> Path:
     history = await handle.fetch_history()
     path = HISTORIES / f"{name}.json"
     # re-indented for reviewable diffs; WorkflowHistory.from_json reads it back as it is
@@ -113,15 +156,32 @@ async def _record(client, name: str, handle) -> Path:
     return path
 
 
+async def _while_workers_run(aw, workers: list[asyncio.Task]):
+    """Await `aw`; fail at once if a worker task ends first (a worker that failed to start)."""
+    job = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({job, *workers}, return_when=asyncio.FIRST_COMPLETED)
+    if job not in done:
+        job.cancel()
+        dead = next(iter(done))
+        raise RecordingError(f"a worker stopped while recording: {dead.exception()!r}") from dead.exception()
+    return job.result()
+
+
 async def _episode(client, episode_id: str, expect_discarded: int):
-    handle = await client.start_workflow(
+    handle = client.get_workflow_handle(episode_id, result_type=EpisodeResult)
+    result = await handle.result()
+    if result.status != "ok" or result.counts.get("discarded", 0) != expect_discarded:
+        raise RecordingError(
+            f"episode {episode_id}: expected ok with {expect_discarded} discarded, got {result}"
+        )
+    return handle
+
+
+async def _start_episode(client, episode_id: str):
+    return await client.start_workflow(
         EpisodeWorkflow.run, episode_spec(episode_id), id=episode_id, task_queue=queues.EPISODES,
         result_type=EpisodeResult,
     )  # fmt: skip
-    result = await handle.result()
-    if result.status != "ok" or result.counts.get("discarded", 0) != expect_discarded:
-        raise RuntimeError(f"episode {episode_id}: unexpected result {result}")
-    return handle
 
 
 async def record(work: Path) -> list[Path]:
@@ -129,46 +189,46 @@ async def record(work: Path) -> list[Path]:
     store = LocalStore(work / "store")
     with TemporalDevServer(work / "temporal") as server:
         client = await connect(server.address)
-        stalled = StalledInference()
-        hung = Worker(
-            client, task_queue=queues.INFERENCE, activities=[stalled.generate], max_concurrent_activities=1
-        )
-        tasks = [
-            asyncio.create_task(hung.run()),
+        workers = [
             asyncio.create_task(
                 run_worker(client, [queues.EPISODES, queues.IO, queues.TRAINER], store=store, model=MODEL,
                            work_dir=work / "worker", device="cpu")
-            ),
+            )
         ]  # fmt: skip
+        hung = start_hung_worker(server.address, work / "hung-worker.log")
         try:
-            lost = asyncio.create_task(_episode(client, LOST_EPISODE_ID, expect_discarded=1))
-            await asyncio.wait_for(stalled.caught.wait(), 120)
-            # only now the real inference worker: every later attempt (the retry included) goes to it
-            tasks.append(
+            lost = await _start_episode(client, LOST_EPISODE_ID)
+            await _while_workers_run(generate_started(lost), workers)
+            kill_group(hung)  # the attempt it holds is lost; the real inference worker starts only now
+            workers.append(
                 asyncio.create_task(
                     run_worker(client, [queues.INFERENCE], store=store, model=MODEL, work_dir=work / "worker")
                 )
             )
-            lost_handle = await lost
-            episode = await _episode(client, EPISODE_ID, expect_discarded=0)
+            await _while_workers_run(_episode(client, LOST_EPISODE_ID, expect_discarded=1), workers)
+            await _start_episode(client, EPISODE_ID)
+            episode = await _while_workers_run(_episode(client, EPISODE_ID, expect_discarded=0), workers)
             run = await client.start_workflow(
                 TrainingRunWorkflow.run, RunState(config=run_config()), id=RUN_ID, task_queue=queues.EPISODES,
                 result_type=RunResult,
             )  # fmt: skip
-            await run.result()
+            await _while_workers_run(run.result(), workers)
             return [
-                await _record(client, "episode_lost_attempt", lost_handle),
-                await _record(client, "episode_scenario", episode),
-                await _record(client, "training_run", run),
+                await _record("episode_lost_attempt", lost),
+                await _record("episode_scenario", episode),
+                await _record("training_run", run),
             ]
         finally:
-            stalled.release.set()
-            for task in tasks:
+            kill_group(hung)
+            for task in workers:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*workers, return_exceptions=True)
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--hung-worker":
+        asyncio.run(serve_hung_inference(sys.argv[2]))
+        return
     work = Path(tempfile.mkdtemp(prefix="grove-record-histories-"))
     try:
         for path in asyncio.run(record(work)):
