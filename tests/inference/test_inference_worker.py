@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import RetryPolicy
@@ -21,14 +22,21 @@ from trainer.staging_format import decode_call_tokens
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 
 
+class GenerateOnceInput(BaseModel):
+    # A queue of its own: the session's grove worker may already poll grove.queues.INFERENCE in this
+    # process, and Temporal allows one worker per task queue per process.
+    queue: str
+    generate: GenerateInput
+
+
 @workflow.defn(sandboxed=False)
 class GenerateOnce:
     """The smallest caller of the activity: what EpisodeWorkflow does per call."""
 
     @workflow.run
-    async def run(self, inp: GenerateInput) -> GenerateResult:
+    async def run(self, inp: GenerateOnceInput) -> GenerateResult:
         return await workflow.execute_activity(
-            "generate", inp, task_queue=queues.INFERENCE, start_to_close_timeout=timedelta(seconds=120),
+            "generate", inp.generate, task_queue=inp.queue, start_to_close_timeout=timedelta(seconds=120),
             heartbeat_timeout=timedelta(seconds=20), retry_policy=RetryPolicy(maximum_attempts=1),
             result_type=GenerateResult,
         )  # fmt: skip
@@ -36,7 +44,10 @@ class GenerateOnce:
 
 async def test_generate_through_a_real_worker(temporal_client, policy_engine, store, tmp_path):
     queue = f"wf-{uuid.uuid4().hex[:8]}"
-    inference = build_inference_worker(temporal_client, policy_engine, store, weights_root=tmp_path / "w")
+    inference_queue = f"{queues.INFERENCE}-{uuid.uuid4().hex[:8]}"
+    inference = build_inference_worker(
+        temporal_client, policy_engine, store, weights_root=tmp_path / "w", task_queue=inference_queue
+    )
     caller = Worker(temporal_client, task_queue=queue, workflows=[GenerateOnce])
     ok = GenerateInput(
         episode_id="ep-w",
@@ -47,11 +58,17 @@ async def test_generate_through_a_real_worker(temporal_client, policy_engine, st
     bad = GenerateInput(episode_id="ep-w", call_id="c1", prompt=PromptSpec(), sampling=SamplingConfig())
     async with inference, caller:
         result = await temporal_client.execute_workflow(
-            GenerateOnce.run, ok, id=f"gen-{uuid.uuid4()}", task_queue=queue
+            GenerateOnce.run,
+            GenerateOnceInput(queue=inference_queue, generate=ok),
+            id=f"gen-{uuid.uuid4()}",
+            task_queue=queue,
         )
         with pytest.raises(WorkflowFailureError) as err:
             await temporal_client.execute_workflow(
-                GenerateOnce.run, bad, id=f"gen-{uuid.uuid4()}", task_queue=queue
+                GenerateOnce.run,
+                GenerateOnceInput(queue=inference_queue, generate=bad),
+                id=f"gen-{uuid.uuid4()}",
+                task_queue=queue,
             )
 
     assert isinstance(result, GenerateResult) and result.policy_version == policy_engine.version
