@@ -120,7 +120,9 @@ def demo(
 def _register_gateway() -> None:
     from gateway.cli import gateway
 
-    app.command("gateway", help="Serve the OpenAI-compatible capture gateway for external harnesses.")(gateway)
+    app.command("gateway", help="Serve the OpenAI-compatible capture gateway for external harnesses.")(
+        gateway
+    )
 
 
 _register_gateway()

@@ -168,7 +168,9 @@ class EpisodeWorkflow:
         call_id = req.call_id
         while True:
             try:
-                self.ledger.admit(call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch)
+                self.ledger.admit(
+                    call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch
+                )
             except LedgerError as err:
                 raise _ledger_failure(err) from err
             try:
@@ -234,7 +236,9 @@ class EpisodeWorkflow:
     def _validate_call(self, req: CallRequest) -> None:
         if self.close_request is not None:
             raise ApplicationError(f"episode {self.spec.episode_id} is closing; no new calls", type="Closing")
-        self.ledger.validate_admit(req.call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch)
+        self.ledger.validate_admit(
+            req.call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch
+        )
 
     @workflow.update(name="discard")
     async def discard_update(self, req: DiscardRequest) -> None:

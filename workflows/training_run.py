@@ -66,9 +66,15 @@ def step_specs(state: RunState, step: int) -> list[EpisodeSpec]:
         for j in range(cfg.group_size):
             specs.append(
                 EpisodeSpec(
-                    run_id=cfg.run_id, step=step, group_id=group_id(cfg.run_id, step, t),
-                    episode_id=episode_id(cfg.run_id, step, t, j), index_in_group=j, task=make_task(t),
-                    harness=cfg.harness, sampling=cfg.sampling, train_agents=cfg.train_agents,
+                    run_id=cfg.run_id,
+                    step=step,
+                    group_id=group_id(cfg.run_id, step, t),
+                    episode_id=episode_id(cfg.run_id, step, t, j),
+                    index_in_group=j,
+                    task=make_task(t),
+                    harness=cfg.harness,
+                    sampling=cfg.sampling,
+                    train_agents=cfg.train_agents,
                     inference_queue=cfg.inference_queue,
                 )  # fmt: skip
             )
@@ -109,12 +115,18 @@ class TrainingRunWorkflow:
         for spec in step_specs(self.state, step):
             handles.append(
                 await workflow.start_child_workflow(
-                    EpisodeWorkflow.run, spec, id=spec.episode_id, task_queue=queues.EPISODES,
+                    EpisodeWorkflow.run,
+                    spec,
+                    id=spec.episode_id,
+                    task_queue=queues.EPISODES,
                     memo={"task_id": spec.task.task_id, "group_id": spec.group_id},
-                    search_attributes=TypedSearchAttributes([
-                        SearchAttributePair(RUN, spec.run_id), SearchAttributePair(STEP, step),
-                        SearchAttributePair(TASK, spec.task.task_id),
-                    ]),
+                    search_attributes=TypedSearchAttributes(
+                        [
+                            SearchAttributePair(RUN, spec.run_id),
+                            SearchAttributePair(STEP, step),
+                            SearchAttributePair(TASK, spec.task.task_id),
+                        ]
+                    ),
                 )  # fmt: skip
             )
         return list(await asyncio.gather(*handles))
@@ -133,10 +145,10 @@ class TrainingRunWorkflow:
 
     async def _publish(self, version: int) -> PublishResult:
         assert self.state is not None
+        cfg = self.state.config
         return await workflow.execute_activity(
-            "publish_weights",
-            PublishInput(run_id=self.state.config.run_id, version=version, base_model=self.state.config.model),
-            task_queue=self.state.config.inference_queue, start_to_close_timeout=PUBLISH_TIMEOUT, retry_policy=RETRY,
+            "publish_weights", PublishInput(run_id=cfg.run_id, version=version, base_model=cfg.model),
+            task_queue=cfg.inference_queue, start_to_close_timeout=PUBLISH_TIMEOUT, retry_policy=RETRY,
             result_type=PublishResult,
         )  # fmt: skip
 
@@ -156,7 +168,9 @@ def _check_config(state: RunState) -> None:
         step_specs(state, state.next_step)
     except (ValueError, KeyError) as err:
         raise ApplicationError(
-            f"run {state.config.run_id}: invalid configuration: {err}", type=type(err).__name__, non_retryable=True
+            f"run {state.config.run_id}: invalid configuration: {err}",
+            type=type(err).__name__,
+            non_retryable=True,
         ) from err
 
 
