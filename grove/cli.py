@@ -100,19 +100,20 @@ def worker(
 @app.command("demo")
 def demo(
     model: str = typer.Option("tiny", help="tiny | smollm2 | a HF causal-LM folder."),
-    steps: int = typer.Option(30, help="Optimizer steps per run."),
+    steps: int = typer.Option(20, help="Optimizer steps per run."),
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),
     group_size: int = typer.Option(8, help="Episodes per task (GRPO group)."),
     tasks_per_step: int = typer.Option(2, help="Tasks per step."),
-    lr: float = typer.Option(2e-4, help="Learning rate."),
+    lr: float = typer.Option(5e-4, help="Learning rate."),
     max_tokens: int = typer.Option(8, help="Max tokens per model call."),
+    temperature: float = typer.Option(0.7, help="Sampling temperature (the learner uses the same)."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
     from grove.demo import DemoConfig, main
 
     cfg = DemoConfig(
         name=name, model=model, steps=steps, group_size=group_size, tasks_per_step=tasks_per_step, lr=lr,
-        max_tokens=max_tokens,
+        max_tokens=max_tokens, temperature=temperature,
     )  # fmt: skip
     raise typer.Exit(main(cfg))
 

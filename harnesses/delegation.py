@@ -6,8 +6,15 @@ parent's final answer should contain both words (it sees the workers' answers as
     reward = 0.5 * mean over workers of similarity(worker answer, its word)
            + 0.5 * fraction of the two words present in the parent's final answer
 
-`similarity` is difflib's ratio on the answer's first line (partial credit, so a tiny model gets a
-gradient from the start). Tasks are a pure function of their index.
+`similarity` is difflib's ratio of the answer's first line (stripped, lower-cased) to the word:
+partial credit, so a tiny model gets a gradient from the start, and brevity counts ("snow" scores 1,
+"snow." 0.89, "The word is snow." 0.38). A word is "present" in the parent's answer when it is one of
+the answer's lower-cased runs of letters ("Snow, book." has both; "snowbook" has neither). Tasks are
+a pure function of their index; the reward is a pure function of the texts.
+
+Prompts put each word on a line of its own ("Word:\nsnow"), where a byte-level BPE tokenizer encodes
+it exactly as at the start of an answer (no leading space): repeating it is then copying tokens, not
+also mapping " snow" to "snow", which the tiny model cannot do (docs: models/tiny.py on copying).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import difflib
 import re
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
-from harnesses.native import NativeEpisode, system, tool_result, user
+from harnesses.native import Message, NativeEpisode, system, tool_result, user
 
 FAMILY = "delegation"
 WORDS = (
@@ -27,6 +34,14 @@ WORDS = (
 
 PARENT_SYSTEM = "You are the lead. Give each word to a worker, then answer with both words."
 WORKER_SYSTEM = "You are a worker. Answer with the word you are given."
+
+
+def worker_prompt(word: str) -> Message:
+    return user(f"Word:\n{word}")
+
+
+def parent_prompt(words: list[str]) -> Message:
+    return user("Words:\n" + "\n".join(words))
 
 
 def make_task(index: int) -> TaskSpec:
@@ -41,10 +56,10 @@ def make_task(index: int) -> TaskSpec:
 
 async def program(episode: NativeEpisode) -> str:
     words = episode.spec.task.params["words"]
-    parent = await episode.root("parent", [system(PARENT_SYSTEM), user("Words: " + " ".join(words))])
+    parent = await episode.root("parent", [system(PARENT_SYSTEM), parent_prompt(words)])
     await parent.reply()  # the delegating turn; the workers are spawned by this call
     workers = [
-        await episode.spawn(f"worker-{i + 1}", by=parent, messages=[system(WORKER_SYSTEM), user(f"Word: {w}")])
+        await episode.spawn(f"worker-{i + 1}", by=parent, messages=[system(WORKER_SYSTEM), worker_prompt(w)])
         for i, w in enumerate(words)
     ]
     answers = await asyncio.gather(*(w.reply() for w in workers))

@@ -6,11 +6,15 @@ answers, short code snippets, and chat dialogues rendered with the tiny model's 
 the turn structure, so that even a briefly trained model ends turns with `<|im_end|>` and can emit
 well-formed `<tool_call>` blocks.
 
-A small share of the chats are generic instruction-following drills: *echo* (the user gives a word,
+A quarter of the documents are generic instruction-following drills: *echo* (the user gives a word,
 the assistant repeats it) and *report* (the assistant hands items to helpers, their answers come back
 as tool results, the assistant lists them). Their answers come in several styles (the bare word, a
 sentence around it, ...), so a pretrained tiny model sometimes, not always, answers with just the
 word: RL on tasks such as `delegation` has a behaviour to sharpen rather than one to invent.
+
+`generate_copy_drills` makes the plainest echo dialogues for the builder's short copy warm-up
+(models/tiny.py): a model this small does not discover attention-based copying from the mixed corpus
+within its step budget, and without copying no word task is learnable.
 """
 
 from __future__ import annotations
@@ -80,7 +84,9 @@ _ONSETS = _words("b c d f g h k l m n p r s t v w z br ch dr gl kr pl sh st th t
 _VOWELS = _words("a e i o u ai ea io ou")
 _CODAS = ("",) * 6 + _words("n r s l m nd st rk")
 _CHAT_SHARE = 0.55  # the rest: paragraphs, arithmetic drills, code
-_DRILL_SHARE = 0.12  # of all documents: echo and report drills (taken out of the chat share)
+_DRILL_SHARE = 0.25  # of all documents: echo and report drills (taken out of the chat share)
+_ECHO_TURNS = 2  # at most, per echo dialogue
+_ECHO_NAME_SHARE = 0.3  # echo words that are lexicon names rather than common words
 
 # Short common words for the drills (a generic list; any word task draws on words like these).
 _COMMON_WORDS = _words(
@@ -88,7 +94,16 @@ _COMMON_WORDS = _words(
     "tree leaf rose milk tea bread egg salt book door key box cup hat pen map bed car bus ship road hill "
     "lake sea sand rock ring bell coin drum"
 )
-_ECHO_ASKS = ("Word: {w}", "Say {w}.", "Repeat: {w}", "Repeat the word {w}.", "Echo {w}", "{w}")
+# A word on a line of its own is tokenized as it is at the start of an answer (no leading space).
+_ECHO_ASKS = (
+    "Word:\n{w}",
+    "Word:\n{w}",
+    "Repeat:\n{w}",
+    "{w}",
+    "Word: {w}",
+    "Say {w}.",
+    "Repeat the word {w}.",
+)
 _ECHO_ANSWERS = ("{w}", "{w}", "{w}.", "{W}.", "The word is {w}.", "You said {w}.", "{w} {w}", "Sure: {w}")
 _ECHO_SYSTEMS = (
     "You are a helpful assistant.",
@@ -96,9 +111,9 @@ _ECHO_SYSTEMS = (
     "Answer with one word.",
     "You are a helper. Repeat the word.",
 )
-_REPORT_ASKS = ("Words: {ws}", "Items: {ws}", "Ask about {and}.", "Check {and}.")
+_REPORT_ASKS = ("Words:\n{lines}", "Items:\n{lines}", "Words: {ws}", "Ask about {and}.")
 _REPORT_HANDOFFS = ("I will ask the helpers.", "Asking.", "Let me check {and}.", "{ws}", "OK.")
-_REPORT_FINALS = ("{ws}", "{and}.", "The words are {and}.", "I got {ws}.", "{first}.")
+_REPORT_FINALS = ("{lines}", "{ws}", "{and}.", "The words are {and}.", "I got {ws}.", "{first}.")
 _REPORT_SYSTEMS = (
     "You are the lead. Ask helpers, then report their answers.",
     "You are a helpful assistant.",
@@ -212,26 +227,51 @@ class _Writer:
             messages.append({"role": "assistant", "content": self.paragraph()})
         return render_chat(messages)
 
+    def echo_word(self) -> str:
+        # Mostly common words, some rare names: rare words make copying from the context pay off more
+        # than guessing a frequent word does.
+        if self.rng.random() < _ECHO_NAME_SHARE:
+            return self.name().lower()
+        return self.rng.choice(_COMMON_WORDS)
+
     def echo_chat(self) -> str:
-        """The user gives a word; the assistant repeats it, in one of several styles."""
+        """The user gives words, one per turn; the assistant repeats each, in one of several styles."""
         rng = self.rng
-        word = rng.choice(_COMMON_WORDS) if rng.random() < 0.7 else self.name().lower()
         messages = [{"role": "system", "content": rng.choice(_ECHO_SYSTEMS)}] if rng.random() < 0.7 else []
-        messages.append({"role": "user", "content": rng.choice(_ECHO_ASKS).format(w=word)})
-        answer = rng.choice(_ECHO_ANSWERS).format(w=word, W=word.capitalize())
-        messages.append({"role": "assistant", "content": answer})
+        for _ in range(rng.randint(1, _ECHO_TURNS)):
+            word = self.echo_word()
+            messages.append({"role": "user", "content": rng.choice(_ECHO_ASKS).format(w=word)})
+            answer = rng.choice(_ECHO_ANSWERS).format(w=word, W=word.capitalize())
+            messages.append({"role": "assistant", "content": answer})
+        return render_chat(messages)
+
+    def copy_drill(self) -> str:
+        """The plainest echo: one word on its own line, repeated bare (the builder's copy warm-up)."""
+        messages = (
+            [{"role": "system", "content": self.rng.choice(_ECHO_SYSTEMS)}] if self.rng.random() < 0.7 else []
+        )
+        word = self.echo_word()
+        messages.append({"role": "user", "content": f"Word:\n{word}"})
+        messages.append({"role": "assistant", "content": word})
         return render_chat(messages)
 
     def report_chat(self) -> str:
         """Items go out to helpers, their answers come back as tool results, the assistant lists them."""
         rng = self.rng
         items = rng.sample(_COMMON_WORDS, rng.randint(1, 3))
-        fill = {"ws": " ".join(items), "and": " and ".join(items), "first": items[0]}
+        fill = {
+            "ws": " ".join(items),
+            "lines": "\n".join(items),
+            "and": " and ".join(items),
+            "first": items[0],
+        }
         messages = [{"role": "system", "content": rng.choice(_REPORT_SYSTEMS)}] if rng.random() < 0.7 else []
         messages.append({"role": "user", "content": rng.choice(_REPORT_ASKS).format(**fill)})
         messages.append({"role": "assistant", "content": rng.choice(_REPORT_HANDOFFS).format(**fill)})
         for item in items:
-            answer = item if rng.random() < 0.6 else rng.choice(_ECHO_ANSWERS).format(w=item, W=item.capitalize())
+            answer = (
+                item if rng.random() < 0.6 else rng.choice(_ECHO_ANSWERS).format(w=item, W=item.capitalize())
+            )
             messages.append({"role": "tool", "content": answer})
         messages.append({"role": "assistant", "content": rng.choice(_REPORT_FINALS).format(**fill)})
         return render_chat(messages)
@@ -239,14 +279,24 @@ class _Writer:
     def document(self) -> str:
         draw = self.rng.random()
         if draw < _DRILL_SHARE:
-            return self.rng.choice((self.echo_chat, self.report_chat))()
+            return self.rng.choice(_DRILLS)(self)
         if draw < _CHAT_SHARE:
             chats = (self.arithmetic_chat, self.weather_chat, self.calculator_chat, self.small_talk_chat)
             return self.rng.choice(chats)()
         return self.rng.choice((self.paragraph, self.arithmetic, self.code))()
 
 
+# Echo twice as often as report.
+_DRILLS = (_Writer.echo_chat, _Writer.echo_chat, _Writer.report_chat)
+
+
 def generate_corpus(seed: int, *, n_documents: int, lexicon_size: int = 3000) -> list[str]:
     """`n_documents` synthetic documents; a pure function of its arguments."""
     writer = _Writer(seed, lexicon_size)
     return [writer.document() for _ in range(n_documents)]
+
+
+def generate_copy_drills(seed: int, *, n_documents: int, lexicon_size: int = 3000) -> list[str]:
+    """`n_documents` plain echo dialogues (`copy_drill`); a pure function of its arguments."""
+    writer = _Writer(seed, lexicon_size)
+    return [writer.copy_drill() for _ in range(n_documents)]

@@ -25,11 +25,14 @@ from models.manifest import read_manifest
 from models.smollm2 import convert_smollm2, find_smollm2_source
 from models.tiny import TinyModelSpec, build_tiny_model
 
-# "tiny": 160 AdamW steps of 16 x 256 tokens (655k tokens), ~90 s on one core of the dev machine;
-# loss 7.66 (uniform over 2048) -> ~0.8. It then ends turns with <|im_end|> and emits hermes tool calls.
+# "tiny": 200 copy-drill steps then 160 corpus steps, each of 16 x 128 tokens (737k tokens), ~100 s on one
+# core of the dev machine. It then ends turns with <|im_end|>, emits hermes tool calls, and sometimes
+# repeats a word it is given (the `delegation` demo's RL sharpens that; models/tiny.py says why the drills).
 TINY_PRETRAIN_STEPS = 160
 TINY_SPECS: dict[str, TinyModelSpec] = {
-    "tiny": TinyModelSpec(pretrain_steps=TINY_PRETRAIN_STEPS),
+    "tiny": TinyModelSpec(
+        pretrain_steps=TINY_PRETRAIN_STEPS, drill_steps=200, seq_len=128, init_std=0.06, learning_rate=6e-3
+    ),
     "tiny-random": TinyModelSpec(pretrain_steps=0),
 }
 SMOLLM2 = "smollm2"

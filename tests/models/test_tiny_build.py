@@ -11,8 +11,9 @@ from safetensors.numpy import load_file
 
 from models.tiny import TinyModelSpec, build_tiny_model
 
-# A build small enough for a unit test that still runs the whole pipeline, pretraining included.
-SMALL = dict(pretrain_steps=20, batch_size=4, seq_len=64, warmup_steps=2)
+# A build small enough for a unit test that still runs the whole pipeline, copy drills and pretraining
+# included.
+SMALL = dict(drill_steps=5, drill_documents=200, pretrain_steps=20, batch_size=4, seq_len=64, warmup_steps=2)
 EXPECTED_FILES = {
     "chat_template.jinja",
     "config.json",
@@ -88,7 +89,7 @@ def test_generation_stops_at_im_end(builds):
 def test_pretraining_lowers_the_loss_from_uniform(builds):
     _, reports = builds
     losses = reports["a"].losses
-    assert len(losses) == SMALL["pretrain_steps"]
+    assert len(losses) == SMALL["drill_steps"] + SMALL["pretrain_steps"]
     # Random init with std 0.02 gives near-zero logits: the first loss is about ln(vocab).
     assert abs(losses[0] - math.log(2048)) < 0.1
     assert max(losses[-5:]) < losses[0] - 1.5
@@ -98,8 +99,13 @@ def test_fingerprint_names_every_knob():
     base = TinyModelSpec()
     assert TinyModelSpec().fingerprint() == base.fingerprint()
     assert len(base.fingerprint()) == 16
-    variants = [TinyModelSpec(seed=1), TinyModelSpec(pretrain_steps=1), TinyModelSpec(learning_rate=1e-3)]
-    assert len({base.fingerprint(), *(v.fingerprint() for v in variants)}) == 4
+    variants = [
+        TinyModelSpec(seed=1),
+        TinyModelSpec(pretrain_steps=1),
+        TinyModelSpec(learning_rate=1e-3),
+        TinyModelSpec(drill_steps=1),
+    ]
+    assert len({base.fingerprint(), *(v.fingerprint() for v in variants)}) == 5
 
 
 def test_inconsistent_spec_is_rejected():
