@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -208,6 +209,7 @@ def main(cfg: DemoConfig) -> int:
     )
     print(f"[demo] metrics {out / 'metrics.csv'}, plot {out / 'reward.png'}, worker logs {logs}", flush=True)
     started = time.monotonic()
+    signal.signal(signal.SIGTERM, _interrupt)  # a terminated demo stops its workers like Ctrl-C does
     try:
         histories = asyncio.run(_follow(rec.address, runs, out, workers))
     except KeyboardInterrupt:
@@ -226,6 +228,10 @@ def main(cfg: DemoConfig) -> int:
             print(f"    {rid:28s} {h[0].mean_reward:.3f} -> {h[-1].mean_reward:.3f}")
     print(f"[demo] plot: {out / 'reward.png'}   UI (still running): {rec.ui_url}   stop it: grove infra down")
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 async def _follow(address: str, runs: list[RunConfig], out: Path, workers: list[subprocess.Popen]):
