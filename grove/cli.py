@@ -77,6 +77,7 @@ def worker(
 ) -> None:
     """Serve grove's task queues (one process can serve all of them on a single machine)."""
     import asyncio
+    import signal
 
     from grove.client import connect
     from grove.worker import parse_queues, run_worker
@@ -85,6 +86,9 @@ def worker(
     names = parse_queues(queues)
 
     async def main() -> None:
+        # SIGTERM cancels the worker so run_worker's cleanup shuts the vLLM engine down (its engine
+        # processes would otherwise outlive a terminated worker).
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         client = await connect(address)
         typer.echo(f"worker: queues {names} on {client.service_client.config.target_host}")
         await run_worker(
@@ -93,7 +97,7 @@ def worker(
 
     try:
         asyncio.run(main())
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         typer.echo("worker stopped")
 
 
