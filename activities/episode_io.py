@@ -18,14 +18,11 @@ from grove.contracts import (
     RewardInput,
     RewardResult,
 )
-from grove.receipts import CallState
 from harnesses.programs import family
 from storage.base import ObjectStore
-from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
+from trainer.forest import MEMBER_STATES, EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import Row, rows_to_parquet
 from trainer.staging_format import CallTokens, decode_call_tokens, staging_prefix
-
-MEMBER_STATES = (CallState.SELECTED, CallState.AUXILIARY)
 
 
 def placeholder_row(inp: MaterializeInput) -> Row:
