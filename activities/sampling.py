@@ -32,8 +32,14 @@ class SamplingConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: float = Field(default=1.0, ge=MIN_TEMPERATURE, le=100.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(default=256, ge=1)
-    stop_token_ids: tuple[int, ...] = ()  # extra stop tokens besides the model's EOS
-    ignore_eos: bool = False  # benchmarks: generate exactly max_tokens
+    temperature: float = Field(
+        default=1.0, ge=MIN_TEMPERATURE, le=100.0, description="softmax temperature the tokens are sampled at"
+    )
+    top_p: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1.0 keeps every token"
+    )
+    max_tokens: int = Field(default=256, ge=1, description="most tokens one call may generate")
+    stop_token_ids: tuple[int, ...] = Field(
+        default=(), description="extra stop tokens besides the model's EOS"
+    )
+    ignore_eos: bool = Field(default=False, description="benchmarks: generate exactly max_tokens")

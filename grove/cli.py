@@ -13,6 +13,15 @@ app.add_typer(infra_app, name="infra")
 app.add_typer(model_app, name="model")
 
 
+def _register_runs() -> None:
+    from grove.run_cli import run_app
+
+    app.add_typer(run_app, name="run")
+
+
+_register_runs()
+
+
 @infra_app.command("up")
 def infra_up(
     port: int = typer.Option(7233, help="Temporal frontend gRPC port (127.0.0.1)."),

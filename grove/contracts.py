@@ -35,9 +35,17 @@ class TaskSpec(BaseModel):
 class HarnessSpec(BaseModel):
     """Who drives the episode: a native program inside the workflow, or an external harness (gateway)."""
 
-    kind: Literal["native", "external"] = "native"
-    program: str = "delegation"  # native: the program's name in harnesses.programs
-    max_turns: int = Field(4, ge=1)
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["native", "external"] = Field(
+        "native",
+        description="native: a program run inside the episode workflow (harnesses/programs.py); "
+        "external: a harness process that talks to the episode through the gateway",
+    )
+    program: str = Field(
+        "delegation", description="native: the program's name in harnesses.programs.PROGRAMS"
+    )
+    max_turns: int = Field(4, ge=1, description="most model turns the parent agent may take")
 
 
 # ------------------------------------------------------------------------------------------ calls
@@ -236,21 +244,44 @@ class PublishResult(BaseModel):
 
 
 class RunConfig(BaseModel):
-    run_id: str
-    model: str = "tiny"
-    seed: int = 0
-    steps: int = Field(20, ge=1)
-    task_family: str = "delegation"
-    num_tasks: int = Field(64, ge=1)
-    tasks_per_step: int = Field(2, ge=1)
-    group_size: int = Field(4, ge=1)
-    harness: HarnessSpec = Field(default_factory=HarnessSpec)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    train_agents: TrainAgents = "all"
-    learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    continue_as_new_every: int = Field(5, ge=1)
+    """One training run. Written as YAML (examples/*.yaml, `grove run schema`) or JSON; unknown keys
+    are refused so a misspelt field never silently takes its default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(
+        description="the run's workflow id; starting the same run id again re-attaches to it (resume)"
+    )
+    model: str = Field(
+        "tiny", description="base policy: tiny | tiny-random | smollm2 | a Hugging Face causal-LM folder"
+    )
+    seed: int = Field(0, description="data order seed: the tasks of step N are a pure function of (seed, N)")
+    steps: int = Field(20, ge=1, description="optimizer steps; step N produces policy version N")
+    task_family: str = Field(
+        "delegation", description="task family in harnesses.programs.TASK_FAMILIES (tasks and reward)"
+    )
+    num_tasks: int = Field(64, ge=1, description="training tasks of the family: indices 0..num_tasks-1")
+    tasks_per_step: int = Field(2, ge=1, description="tasks per optimizer step (GRPO groups per step)")
+    group_size: int = Field(4, ge=1, description="episodes per task per step (G of GRPO)")
+    harness: HarnessSpec = Field(default_factory=HarnessSpec, description="who drives each episode")
+    sampling: SamplingConfig = Field(
+        default_factory=SamplingConfig, description="how every model call of the run's episodes samples"
+    )
+    train_agents: TrainAgents = Field(
+        "all",
+        description="whose actions get loss: all (parent and workers) or parent_only (workers' calls "
+        "are recorded, never trained)",
+    )
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the GRPO learner")
+    continue_as_new_every: int = Field(
+        5, ge=1, description="the run workflow continues as new every this many steps (bounds history)"
+    )
     # One engine holds one policy: runs that train at the same time need their own inference queues.
-    inference_queue: str = "inference"
+    inference_queue: str = Field(
+        "inference",
+        description="task queue of the engine serving this run's policy; runs training at the same "
+        "time need their own (grove worker --inference-queue)",
+    )
 
 
 class StepRecord(BaseModel):

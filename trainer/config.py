@@ -21,38 +21,44 @@ class LearnerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # optimizer (AdamW; decay on matrices only, never on norms and biases)
-    lr: float = Field(1e-6, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float | None = Field(1.0, gt=0)  # max global grad norm; None: no clipping
+    lr: float = Field(1e-6, gt=0, description="peak learning rate (AdamW)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decay, on matrices only")
+    grad_clip: float | None = Field(1.0, gt=0, description="max global grad norm; null: no clipping")
 
     # LR schedule, counted in logical rollouts consumed (including the current step's)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_rollouts: int = Field(0, ge=0)
-    total_rollouts: int | None = Field(None, gt=0)  # required by "linear" and "cosine"
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="decay after warmup, to lr * min_lr_ratio at total_rollouts"
+    )
+    warmup_rollouts: int = Field(0, ge=0, description="linear warmup length in logical rollouts")
+    total_rollouts: int | None = Field(
+        None, gt=0, description="rollouts of the whole run; required by linear and cosine"
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="final lr as a fraction of lr")
 
     # PPO-clip surrogate: ratio clipped to [1 - clip_low, 1 + clip_high]
-    clip_low: float = Field(0.2, gt=0, lt=1)
-    clip_high: float = Field(0.2, gt=0)
+    clip_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio lower clip: 1 - clip_low")
+    clip_high: float = Field(0.2, gt=0, description="PPO ratio upper clip: 1 + clip_high")
 
     # KL penalty to a frozen reference model (k3 estimator); 0 disables it and loads no reference
-    kl_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen base model (k3); 0: off")
 
     # sampler processing the behaviour logprobs were recorded with (vLLM processed_logprobs)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, gt=0, description="temperature the behaviour logprobs were sampled at")
+    top_p: float = Field(1.0, gt=0, le=1, description="top_p the behaviour logprobs were sampled at")
 
     # GRPO advantages
-    adv_std_scaling: bool = True  # False: A = r - mean (Dr. GRPO style)
-    adv_eps: float = Field(1e-6, gt=0)
+    adv_std_scaling: bool = Field(True, description="divide advantages by the group std; false: A = r - mean")
+    adv_eps: float = Field(1e-6, gt=0, description="added to the group std")
 
     # batch shape: the logical batch size, and the padded-token budget of one micro-batch
-    rollouts_per_step: int | None = Field(None, gt=0)  # None: accept any number of episodes
-    micro_batch_tokens: int = Field(8192, gt=0)
+    rollouts_per_step: int | None = Field(
+        None, gt=0, description="required episodes per step; null: any number"
+    )
+    micro_batch_tokens: int = Field(8192, gt=0, description="padded-token budget of one micro-batch")
 
-    seed: int = 0
+    seed: int = Field(0, description="learner RNG seed")
 
     @model_validator(mode="after")
     def _schedule_needs_total(self) -> LearnerConfig:
