@@ -10,7 +10,11 @@ It is an extension iff request.messages == predecessor.messages + [the predecess
 + only new user/tool messages (and the tools are unchanged), compared *semantically*: JSON tool-call
 arguments are compared parsed (OpenCode re-serialises them as compact JSON), content null/""/[] are
 equal, a list of text parts equals their concatenation, keys with null values are absent. Tool-call
-ids are compared only where both sides have one (they are never rendered into tokens).
+ids are compared only where both sides have one (they are never rendered into tokens). Values are
+compared *type-strictly* (`typed`): Python's `True == 1 == 1.0` would accept a history in which the
+model's `true` became `1` or its `10` became `10.0`, which is not what the model saw; JSON's
+booleans, integers and floats are distinct values here (a harness that re-serialises `10.0` as `10`,
+as JavaScript does, gets a 400 naming the argument rather than a silently different history).
 
 The suffix is what the template renders after the predecessor's completion:
 - the rest of the assistant turn's closing text (e.g. "\n" after "<|im_end|>"; found by rendering
@@ -120,6 +124,33 @@ def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def typed(value: Any) -> Any:
+    """`value` (parsed JSON) in a form whose `==` is type-strict: booleans, integers and floats are
+    tagged with their type (Python's `True == 1 == 1.0`), floats by their repr (so NaN equals NaN)."""
+    if isinstance(value, dict):
+        return {k: typed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [typed(v) for v in value]
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, float):
+        return ("float", repr(value))
+    return value
+
+
+def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two messages are semantically equal (canonical forms, type-strict); tool-call ids are
+    not compared (see first_difference for where they are)."""
+    return typed(canonical_message(a)) == typed(canonical_message(b))
+
+
+def same_tools(a: Any, b: Any) -> bool:
+    """Whether two tool lists are equal as JSON values, type-strictly."""
+    return typed(_canonical_tools(a)) == typed(_canonical_tools(b))
+
+
 def _ids_differ(got: dict[str, Any], expected: dict[str, Any]) -> int | None:
     """Index of the first tool call whose ids are both present and differ."""
     for i, (g, e) in enumerate(
@@ -139,7 +170,7 @@ def first_difference(got: dict[str, Any], expected: dict[str, Any]) -> str | Non
         "tool_calls",
         *sorted((set(a) | set(b)) - {"role", "content", "tool_calls"}),
     ):
-        if a.get(key) != b.get(key):
+        if typed(a.get(key)) != typed(b.get(key)):
             return key
     i = _ids_differ(got, expected)
     return None if i is None else f"tool_calls[{i}].id"
@@ -165,7 +196,7 @@ def check_extension(
     messages: Sequence[dict[str, Any]], tools: Any, pred: Predecessor, response: dict
 ) -> None:
     """Raise UndeclaredDiscontinuityError unless `messages` = pred.messages + response + user/tool msgs."""
-    if _canonical_tools(tools) != _canonical_tools(pred.tools):
+    if not same_tools(tools, pred.tools):
         raise _discontinuity(None, "tools", "the tool list changed")
     expected = [*pred.messages, response]
     for i, want in enumerate(expected):

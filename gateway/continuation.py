@@ -1,15 +1,19 @@
-"""How a chat request relates to its context's head: continue it, retry it, rewrite, or refuse.
+"""How a chat request relates to its context's head: retry it, continue it, rewrite, or refuse.
 
 Given the request's messages and tools, the chat record of the context's head (gateway/records.py)
 and the identity's rewrite mode, in this order:
 
 1. no head (a new context, or every earlier call was discarded)  -> ROOT;
-2. a rewrite the harness declared (x-grove-rewrite)              -> REWRITE (new context, a root);
-3. messages == head's messages + head's response + only new user/tool messages, compared
-   semantically (gateway/chat_render.check_extension)            -> CONTINUE (extends the head);
-4. the head's own prompt messages and tools again: the harness retried or resampled
-                                                                 -> RETRY (discard the head, extend
+2. the head's own prompt messages and tools again: the harness retried or resampled (the OpenAI
+   client re-sends a request after a timeout, headers included)  -> RETRY (discard the head, extend
                                                                     what the head extended);
+   checked before anything else and in every rewrite mode (DESIGN.md section 10): a re-sent
+   `x-grove-rewrite` request, or OpenCode's post-compaction request sent twice, lands in the context
+   the first send opened (the agent's current context now), whose head is the first send's call;
+   discarding it and admitting the retry as that context's root keeps exactly one rewrite;
+3. a rewrite the harness declared (x-grove-rewrite)              -> REWRITE (new context, a root);
+4. messages == head's messages + head's response + only new user/tool messages, compared
+   semantically and type-strictly (gateway/chat_render.check_extension) -> CONTINUE (extends the head);
 5. an adapter recognised a rewrite (OpenCode's post-compaction request, an auxiliary context)
                                                                  -> REWRITE;
 6. otherwise chat_render.UndeclaredDiscontinuityError naming the first differing message index and
@@ -20,13 +24,18 @@ Pure module.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gateway.chat_render import Predecessor, UndeclaredDiscontinuityError, canonical_message, check_extension
+from gateway.chat_render import (
+    Predecessor,
+    UndeclaredDiscontinuityError,
+    check_extension,
+    same_message,
+    same_tools,
+)
 from gateway.identity import RewriteMode
 from gateway.records import ChatRecord
 
@@ -46,19 +55,12 @@ class Decision:
     head: ChatRecord | None  # the context's head record (None for ROOT)
 
 
-def _canonical_tools(tools: Any) -> Any:
-    return json.loads(json.dumps(tools or [], sort_keys=True))
-
-
 def same_prompt(messages: Sequence[dict[str, Any]], tools: Any, record: ChatRecord) -> bool:
     """Whether the request repeats `record`'s prompt (messages and tools), compared semantically."""
     return (
         len(messages) == len(record.messages)
-        and all(
-            canonical_message(a) == canonical_message(b)
-            for a, b in zip(messages, record.messages, strict=True)
-        )
-        and _canonical_tools(tools) == _canonical_tools(record.tools)
+        and all(same_message(a, b) for a, b in zip(messages, record.messages, strict=True))
+        and same_tools(tools, record.tools)
     )
 
 
@@ -68,14 +70,14 @@ def decide(
     """The move for this request (see the module docstring); raises UndeclaredDiscontinuityError."""
     if head is None:
         return Decision(Move.ROOT, None)
+    if same_prompt(messages, tools, head):  # a retry before anything else, whatever the rewrite mode
+        return Decision(Move.RETRY, head)
     if rewrite == RewriteMode.DECLARED:
         return Decision(Move.REWRITE, head)
     predecessor = Predecessor(messages=head.messages, prompt_ids=(), completion_ids=(), tools=head.tools)
     try:
         check_extension(messages, tools, predecessor, head.response)
     except UndeclaredDiscontinuityError:
-        if same_prompt(messages, tools, head):
-            return Decision(Move.RETRY, head)
         if rewrite == RewriteMode.IF_NOT_EXTENSION:
             return Decision(Move.REWRITE, head)
         raise

@@ -30,11 +30,14 @@ def count_states(receipts: Iterable[CallReceipt]) -> dict[CallState, int]:
 
 
 class ContextSummary(BaseModel):
-    """One context as a Temporal query shows it."""
+    """One context as a Temporal query shows it, with its origin links (where it came from and what
+    replaced it), so the tree of agents is readable without the workflow history."""
 
     context_id: str
     agent: str
     origin: ContextOrigin
+    spawned_by_call: str | None = None  # SPAWN: the call (of another agent) whose response spawned it
+    rewrite_of: str | None = None  # REWRITE: the context it replaced
     retired_by: str | None  # the REWRITE context that replaced this one, if any
     head: str | None  # the call a plain continuation must extend now
     counts: dict[CallState, int]

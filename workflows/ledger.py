@@ -718,7 +718,8 @@ class Ledger(BaseModel):
         return account(self.episode_id, self.group_id, self.calls.values(), self.cancelled_at_close)
 
     def summary(self) -> LedgerSummary:
-        """Counts per state per context and in total, plus pending ids (the Temporal query answer)."""
+        """Counts per state per context and in total, pending ids, and each context's origin links
+        (spawned by which call, rewrite of which context, retired by which) (the Temporal query answer)."""
         contexts = []
         for context_id, state in self.contexts.items():
             receipts = [self.calls[c] for c in state.call_ids]
@@ -727,6 +728,8 @@ class Ledger(BaseModel):
                     context_id=context_id,
                     agent=state.record.agent,
                     origin=state.record.origin,
+                    spawned_by_call=state.record.spawned_by_call,
+                    rewrite_of=state.record.rewrite_of,
                     retired_by=state.retired_by,
                     head=self.head(context_id),
                     counts=count_states(receipts),

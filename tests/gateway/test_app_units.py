@@ -4,6 +4,8 @@ records, settings, and the HTTP error mapping (app without its lifespan: nothing
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -282,6 +284,64 @@ def test_decisions_root_retry_rewrite():
     # the same messages with other tools is neither a continuation nor a retry
     with pytest.raises(UndeclaredDiscontinuityError):
         decide([SYSTEM, USER], TOOLS, head, RewriteMode.NONE)
+
+
+@pytest.mark.parametrize("mode", list(RewriteMode))
+def test_a_repeated_request_is_a_retry_in_every_rewrite_mode(mode):
+    """The OpenAI client re-sends a request (headers included) after a timeout: a re-sent
+    `x-grove-rewrite: 1` request, or OpenCode's post-compaction request sent twice, must discard the
+    first response instead of opening a second rewrite and keeping the first one selected."""
+    head = record([SYSTEM, USER], OK)
+    decision = decide([SYSTEM, USER], None, head, mode)
+    assert decision.move == Move.RETRY and decision.head == head
+    # the retry of a rewrite request lands in the rewrite context, whose head is its first call (a root)
+    rewritten = [SYSTEM, {"role": "user", "content": "Summary: read a.txt. Continue."}]
+    first = record(rewritten, OK, call_id="parent.1.c0")
+    assert decide(rewritten, None, first, mode).move == Move.RETRY
+
+
+@pytest.mark.parametrize(
+    ("seen", "sent"),
+    [
+        ('{"path": "a.txt", "recursive": true}', '{"path": "a.txt", "recursive": 1}'),
+        ('{"path": "a.txt", "n": 1}', '{"path": "a.txt", "n": true}'),
+        ('{"path": "a.txt", "n": 10}', '{"path": "a.txt", "n": 10.0}'),
+        ('{"path": "a.txt", "n": 0}', '{"path": "a.txt", "n": false}'),
+        ('{"path": "a.txt", "n": [1, 2.5]}', '{"path": "a.txt", "n": [1.0, 2.5]}'),
+    ],
+)
+def test_history_comparison_is_type_strict(seen, sent):
+    """`true == 1` and `10 == 10.0` in Python; in JSON they are different values, so a history with the
+    model's `true` turned into `1` is not what the model saw: neither a continuation nor a retry."""
+
+    def call(args: str) -> dict:
+        return {"id": "call_x_0", "type": "function", "function": {"name": "read", "arguments": args}}
+
+    response = {"role": "assistant", "content": None, "tool_calls": [call(seen)]}
+    head = record([SYSTEM, USER], response, TOOLS)
+    changed = {"role": "assistant", "content": "", "tool_calls": [call(sent)]}
+    tool = {"role": "tool", "tool_call_id": "call_x_0", "content": "hello"}
+    with pytest.raises(UndeclaredDiscontinuityError) as err:
+        decide([SYSTEM, USER, changed, tool], TOOLS, head, RewriteMode.NONE)
+    assert (err.value.index, err.value.field) == (2, "tool_calls")
+    # the same values re-serialised (spacing, key order) still continue
+    same = {"role": "assistant", "content": "", "tool_calls": [call(json.dumps(json.loads(seen)))]}
+    assert decide([SYSTEM, USER, same, tool], TOOLS, head, RewriteMode.NONE).move == Move.CONTINUE
+    # a repeated prompt whose earlier tool call changed type is not a retry either
+    retry_head = record([SYSTEM, USER, response, tool], OK, TOOLS, call_id="parent.0.c1")
+    with pytest.raises(UndeclaredDiscontinuityError):
+        decide([SYSTEM, USER, changed, tool], TOOLS, retry_head, RewriteMode.NONE)
+
+
+def test_tool_lists_are_compared_type_strictly():
+    strict = [{"type": "function", "function": {"name": "read", "strict": True, "parameters": {}}}]
+    loose = [{"type": "function", "function": {"name": "read", "strict": 1, "parameters": {}}}]
+    head = record([SYSTEM, USER], OK, strict)
+    with pytest.raises(UndeclaredDiscontinuityError) as err:
+        decide([SYSTEM, USER, OK, MORE], loose, head, RewriteMode.NONE)
+    assert err.value.index is None
+    with pytest.raises(UndeclaredDiscontinuityError):
+        decide([SYSTEM, USER], loose, head, RewriteMode.NONE)  # not a retry either
 
 
 MORE = {"role": "user", "content": "more"}

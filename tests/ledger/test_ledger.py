@@ -113,6 +113,23 @@ def test_summary_counts_per_context_and_in_total():
     assert by_ctx["w"].pending == ["w1"] and by_ctx["w"].origin == "spawn"
 
 
+def test_summary_shows_each_contexts_origin_links():
+    """Who spawned a worker and which context a rewrite replaced are in the query answer, not only in
+    the workflow history (issue 10 section 4, issue 15)."""
+    ep = chain()
+    ep.spawn("w", "worker-1", by="c2")
+    ep.rewrite("a2", "parent", of="a")
+    links = {
+        c.context_id: (c.origin, c.spawned_by_call, c.rewrite_of, c.retired_by)
+        for c in ep.ledger.summary().contexts
+    }
+    assert links == {
+        "a": ("root", None, None, "a2"),
+        "w": ("spawn", "c2", None, None),
+        "a2": ("rewrite", None, "a", None),
+    }
+
+
 def test_ledger_round_trips_through_json_and_keeps_working():
     ep = chain()
     ep.spawn("w", "worker-1", by="c2")
