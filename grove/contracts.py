@@ -305,3 +305,4 @@ class RunResult(BaseModel):
     run_id: str
     steps: int
     history: list[StepRecord]
+    cancelled: bool = False  # stopped by a cancel request before its last step; the same run id resumes

@@ -6,11 +6,15 @@ Thin shells: config loading is grove/runconfig.py, talking to Temporal is grove/
     0  ok                     3  invalid run config (file, override or validation)
     1  the run failed         4  run (or step) not found
     2  usage error (typer)    5  Temporal server unreachable
+                              6  the run id exists in a state the request cannot use
+                                 (other config; failed or terminated)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import typer
@@ -22,6 +26,7 @@ EXIT_RUN_FAILED = 1
 EXIT_INVALID_CONFIG = 3
 EXIT_NOT_FOUND = 4
 EXIT_UNREACHABLE = 5
+EXIT_CONFLICT = 6
 
 run_app = typer.Typer(
     help="Start, inspect and stop training runs (RunConfig YAML files; see `grove run schema`).",
@@ -60,3 +65,173 @@ def validate(
         typer.echo(str(err), err=True)
         raise typer.Exit(EXIT_INVALID_CONFIG) from None
     _emit(cfg.model_dump(mode="json"), as_json, cfg.model_dump_json(indent=2))
+
+
+# ------------------------------------------------------------------------------------------ server commands
+
+Address = Annotated[
+    str | None,
+    typer.Option(help="Temporal address (default $GROVE_TEMPORAL_ADDRESS or 127.0.0.1:7233)."),
+]
+Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout (for scripts).")]
+
+
+def _call(as_json: bool, work: Callable[[Any], Awaitable[tuple[Any, str, int]]], address: str | None) -> None:
+    """Connect, run `work(client)` -> (data, text, exit code), print; map typed errors to exit codes."""
+    from grove import runs
+
+    async def main() -> tuple[Any, str, int]:
+        return await work(await runs.open_client(address))
+
+    codes = {
+        runs.RunNotFoundError: EXIT_NOT_FOUND,
+        runs.ServerUnreachableError: EXIT_UNREACHABLE,
+        runs.RunConflictError: EXIT_CONFLICT,
+        runs.RunFailedError: EXIT_RUN_FAILED,
+    }
+    try:
+        data, text, code = asyncio.run(main())
+    except tuple(codes) as err:
+        code = next(c for kind, c in codes.items() if isinstance(err, kind))
+        if as_json:
+            typer.echo(json.dumps({"error": type(err).__name__, "message": str(err)}))
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code) from None
+    _emit(data, as_json, text)
+    raise typer.Exit(code)
+
+
+@run_app.command("start")
+def start(
+    config: str = typer.Argument(..., help="Run config YAML file (see examples/ and `grove run schema`)."),
+    overrides: Overrides = None,
+    wait: bool = typer.Option(False, "--wait", help="Wait for the run to finish and print its steps."),
+    address: Address = None,
+    as_json: Json = False,
+) -> None:
+    """Start a run, or re-attach to / resume the run with the same run_id."""
+    from grove import runs
+
+    try:
+        cfg = runconfig.load_run_config(config, overrides or [])
+    except runconfig.RunConfigError as err:
+        if as_json:
+            typer.echo(json.dumps({"error": type(err).__name__, "message": str(err)}))
+        typer.echo(str(err), err=True)
+        raise typer.Exit(EXIT_INVALID_CONFIG) from None
+
+    async def work(client):
+        out = await runs.start_run(client, cfg)
+        data = out.as_dict()
+        text = f"{out.action} run {out.run_id} at step {out.next_step} of {out.steps}\n  ui: {out.ui}"
+        if wait and out.handle is not None:
+            result = await runs.wait_run(out.handle)
+            data["result"] = result.model_dump(mode="json")
+            text += "\n" + _history_text(result.history) + ("\n  (cancelled)" if result.cancelled else "")
+        return data, text, EXIT_OK
+
+    _call(as_json, work, address)
+
+
+@run_app.command("status")
+def status(
+    run_id: str = typer.Argument(..., help="Run id."), address: Address = None, as_json: Json = False
+) -> None:
+    """Step, last metrics, failed episodes (with reasons) and the UI link of a run."""
+    from grove import runs
+
+    async def work(client):
+        s = await runs.run_status(client, run_id)
+        lines = [
+            f"run {s['run_id']}: {s['run_status'] or '?'} ({s['workflow_status']}), "
+            f"step {s['step']}, {s['steps_done']}/{s['steps'] or '?'} steps done",
+        ]
+        if s["last"]:
+            last = s["last"]
+            metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(last["metrics"].items()))
+            lines.append(
+                f"  last step {last['step']}: mean reward {last['mean_reward']:.4f}, "
+                f"{last['episodes']} episodes ({last['failed_episodes']} failed), "
+                f"version {last['policy_version']}"
+            )
+            if metrics:
+                lines.append(f"    {metrics}")
+        if not s["progress_available"]:
+            lines.append("  (no worker answered the progress query: is `grove worker` running?)")
+        for e in s["failed_episodes"]:
+            lines.append(f"  failed {e['episode_id']}: {e['failure']}")
+        lines.append(f"  ui: {s['ui']}")
+        return s, "\n".join(lines), EXIT_OK
+
+    _call(as_json, work, address)
+
+
+@run_app.command("list")
+def list_(address: Address = None, as_json: Json = False) -> None:
+    """Every run on the server (visibility query on GroveRun), latest execution of each."""
+    from grove import runs
+
+    async def work(client):
+        rows = await runs.list_runs(client)
+        text = "\n".join(
+            f"{r['run_id']:32} {r['run_status'] or '-':10} step {r['step'] or '-':<6} "
+            f"{r['workflow_status']:10} {r['started']}"
+            for r in rows
+        )
+        return rows, text or "no runs", EXIT_OK
+
+    _call(as_json, work, address)
+
+
+@run_app.command("cancel")
+def cancel(
+    run_id: str = typer.Argument(..., help="Run id."), address: Address = None, as_json: Json = False
+) -> None:
+    """Stop a run cleanly: the step in progress finishes, no new step starts (`grove run start` resumes)."""
+    from grove import runs
+
+    async def work(client):
+        out = await runs.cancel_run(client, run_id)
+        if out["requested"]:
+            text = f"cancel requested for {run_id}: step {out['step']} finishes, then the run stops"
+        else:
+            text = f"run {run_id} is {out['workflow_status']}: nothing to cancel"
+        return out, text, EXIT_OK
+
+    _call(as_json, work, address)
+
+
+@run_app.command("episodes")
+def episodes(
+    run_id: str = typer.Argument(..., help="Run id."),
+    step: int = typer.Option(..., "--step", help="The step whose episodes to show (1-based)."),
+    address: Address = None,
+    as_json: Json = False,
+) -> None:
+    """The episodes of one step: ids, status, reward, row counts, failure reasons."""
+    from grove import runs
+
+    async def work(client):
+        rows = await runs.step_episodes(client, run_id, step)
+        text = "\n".join(
+            f"{r['episode_id']:40} {r['status']:8} reward {_num(r['reward'])} rows {_num(r['num_rows'])}"
+            + (f"  {r['failure']}" if r["failure"] else "")
+            for r in rows
+        )
+        return rows, text, EXIT_OK
+
+    _call(as_json, work, address)
+
+
+def _num(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.4f}"
+
+
+def _history_text(history) -> str:
+    return "\n".join(
+        f"  step {r.step}: mean reward {r.mean_reward:.4f}, "
+        f"{r.episodes} episodes ({r.failed_episodes} failed)"
+        for r in history
+    )

@@ -10,6 +10,13 @@ queue: the engine may have served another run, or restarted with the base weight
                                            checkpoint of step N is returned, not recomputed)
   publish_weights activity (inference)     the engine loads version N; later calls report it
 All run state is one RunState, carried whole through continue-as-new every few steps.
+
+Cancel (`grove run cancel`, the `cancel` signal) stops the run cleanly at the next step boundary: the
+step in progress finishes (its episodes settle, its checkpoint commits, its weights are published), no
+new step starts, and the run completes with `RunResult.cancelled` and GroveStatus "cancelled". Starting
+the same run id again resumes at the next step (grove/runs.py). Temporal's own cancellation or
+termination is the hard stop: nothing is half-written either way (checkpoints have COMMIT markers),
+but such a run is closed for good (`grove run start` refuses to resume it under the same id).
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ class TrainingRunWorkflow:
     def __init__(self) -> None:
         self.state: RunState | None = None
         self.current_step = 0
+        self.cancel_requested = False
 
     @workflow.run
     async def run(self, state: RunState) -> RunResult:
@@ -95,7 +103,7 @@ class TrainingRunWorkflow:
         workflow.upsert_search_attributes([RUN.value_set(cfg.run_id), STATUS.value_set("running")])
         # The engine may serve another run's policy, or restarted with the base weights: load ours.
         await self._publish(state.next_step - 1)
-        while state.next_step <= cfg.steps:
+        while state.next_step <= cfg.steps and not self.cancel_requested:
             step = self.current_step = state.next_step
             workflow.upsert_search_attributes([STEP.value_set(step)])
             results = await self._episodes(step)
@@ -103,11 +111,16 @@ class TrainingRunWorkflow:
             await self._publish(train.policy_version)
             state.history.append(_record(step, results, train))
             state.next_step += 1
-            if state.next_step <= cfg.steps and self._should_continue_as_new(step):
+            more = state.next_step <= cfg.steps and not self.cancel_requested
+            if more and self._should_continue_as_new(step):
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(state)
-        workflow.upsert_search_attributes([STATUS.value_set("completed")])
-        return RunResult(run_id=cfg.run_id, steps=len(state.history), history=state.history)
+                if not self.cancel_requested:  # a cancel that came while waiting must not be lost
+                    workflow.continue_as_new(state)
+        cancelled = state.next_step <= cfg.steps  # stopped early: only a cancel request does that
+        workflow.upsert_search_attributes([STATUS.value_set("cancelled" if cancelled else "completed")])
+        return RunResult(
+            run_id=cfg.run_id, steps=len(state.history), history=state.history, cancelled=cancelled
+        )
 
     async def _episodes(self, step: int) -> list[EpisodeResult]:
         assert self.state is not None
@@ -156,6 +169,13 @@ class TrainingRunWorkflow:
         assert self.state is not None
         every = self.state.config.continue_as_new_every
         return step % every == 0 or workflow.info().is_continue_as_new_suggested()
+
+    @workflow.signal(name="cancel")
+    def cancel(self) -> None:
+        """Stop after the step in progress (see the module docstring)."""
+        if not self.cancel_requested:
+            self.cancel_requested = True
+            workflow.upsert_search_attributes([STATUS.value_set("cancelling")])
 
     @workflow.query(name="progress")
     def progress(self) -> RunState | None:
