@@ -10,7 +10,11 @@ Staging (idempotent, deterministic keys):
 1. `staging_key(episode, call)`: the call's CallTokens (trainer/staging_format.py), written last with
    put_if_absent: it is the commit of the call.
 2. `receipt_key(episode, call, sha)`: a small JSON with what the arrays do not hold (policy version,
-   finish reason), keyed by the sha256 of the arrays' bytes and written *before* them.
+   finish reason, the sampling processing the engine sampled with), keyed by the sha256 of the
+   arrays' bytes and written *before* them.
+The result carries that sampling processing (`GenerateResult.sampling`, from the staged receipt, so
+a re-run reports what the staged tokens were really sampled with); the workflow records it in the
+call's receipt and the learner scores the call's tokens under it.
 A re-run of the same call id that finds the arrays staged (an earlier attempt staged, then crashed
 before returning) does not generate again: it verifies the staged prompt equals the prompt it was
 asked for and returns the receipt of what is staged. Two racing attempts cannot mix up their
@@ -34,6 +38,7 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.engine import Generation, PolicyEngine
+from activities.sampling import SamplingProcessing
 from gateway.chat_render import Predecessor, render_chat
 from gateway.toolcalls import parse_tool_calls
 from grove.contracts import GenerateInput, GenerateResult, PromptSpec
@@ -68,6 +73,7 @@ class StagedReceipt(BaseModel):
     call_id: str
     policy_version: int
     finish_reason: str
+    sampling: SamplingProcessing | None = None  # None: staged before sampling was recorded
 
 
 def call_seed(episode_id: str, call_id: str) -> int:
@@ -173,6 +179,7 @@ def _result(
         finish_reason=receipt.finish_reason,
         policy_version=receipt.policy_version,
         reused_staged=reused,
+        sampling=receipt.sampling,
     )
 
 
@@ -210,9 +217,10 @@ def stage(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore, gen: Gen
         call_id=inp.call_id,
         policy_version=gen.policy_version,
         finish_reason=gen.finish_reason,
+        sampling=inp.sampling.processing(),  # what engine.generate was called with, exactly
     )
     rkey = receipt_key(inp.episode_id, inp.call_id, sha256_hex(data))
-    store.put_if_absent(rkey, json.dumps(receipt.model_dump(), sort_keys=True).encode())
+    store.put_if_absent(rkey, json.dumps(receipt.model_dump(mode="json"), sort_keys=True).encode())
     try:
         store.put_if_absent(staging_key(inp.episode_id, inp.call_id), data)
     except DigestMismatchError:

@@ -26,11 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord
 from trainer.forest import EpisodeRef, reconstruct
 from trainer.rows import Row, Span, rows_to_parquet
 from trainer.staging_format import CallTokens, staging_key
 from workflows.ledger import Ledger
+
+SAMPLED = SamplingProcessing(temperature=1.0, top_p=1.0)
 
 EPISODE = EpisodeRef(episode_id="bench", group_id="bench-group")
 VOCAB = 50_000
@@ -66,7 +69,8 @@ class _Builder:
         digests = arrays.digests()
         t = time.perf_counter()
         self.ledger.admit(call_id, ctx, extends=extends, branch=branch)
-        self.ledger.complete(call_id, staging_key(EPISODE.episode_id, call_id), digests, 1, "stop")
+        key = staging_key(EPISODE.episode_id, call_id)
+        self.ledger.complete(call_id, key, digests, 1, "stop", sampling=SAMPLED)
         self.ledger_seconds += time.perf_counter() - t
         self.tokens[call_id] = arrays
         return call_id
@@ -186,7 +190,20 @@ def naive_reconstruct(receipts: list[CallReceipt], tokens: dict[str, CallTokens]
             owned = c in eligible and owner[c] == e
             if owned:
                 mask[start:end], lps[start:end] = True, tokens[c].logprobs
-            spans.append(Span(c, by_id[c].agent, start, end, owned, c in eligible, by_id[c].policy_version))
+            r = by_id[c]
+            spans.append(
+                Span(
+                    c,
+                    r.agent,
+                    start,
+                    end,
+                    owned,
+                    c in eligible,
+                    r.policy_version,
+                    SAMPLED.temperature,
+                    SAMPLED.top_p,
+                )
+            )
         if any(s.owned for s in spans):
             rows.append(
                 Row(

@@ -119,7 +119,7 @@ def demo(
     tasks_per_step: int = typer.Option(2, help="Tasks per step."),
     lr: float = typer.Option(5e-4, help="Learning rate."),
     max_tokens: int = typer.Option(8, help="Max tokens per model call."),
-    temperature: float = typer.Option(0.7, help="Sampling temperature (the learner uses the same)."),
+    temperature: float = typer.Option(0.7, help="Sampling temperature (recorded per call for the learner)."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
     from grove.demo import DemoConfig, main

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from activities.sampling import SamplingConfig
+from activities.sampling import SamplingConfig, SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests
 from trainer.config import LearnerConfig
 
@@ -172,6 +172,9 @@ class GenerateResult(BaseModel):
     finish_reason: str
     policy_version: int
     reused_staged: bool = False  # a retry found this call already staged and returned it
+    # What the engine sampled with (shapes the behaviour logprobs); the ledger records it in the
+    # receipt. None only in results recorded before it existed (replayed histories).
+    sampling: SamplingProcessing | None = None
 
 
 class RewardInput(BaseModel):
@@ -243,6 +246,13 @@ class PublishResult(BaseModel):
 # ------------------------------------------------------------------------------------------ run
 
 
+class SamplingMismatchError(Exception):
+    """A RunConfig whose learner names a temperature/top_p other than its sampling's.
+
+    Not a ValueError on purpose: pydantic re-raises it as itself, so callers can catch it by name.
+    """
+
+
 class RunConfig(BaseModel):
     """One training run. Written as YAML (examples/*.yaml, `grove run schema`) or JSON; unknown keys
     are refused so a misspelt field never silently takes its default."""
@@ -282,6 +292,19 @@ class RunConfig(BaseModel):
         description="task queue of the engine serving this run's policy; runs training at the same "
         "time need their own (grove worker --inference-queue)",
     )
+
+    @model_validator(mode="after")
+    def _learner_agrees_with_sampling(self) -> RunConfig:
+        """learner.temperature/top_p are only a check (trainer/config.py): refuse them if they differ."""
+        for name in ("temperature", "top_p"):
+            learner, sampled = getattr(self.learner, name), getattr(self.sampling, name)
+            if learner is not None and learner != sampled:
+                raise SamplingMismatchError(
+                    f"run {self.run_id!r}: learner.{name}={learner} but sampling.{name}={sampled}; the "
+                    "learner scores each token under the sampling its call was generated with (recorded per "
+                    f"row span); learner.{name} is only a check of it: make them equal or drop it"
+                )
+        return self
 
 
 class StepRecord(BaseModel):

@@ -71,7 +71,7 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
                 harness=HarnessSpec(program="delegation"),
                 sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
                 train_agents=agents,
-                learner=LearnerConfig(lr=cfg.lr, temperature=cfg.temperature, weight_decay=0.0),
+                learner=LearnerConfig(lr=cfg.lr, weight_decay=0.0),
                 inference_queue=f"{queues.INFERENCE}-{run_id}",
             )
         )

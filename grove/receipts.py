@@ -14,6 +14,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from activities.sampling import SamplingProcessing
+
 
 class CallKind(StrEnum):
     """What a call is to the policy."""
@@ -76,6 +78,9 @@ class CallReceipt(BaseModel):
 
     `parent_call_id` is the claimed continuation link (None for a context's root or a branch root);
     the reconstruction verifies it on tokens: prompt starts with parent.prompt + parent.completion.
+    `sampling` is the processing the generate activity actually sampled with (temperature, top_p):
+    the learner scores this call's tokens under it (None until completed; a member without it is
+    refused by the reconstruction).
     """
 
     call_id: str
@@ -88,4 +93,5 @@ class CallReceipt(BaseModel):
     digests: TokenDigests | None = None
     policy_version: int | None = None
     finish_reason: str | None = None
+    sampling: SamplingProcessing | None = None
     note: str | None = None  # why a call ended discarded / cancelled / failed (shown in the UI)

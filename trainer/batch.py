@@ -3,14 +3,16 @@
 1. `validate_rows` fails closed on anything that would silently change an action's weight: a loss
    mask that is not exactly the union of the row's owned eligible spans, an eligible call owned by
    zero or two rows of its episode, spans outside the row, behaviour logprobs that are not finite
-   on loss tokens or not 0 elsewhere.
+   on loss tokens or not 0 elsewhere, a loss span without a sampling processing the learner can
+   mirror (temperature in [1e-2, 100], top_p in (0, 1]).
 2. `unique_eligible_tokens` is the loss denominator: the eligible completion tokens of the valid
    episodes, each call counted once however many rows contain it.
 3. `plan_micro_batches` combines all valid rows of the logical batch first, then cuts them into
    micro-batches of at most `budget` padded tokens and pads each one (padding after combining).
    Rows are ordered by (length descending, row id), so the plan does not depend on input order.
    Right padding is exact without an attention mask: under causal attention a real token never
-   sees the padding that follows it.
+   sees the padding that follows it. Each loss token carries its span's temperature and top_p
+   (per-token arrays, like its behaviour logprob): the learner scores it under them.
 Invalid rows (failed-episode placeholders) carry no loss, are not forwarded and count nowhere.
 """
 
@@ -23,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from trainer.rows import Row
+from activities.sampling import SamplingProcessing
+from trainer.rows import Row, Span
 
 
 class RowShapeError(ValueError):
@@ -46,6 +49,22 @@ class BehaviorLogprobError(ValueError):
     """Behaviour logprobs not finite and <= 0 on loss tokens, or not 0 off them."""
 
 
+class SpanSamplingError(ValueError):
+    """A loss span without a sampling processing (temperature, top_p) the learner can mirror."""
+
+
+def _check_span_sampling(row: Row, s: Span) -> None:
+    try:
+        SamplingProcessing(temperature=s.temperature, top_p=s.top_p)
+    except (ValueError, TypeError) as err:  # pydantic's ValidationError is a ValueError
+        raise SpanSamplingError(
+            f"row {row.row_id!r}: loss span of call {s.call_id!r} has temperature={s.temperature} "
+            f"top_p={s.top_p}; the learner scores a token only under the processing it was sampled "
+            "with (temperature in [1e-2, 100], top_p in (0, 1]); rebuild the rows from receipts that "
+            "record their sampling"
+        ) from err
+
+
 def _check_row(row: Row) -> None:
     t = len(row.input_ids)
     if t == 0 or len(row.loss_mask) != t or len(row.behavior_logprobs) != t:
@@ -62,6 +81,7 @@ def _check_row(row: Row) -> None:
             )
         if s.owned and s.eligible:
             expected[s.start : s.end] = True
+            _check_span_sampling(row, s)
     mask = np.asarray(row.loss_mask, dtype=bool)
     if not np.array_equal(mask, expected):
         first = int(np.flatnonzero(mask != expected)[0])
@@ -140,6 +160,8 @@ class MicroBatch:
     loss_positions: Tensor  # int64 [N], position t of each loss token (scored by the logits at t-1)
     behavior_logprobs: Tensor  # float32 [N]
     advantages: Tensor  # float64 [N]; the learner casts to the logprobs' dtype
+    temperature: Tensor  # float64 [N], the sampling temperature of each loss token's span
+    top_p: Tensor  # float64 [N], the sampling top-p of each loss token's span
     row_ids: tuple[str, ...]  # [B]
     real_tokens: int  # sum of unpadded row lengths
 
@@ -154,12 +176,18 @@ def _collate(rows: Sequence[Row], advantages: Mapping[str, float]) -> MicroBatch
     mask = np.zeros((len(rows), width), dtype=bool)
     blp = np.zeros((len(rows), width), dtype=np.float32)
     adv = np.zeros((len(rows), width), dtype=np.float64)
+    temp = np.ones((len(rows), width), dtype=np.float64)
+    top_p = np.ones((len(rows), width), dtype=np.float64)
     for b, row in enumerate(rows):
         t = len(row.input_ids)
         ids[b, :t] = row.input_ids
         mask[b, :t] = row.loss_mask
         blp[b, :t] = row.behavior_logprobs
         adv[b, :t] = advantages[row.episode_id]
+        for s in row.spans:
+            if s.owned and s.eligible:  # exactly the loss tokens (validate_rows checked the mask)
+                temp[b, s.start : s.end] = s.temperature
+                top_p[b, s.start : s.end] = s.top_p
     loss_rows, loss_positions = np.nonzero(mask)  # row-major
     return MicroBatch(
         input_ids=torch.from_numpy(ids),
@@ -167,6 +195,8 @@ def _collate(rows: Sequence[Row], advantages: Mapping[str, float]) -> MicroBatch
         loss_positions=torch.from_numpy(loss_positions.astype(np.int64)),
         behavior_logprobs=torch.from_numpy(blp[mask]),
         advantages=torch.from_numpy(adv[mask]),
+        temperature=torch.from_numpy(temp[mask]),
+        top_p=torch.from_numpy(top_p[mask]),
         row_ids=tuple(r.row_id for r in rows),
         real_tokens=sum(len(r.input_ids) for r in rows),
     )

@@ -3,6 +3,12 @@
 Every number that changes what an optimizer step computes lives here, so a checkpoint can refuse a
 run whose configuration differs (`fingerprint()`). Counts are in *logical rollouts* (episodes), never
 in physical rows: how an episode is cut into rows must not change the schedule.
+
+The learner has no sampling settings of its own: it scores each token under the temperature/top_p
+its own call was sampled with (recorded per span in the rows). `temperature`/`top_p` remain only as
+an optional, documented check: when set, RunConfig refuses a `sampling` that differs from them
+(grove/contracts.py SamplingMismatchError); the learner never reads them. They stay so configs and
+workflow histories written before per-span sampling still load (they carry 1.0/1.0).
 """
 
 from __future__ import annotations
@@ -44,9 +50,14 @@ class LearnerConfig(BaseModel):
     # KL penalty to a frozen reference model (k3 estimator); 0 disables it and loads no reference
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the frozen base model (k3); 0: off")
 
-    # sampler processing the behaviour logprobs were recorded with (vLLM processed_logprobs)
-    temperature: float = Field(1.0, gt=0, description="temperature the behaviour logprobs were sampled at")
-    top_p: float = Field(1.0, gt=0, le=1, description="top_p the behaviour logprobs were sampled at")
+    # NOT used for scoring (each token is scored under its span's recorded sampling). Optional check
+    # only: when set, RunConfig requires sampling.temperature/top_p to equal them.
+    temperature: float | None = Field(
+        None, gt=0, description="optional check: must equal sampling.temperature; never used for scoring"
+    )
+    top_p: float | None = Field(
+        None, gt=0, le=1, description="optional check: must equal sampling.top_p; never used for scoring"
+    )
 
     # GRPO advantages
     adv_std_scaling: bool = Field(True, description="divide advantages by the group std; false: A = r - mean")

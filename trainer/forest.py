@@ -15,7 +15,9 @@ Rules (DESIGN.md section 6):
   the parent agent only (`train_agents="parent_only"`, the parent-only baseline). Each eligible call is
   owned by exactly one row (trainer/ownership.py: first endpoint in canonical order among its
   descendants). `loss_mask` is True only on owned eligible completion tokens, `behavior_logprobs` are
-  the staged logprobs there and 0 elsewhere. Everything else — prompts, observations (tool results,
+  the staged logprobs there and 0 elsewhere. Every span carries its call's sampling processing
+  (temperature, top_p from the receipt; a member without it is `MissingSamplingError`): the learner
+  scores the span's tokens under it. Everything else — prompts, observations (tool results,
   worker answers, user turns, summaries), other rows' completions — is conditioning with mask 0.
 - An endpoint whose row would own no eligible call (an auxiliary leaf, a worker under "parent_only")
   produces no row: it would carry no loss. The accounting lists it under `endpoints_without_loss`.
@@ -68,6 +70,10 @@ class UnsettledCallError(ForestError):
 
 class InconsistentReceiptError(ForestError):
     """A member receipt without digests/policy version, or whose state contradicts its kind."""
+
+
+class MissingSamplingError(InconsistentReceiptError):
+    """A member receipt without the sampling processing it was generated with (temperature, top_p)."""
 
 
 class MissingTokensError(ForestError):
@@ -195,6 +201,15 @@ def _check_member(episode_id: str, r: CallReceipt) -> None:
             f"{'set' if r.digests else 'missing'} and policy version {r.policy_version}",
             "selected actions / auxiliary auxiliaries, with digests and a policy version",
             "rebuild the receipts from the closed ledger",
+        )
+    if r.sampling is None:
+        raise MissingSamplingError(
+            episode_id,
+            [r.call_id],
+            f"receipt of {r.call_id!r} records no sampling processing (temperature, top_p)",
+            "every used call completed with the sampling its generate activity returned "
+            "(GenerateResult.sampling -> ledger.complete(..., sampling=...))",
+            "re-run the episode: without it the learner cannot score the call's tokens as they were sampled",
         )
     if r.digests.prompt_len == 0:
         raise EmptyPromptError(
@@ -346,8 +361,19 @@ def _row(
         if owned:
             loss_mask[start:end] = True
             logprobs[start:end] = tokens[call_id].logprobs
+        sampled = receipt.sampling  # _check_member guarantees it
         spans.append(
-            Span(call_id, receipt.agent, start, end, owned, call_id in eligible, receipt.policy_version)
+            Span(
+                call_id,
+                receipt.agent,
+                start,
+                end,
+                owned,
+                call_id in eligible,
+                receipt.policy_version,
+                temperature=sampled.temperature,
+                top_p=sampled.top_p,
+            )  # fmt: skip
         )
     return Row(
         row_id=f"{episode.episode_id}#{endpoint}",

@@ -7,7 +7,11 @@ Which GRPO this is (DESIGN.md section 7):
   (trainer/loss.py), normalised by the unique eligible tokens of the logical batch (DAPO-style
   token-level normalisation; the row cut never changes an action's weight).
 - Logprobs are sampler-processed (temperature, top-p) like vLLM's processed_logprobs
-  (trainer/logprobs.py), so the ratio is 1 on-policy.
+  (trainer/logprobs.py), each token under the processing of the span (call) it belongs to, as
+  recorded in its receipt when it was sampled (rows.py span temperature/top_p, per-token arrays of
+  the micro-batch). There is no run-wide learner temperature: calls of one episode may sample at
+  different temperatures (gateway overrides) and each is scored as it was sampled, so the ratio is
+  1 on-policy for every token.
 - Dropout is off (eval mode): behaviour logprobs were sampled without it.
 - Step counter, policy version and LR schedule count optimizer steps and logical rollouts, never rows.
 - CPU: float32 everywhere. CUDA: bf16 autocast for the forward, float32 master weights, fused AdamW.
@@ -128,14 +132,17 @@ def _autocast(device: torch.device):
 
 
 def score_tokens(model: nn.Module, mb: MicroBatch, config: LearnerConfig, device: torch.device) -> Tensor:
-    """Sampler-processed logprobs of the micro-batch's loss tokens: float32 [N]."""
+    """Sampler-processed logprobs of the micro-batch's loss tokens, each under its span's sampling: [N]."""
     ids = mb.input_ids.to(device)  # [B, T]
     with _autocast(device):
         logits = model(input_ids=ids, use_cache=False).logits  # [B, T, V]
     rows, pos = mb.loss_rows.to(device), mb.loss_positions.to(device)  # [N], [N]
     # Token t was sampled from the distribution at t-1 (rows.py position convention).
     return processed_logprobs(
-        logits[rows, pos - 1], ids[rows, pos], temperature=config.temperature, top_p=config.top_p
+        logits[rows, pos - 1],
+        ids[rows, pos],
+        temperature=mb.temperature.to(device),
+        top_p=mb.top_p.to(device),
     )
 
 

@@ -14,12 +14,17 @@ Columns (one Parquet record per row; list columns hold the per-token arrays):
 | loss_mask         | list<bool>     | [T] True only on completion tokens of eligible calls owned here |
 | behavior_logprobs | list<float32>  | [T] sampling logprobs on loss positions; 0 where loss_mask is False |
 | spans             | list<struct>   | per call on the path: call_id, agent, start, end (where its |
-|                   |                | completion is in input_ids), owned, eligible, policy_version |
+|                   |                | completion is in input_ids), owned, eligible, policy_version, |
+|                   |                | temperature, top_p (float64: the sampling processing the call |
+|                   |                | was generated with; the learner scores the span under it) |
 | reward            | float64        | the owner episode's reward (same value on all its rows) |
 | valid             | bool           | False: a failed episode's placeholder row (no loss; keeps its group) |
 
 Position convention: the token at position t was sampled given input_ids[:t], so the learner scores
 position t with the logits at t-1. A completion span therefore never starts at 0.
+
+Rows Parquet written before spans carried temperature/top_p cannot be scored faithfully (nobody knows
+what they were sampled with): reading one raises `SpanSamplingColumnsError`; re-materialize it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+
+class SpanSamplingColumnsError(ValueError):
+    """A rows table whose span struct lacks the per-span sampling fields (temperature, top_p)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,13 @@ class Span:
     owned: bool  # this row carries the loss of the call (exactly one row per eligible call)
     eligible: bool  # selected action call that the run trains (agent filter, auxiliary option)
     policy_version: int
+    # Sampling processing of the call (grove/receipts.py CallReceipt.sampling); None only in spans
+    # built by hand: the learner refuses to score a loss span without it (trainer/batch.py).
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+SPAN_SAMPLING_FIELDS = ("temperature", "top_p")
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,8 @@ SPAN_TYPE = pa.struct(
         ("owned", pa.bool_()),
         ("eligible", pa.bool_()),
         ("policy_version", pa.int64()),
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
     ]
 )
 
@@ -109,8 +127,21 @@ def rows_to_table(rows: list[Row]) -> pa.Table:
     )
 
 
+def _check_span_fields(table: pa.Table) -> None:
+    span_type = table.schema.field("spans").type.value_type
+    missing = [f for f in SPAN_SAMPLING_FIELDS if span_type.get_field_index(f) < 0]
+    if missing:
+        raise SpanSamplingColumnsError(
+            f"this rows table's spans have no {missing} fields: it was written before grove recorded "
+            "each call's sampling processing, so its tokens cannot be scored as they were sampled; "
+            "re-materialize the episode (or re-run it) with this version"
+        )
+
+
 def table_to_rows(table: pa.Table) -> list[Row]:
-    """Arrow table (ROW_SCHEMA) -> rows."""
+    """Arrow table (ROW_SCHEMA) -> rows; SpanSamplingColumnsError for tables without span sampling."""
+    if table.num_rows:
+        _check_span_fields(table)
     cols = table.to_pydict()
     return [
         Row(

@@ -188,8 +188,9 @@ class EpisodeWorkflow:
                 ) from err  # fmt: skip
             try:
                 self.ledger.complete(
-                    call_id, result.staging_key, result.digests, result.policy_version, result.finish_reason
-                )
+                    call_id, result.staging_key, result.digests, result.policy_version, result.finish_reason,
+                    sampling=result.sampling,
+                )  # fmt: skip
             except LedgerError as err:
                 raise _ledger_failure(err) from err
             return CallResult(

@@ -34,6 +34,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
+from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord, TokenDigests
 from workflows.accounting import (
     ContextSummary,
@@ -557,6 +558,7 @@ class Ledger(BaseModel):
         digests: TokenDigests,
         policy_version: int,
         finish_reason: str | None = None,
+        sampling: SamplingProcessing | None = None,
     ) -> bool:
         """Raise complete's error without mutating; returns False when complete would be a no-op."""
         receipt = self.call(call_id)
@@ -567,6 +569,7 @@ class Ledger(BaseModel):
                 digests=digests,
                 policy_version=policy_version,
                 finish_reason=finish_reason,
+                sampling=sampling,
             )
         )
         if receipt.state == CallState.COMPLETED and receipt != done:
@@ -607,9 +610,14 @@ class Ledger(BaseModel):
         digests: TokenDigests,
         policy_version: int,
         finish_reason: str | None = None,
+        sampling: SamplingProcessing | None = None,
     ) -> CallReceipt:
-        """Record the generation receipt of an admitted call (state COMPLETED)."""
-        if self.validate_complete(call_id, staging_key, digests, policy_version, finish_reason):
+        """Record the generation receipt of an admitted call (state COMPLETED).
+
+        `sampling` is what the generate activity sampled with (its GenerateResult.sampling); the
+        reconstruction refuses a trained call completed without it.
+        """
+        if self.validate_complete(call_id, staging_key, digests, policy_version, finish_reason, sampling):
             self.calls[call_id] = self.calls[call_id].model_copy(
                 update=dict(
                     state=CallState.COMPLETED,
@@ -617,6 +625,7 @@ class Ledger(BaseModel):
                     digests=digests,
                     policy_version=policy_version,
                     finish_reason=finish_reason,
+                    sampling=sampling,
                 )
             )
         return self.calls[call_id]

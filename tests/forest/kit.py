@@ -6,11 +6,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, ContextOrigin, ContextRecord
 from trainer.forest import EpisodeRef, Reconstruction, ReconstructionOptions, reconstruct
 from trainer.staging_format import CallTokens, staging_key
 from workflows.accounting import LedgerAccounting
 from workflows.ledger import Ledger
+
+# What the test calls were "sampled" with (the generate activity reports it; the kit stands in for it).
+SAMPLED = SamplingProcessing(temperature=1.0, top_p=1.0)
 
 
 def tokens(prompt: list[int], completion: list[int], logprobs: list[float]) -> CallTokens:
@@ -53,19 +57,23 @@ class Episode:
     ) -> CallReceipt:
         return self.ledger.admit(call_id, context_id, kind=kind, extends=extends, branch=branch)
 
-    def complete(self, call_id: str, arrays: CallTokens, version: int = 1) -> CallReceipt:
+    def complete(
+        self, call_id: str, arrays: CallTokens, version: int = 1, sampling: SamplingProcessing = SAMPLED
+    ) -> CallReceipt:
         self.staged[call_id] = arrays
         return self.ledger.complete(
-            call_id, staging_key(self.episode_id, call_id), arrays.digests(), version, finish_reason="stop"
-        )
+            call_id, staging_key(self.episode_id, call_id), arrays.digests(), version, finish_reason="stop",
+            sampling=sampling,
+        )  # fmt: skip
 
     def call(
         self, call_id: str, context_id: str, arrays: CallTokens, extends: str | None = None, **kw
     ) -> None:
         """Admit and complete in one go (no overlap with other calls of the context)."""
         version = kw.pop("version", 1)
+        sampling = kw.pop("sampling", SAMPLED)
         self.admit(call_id, context_id, extends, **kw)
-        self.complete(call_id, arrays, version)
+        self.complete(call_id, arrays, version, sampling)
 
     def close(self, cancel_outstanding: bool = False) -> LedgerAccounting:
         return self.ledger.close(cancel_outstanding=cancel_outstanding)

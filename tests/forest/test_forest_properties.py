@@ -16,11 +16,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import rows_to_parquet
 from trainer.staging_format import CallTokens, staging_key
 from workflows.ledger import Ledger
+
+SAMPLED = SamplingProcessing(temperature=1.0, top_p=1.0)
 
 OUTCOMES = ("selected", "discarded", "failed", "cancelled", "outstanding")
 
@@ -166,7 +169,8 @@ def play(spec: Spec, seed: int) -> Ledger:
             ledger.admit(item.call_id, item.context_id, kind=item.kind, extends=item.parent, branch=branch)
         elif kind == "complete":
             a = arrays(item)
-            ledger.complete(item.call_id, staging_key("ep", item.call_id), a.digests(), 7, "stop")
+            key = staging_key("ep", item.call_id)
+            ledger.complete(item.call_id, key, a.digests(), 7, "stop", sampling=SAMPLED)
         elif kind == "discard":
             ledger.discard(item.call_id, "retry")
         elif kind == "fail":

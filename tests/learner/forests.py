@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, CallState
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import Row
@@ -35,6 +36,8 @@ class Call:
     logprobs: np.ndarray  # float32 [C], behaviour logprobs
     selected: bool = True
     kind: str = "action"  # or "auxiliary"
+    temperature: float = 1.0  # the sampling processing the call was "generated" with
+    top_p: float = 1.0
 
     @property
     def eligible(self) -> bool:
@@ -142,6 +145,7 @@ def _receipt(c: Call, tokens: CallTokens) -> CallReceipt:
         state=state,
         digests=tokens.digests(),
         policy_version=0,
+        sampling=SamplingProcessing(temperature=c.temperature, top_p=c.top_p),
     )
 
 
@@ -163,6 +167,21 @@ def rows_from_calls(ep: Episode, *, parent_only: bool = False) -> list[Row]:
         reward=ep.reward,
     ).rows
     return rows if ep.valid else [dataclasses.replace(r, valid=False) for r in rows]
+
+
+def with_mixed_sampling(
+    episodes: list[Episode], settings: list[tuple[float, float]], seed: int
+) -> list[Episode]:
+    """The same episodes, each call given a (temperature, top_p) drawn from `settings` (own rng)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for ep in episodes:
+        calls = []
+        for c in ep.calls:
+            t, p = settings[int(rng.integers(len(settings)))]
+            calls.append(dataclasses.replace(c, temperature=t, top_p=p))
+        out.append(dataclasses.replace(ep, calls=calls))
+    return out
 
 
 def random_batch(

@@ -33,7 +33,7 @@ def make_row(row_id, episode, length, spans, *, valid=True) -> Row:
     blp = np.where(mask, -0.5, 0.0).astype(np.float32)
     return Row(
         row_id, episode, "g", np.arange(length, dtype=np.int32) + 3, mask, blp,
-        tuple(Span(c, "parent", s, e, o, el, 0) for c, s, e, o, el in spans), 1.0, valid,
+        tuple(Span(c, "parent", s, e, o, el, 0, 1.0, 1.0) for c, s, e, o, el in spans), 1.0, valid,
     )  # fmt: skip
 
 

@@ -3,9 +3,11 @@
 Reference (written here, sharing no code with trainer/): every eligible call is scored alone, its
 own prompt as context and its own completion as action, one sequence at a time, with a top-p mask
 computed the other way round (descending sort, exclusive cumulative mass < top_p) and advantages
-computed from the episodes' rewards by the textbook formula. Loss and every parameter's gradient
-must agree to <= 1e-6 relative in float32. Then three injected bugs (double-owned action, wrong
-denominator, shifted mask) must each break the agreement, so the comparison can fail.
+computed from the episodes' rewards by the textbook formula. Each call is scored under its own
+temperature/top_p (the sampling it was generated with; calls of one batch, even of one episode, may
+differ). Loss and every parameter's gradient must agree to <= 1e-6 relative in float32. Then three
+injected bugs (double-owned action, wrong denominator, shifted mask) must each break the agreement,
+so the comparison can fail.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.learner.forests import Call, Episode, random_batch, rows_from_calls
+from tests.learner.forests import Call, Episode, random_batch, rows_from_calls, with_mixed_sampling
 from trainer.batch import OwnershipError, plan_micro_batches, validate_rows
 from trainer.config import LearnerConfig
 from trainer.learner import accumulate_gradients, load_policy, prepare_batch
@@ -72,7 +74,7 @@ def per_call_reference(model, episodes: list[Episode], cfg: LearnerConfig, refer
         seq = torch.from_numpy(np.concatenate([c.prompt, c.completion]).astype(np.int64))[None]
         p, n = c.prompt.size, c.completion.size
         target = torch.from_numpy(c.completion.astype(np.int64))
-        logp = ref_logprobs(model(seq).logits[0, p - 1 : p - 1 + n], target, cfg.temperature, cfg.top_p)
+        logp = ref_logprobs(model(seq).logits[0, p - 1 : p - 1 + n], target, c.temperature, c.top_p)
         ratio = torch.exp(logp - torch.from_numpy(c.logprobs))
         a = adv[ep.episode_id]
         surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - cfg.clip_low, 1 + cfg.clip_high) * a)
@@ -80,7 +82,7 @@ def per_call_reference(model, episodes: list[Episode], cfg: LearnerConfig, refer
         if cfg.kl_coef:
             with torch.no_grad():
                 ref = ref_logprobs(
-                    reference(seq).logits[0, p - 1 : p - 1 + n], target, cfg.temperature, cfg.top_p
+                    reference(seq).logits[0, p - 1 : p - 1 + n], target, c.temperature, c.top_p
                 )
             per_token = per_token + cfg.kl_coef * (torch.exp(ref - logp) - (ref - logp) - 1)
         loss = per_token.sum() / denominator
@@ -188,25 +190,62 @@ def test_controlled_episode_matches_per_call_reference(policy):
     assert worst_relative(loss, grads, ref_loss, ref_grads) <= REL_TOL
 
 
+# Per-call sampling settings mixed inside one batch (and inside episodes): the gateway lets every
+# request choose its temperature/top_p.
+MIXED = [(1.0, 1.0), (0.5, 1.0), (0.7, 0.9), (1.3, 0.8), (0.5, 0.95)]
+
+
 @pytest.mark.parametrize(
-    "seed, knobs",
+    "seed, knobs, settings",
     [
-        (1, {}),
-        (2, {"adv_std_scaling": False, "micro_batch_tokens": 1}),
-        (3, {"temperature": 0.7, "top_p": 0.9, "clip_low": 0.1, "clip_high": 0.3}),
-        (4, {"micro_batch_tokens": 100_000}),
+        (1, {}, None),
+        (2, {"adv_std_scaling": False, "micro_batch_tokens": 1}, MIXED),
+        (3, {"clip_low": 0.1, "clip_high": 0.3}, [(0.7, 0.9)]),
+        (4, {"micro_batch_tokens": 100_000}, MIXED),
+        (7, {"micro_batch_tokens": 64}, MIXED),
     ],
 )
-def test_random_forests_match_per_call_reference(policy, seed, knobs):
+def test_random_forests_match_per_call_reference(policy, seed, knobs, settings):
     episodes = random_batch(seed, vocab=policy.config.vocab_size, groups=2, group_size=3, size=4)
+    if settings is not None:
+        episodes = with_mixed_sampling(episodes, settings, seed)
     cfg = LearnerConfig(**knobs)
     loss, grads = learner_loss(policy, rows_of(episodes), cfg)
     ref_loss, ref_grads = per_call_reference(policy, episodes, cfg)
     assert worst_relative(loss, grads, ref_loss, ref_grads) <= REL_TOL
 
 
+def test_mixed_sampling_batch_is_scored_per_span_not_per_run(policy):
+    """Calls sampled at different temperatures/top-p in one episode: each is scored under its own.
+
+    The learner agrees with the per-call reference, and disagrees with a reference that scores every
+    call under one run-wide setting (what a single learner temperature would compute), so the
+    agreement is not an accident of the settings being irrelevant.
+    """
+    episodes = with_mixed_sampling(
+        random_batch(11, vocab=policy.config.vocab_size, groups=2, group_size=3, size=4), MIXED, 11
+    )
+    per_episode = [{(c.temperature, c.top_p) for c in ep.calls if c.eligible} for ep in episodes]
+    assert max(len(s) for s in per_episode) >= 3, "needs several settings inside one episode"
+    cfg = LearnerConfig(micro_batch_tokens=96)
+    loss, grads = learner_loss(policy, rows_of(episodes), cfg)
+    ref_loss, ref_grads = per_call_reference(policy, episodes, cfg)
+    assert worst_relative(loss, grads, ref_loss, ref_grads) <= REL_TOL
+    one_setting = [
+        dataclasses.replace(ep, calls=[dataclasses.replace(c, temperature=1.0, top_p=1.0) for c in ep.calls])
+        for ep in episodes
+    ]
+    run_wide_loss, run_wide_grads = per_call_reference(policy, one_setting, cfg)
+    assert worst_relative(loss, grads, run_wide_loss, run_wide_grads) > 1e-3
+
+
 def test_kl_to_reference_matches_per_call_reference(policy, frozen_reference):
-    episodes = random_batch(5, vocab=policy.config.vocab_size, groups=2, group_size=2, size=3)
+    episodes = with_mixed_sampling(
+        # top_p 1 only: random tokens outside a top-p set have logprob -inf, and the KL term of -inf is NaN
+        random_batch(5, vocab=policy.config.vocab_size, groups=2, group_size=2, size=3),
+        [(1.0, 1.0), (0.5, 1.0), (1.3, 1.0)],
+        5,
+    )
     cfg = LearnerConfig(kl_coef=0.5, micro_batch_tokens=128)
     loss, grads = learner_loss(policy, rows_of(episodes), cfg, frozen_reference)
     ref_loss, ref_grads = per_call_reference(policy, episodes, cfg, frozen_reference)
