@@ -26,7 +26,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from grove.contracts import RunConfig
+from activities.sampling import UnmirrorableSamplingError
+from grove.contracts import RunConfig, SamplingMismatchError
 
 
 class RunConfigError(ValueError):
@@ -120,7 +121,8 @@ def validate_run_config(data: dict[str, Any], source: str = "<mapping>") -> RunC
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigValidationError(source, [_issue(e) for e in err.errors()]) from err
-    except (ValueError, TypeError, KeyError) as err:  # a validator's own typed error, re-raised by pydantic
+    # a validator's own typed error, re-raised by pydantic
+    except (ValueError, TypeError, KeyError, SamplingMismatchError, UnmirrorableSamplingError) as err:
         raise ConfigValidationError(source, [("(config)", "", str(err))]) from err
 
 

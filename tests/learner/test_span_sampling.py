@@ -146,3 +146,14 @@ def test_sampling_that_the_learner_cannot_mirror_is_refused_by_name(name, value)
         SamplingConfig.model_validate({name: value})
     with pytest.raises(UnmirrorableSamplingError, match=name):
         RunConfig.model_validate({"run_id": "r", "sampling": {"temperature": 0.5, name: value}})
+
+
+def test_run_config_files_report_the_sampling_refusals_as_config_errors():
+    from grove.runconfig import ConfigValidationError, validate_run_config
+
+    with pytest.raises(ConfigValidationError, match=r"learner.temperature=1.0 but sampling.temperature=0.7"):
+        validate_run_config(
+            {"run_id": "r", "sampling": {"temperature": 0.7}, "learner": {"temperature": 1.0}}
+        )
+    with pytest.raises(ConfigValidationError, match="top_k=40"):
+        validate_run_config({"run_id": "r", "sampling": {"top_k": 40}})
