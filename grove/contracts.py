@@ -150,6 +150,8 @@ class EpisodeResult(BaseModel):
     eligible_tokens: int
     counts: dict[str, int]  # calls per terminal state
     failure: str | None = None
+    # the reward's components as the task family's scorer reports them (delegation: parent, workers)
+    reward_details: dict[str, float] = Field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------ activities
@@ -314,6 +316,8 @@ class StepRecord(BaseModel):
     failed_episodes: int
     policy_version: int
     metrics: dict[str, float] = Field(default_factory=dict)
+    # mean over the step's ok episodes of each reward component (EpisodeResult.reward_details)
+    reward_components: dict[str, float] = Field(default_factory=dict)
 
 
 class RunState(BaseModel):

@@ -5,8 +5,10 @@ parent-only baseline, on the real stack (Temporal dev server with its UI, vLLM, 
 
 Both runs train at the same time, each with its own inference engine (one engine holds one policy).
 Progress bars show step, mean reward and episodes; metrics go to runs/<name>/metrics.csv and the
-plot to runs/<name>/reward.png. Ctrl-C stops the workers and leaves the Temporal server and the runs
-where they are; running the same command again re-attaches to the same workflows and resumes them.
+plot to runs/<name>/reward.png (per run: raw mean reward per step and its trailing mean; beside it the
+reward's components, delegation's parent and workers, per run). Ctrl-C stops the workers and leaves
+the Temporal server and the runs where they are; running the same command again re-attaches to the
+same workflows and resumes them.
 """
 
 from __future__ import annotations
@@ -115,30 +117,73 @@ async def history_of(handle) -> tuple[list[StepRecord], bool]:
 
 def write_metrics(path: Path, histories: dict[str, list[StepRecord]]) -> None:
     keys = sorted({k for h in histories.values() for r in h for k in r.metrics})
+    parts = sorted({k for h in histories.values() for r in h for k in r.reward_components})
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "step", "mean_reward", "episodes", "failed_episodes", "policy_version", *keys])
+        w.writerow(["run", "step", "mean_reward", "episodes", "failed_episodes", "policy_version", *keys,
+                    *(f"reward/{k}" for k in parts)])  # fmt: skip
         for run_id, history in histories.items():
             for r in history:
                 w.writerow([run_id, r.step, f"{r.mean_reward:.6f}", r.episodes, r.failed_episodes,
-                            r.policy_version, *(r.metrics.get(k, "") for k in keys)])  # fmt: skip
+                            r.policy_version, *(r.metrics.get(k, "") for k in keys),
+                            *(r.reward_components.get(k, "") for k in parts)])  # fmt: skip
 
 
-def plot(path: Path, histories: dict[str, list[StepRecord]], title: str) -> None:
+SMOOTH_WINDOW = 5
+
+
+def smooth(values: list[float], window: int = SMOOTH_WINDOW) -> list[float]:
+    """Trailing mean of the last `window` values: step N's point uses steps <= N only (no look-ahead,
+    so the curve never shows a gain before it happened)."""
+    return [
+        sum(values[max(0, i + 1 - window) : i + 1]) / (i + 1 - max(0, i + 1 - window))
+        for i in range(len(values))
+    ]
+
+
+def reward_figure(histories: dict[str, list[StepRecord]], title: str):
+    """Left: each run's mean reward per step (raw points) and its trailing mean. Right (when the task's
+    reward reports components, e.g. delegation's parent and workers): each component, smoothed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run_id, history in histories.items():
-        ax.plot([r.step for r in history], [r.mean_reward for r in history], marker=".", label=run_id)
+    parts = sorted({k for h in histories.values() for r in h for k in r.reward_components})
+    fig, axes = plt.subplots(1, 2 if parts else 1, figsize=(13 if parts else 7, 4.2), squeeze=False)
+    ax = axes[0][0]
+    for i, (run_id, history) in enumerate(histories.items()):
+        steps, raw = [r.step for r in history], [r.mean_reward for r in history]
+        ax.plot(steps, raw, ".", color=f"C{i}", alpha=0.35, label=f"{run_id} (per step)")
+        ax.plot(steps, smooth(raw), "-", color=f"C{i}", label=f"{run_id} (mean of last {SMOOTH_WINDOW})")
+    _decorate(ax, title, "mean reward (train)")
+    if parts:
+        ax = axes[0][1]
+        styles = ["-", "--", ":", "-."]
+        for i, (run_id, history) in enumerate(histories.items()):
+            for j, part in enumerate(parts):
+                points = [(r.step, r.reward_components[part]) for r in history if part in r.reward_components]
+                if points:
+                    steps, values = zip(*points, strict=True)
+                    ax.plot(steps, smooth(list(values)), styles[j % len(styles)], color=f"C{i}",
+                            label=f"{run_id}: {part}")  # fmt: skip
+        _decorate(ax, f"reward components (mean of last {SMOOTH_WINDOW})", "component reward")
+    fig.tight_layout()
+    return fig
+
+
+def _decorate(ax, title: str, ylabel: str) -> None:
     ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    ax.legend(fontsize=8)
+
+
+def plot(path: Path, histories: dict[str, list[StepRecord]], title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = reward_figure(histories, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

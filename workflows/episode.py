@@ -81,6 +81,7 @@ class EpisodeWorkflow:
         self.ledger = Ledger(episode_id=spec.episode_id, group_id=spec.group_id)
         self.close_request: CloseRequest | None = None
         self.status = "running"
+        self.reward_details: dict[str, float] = {}  # the reward's components (e.g. per agent)
 
     @workflow.run
     async def run(self, spec: EpisodeSpec) -> EpisodeResult:
@@ -108,6 +109,7 @@ class EpisodeWorkflow:
             eligible_tokens=rows.eligible_tokens,
             counts={state.value: len(ids) for state, ids in accounting.by_state.items() if ids},
             failure=outcome.failure,
+            reward_details=self.reward_details,
         )
 
     # ---------------------------------------------------------------------------------- harness
@@ -132,6 +134,7 @@ class EpisodeWorkflow:
             task_queue=queues.IO, start_to_close_timeout=IO_TIMEOUT, retry_policy=IO_RETRY,
             result_type=RewardResult,
         )  # fmt: skip
+        self.reward_details = dict(result.details)
         return result.reward
 
     async def _materialize(self, outcome: HarnessOutcome, reward: float) -> MaterializeResult:

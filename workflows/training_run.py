@@ -203,4 +203,15 @@ def _record(step: int, results: list[EpisodeResult], train: TrainStepResult) -> 
         failed_episodes=len(results) - len(ok),
         policy_version=train.policy_version,
         metrics=train.metrics,
+        reward_components=reward_components(ok),
     )
+
+
+def reward_components(results: list[EpisodeResult]) -> dict[str, float]:
+    """Mean of each reward component over the episodes that report it (e.g. delegation's per agent)."""
+    names = sorted({k for r in results for k in r.reward_details})
+    return {
+        k: sum(v) / len(v)
+        for k in names
+        if (v := [r.reward_details[k] for r in results if k in r.reward_details])
+    }
