@@ -57,6 +57,9 @@ async def test_root_call_stages_exactly_what_the_engine_sampled(policy_engine, s
     assert direct.completion_ids.tolist() == result.completion_ids
     receipt = json.loads(store.get(receipt_key("ep-1", "c0", sha256_hex(store.get(key)))))
     assert receipt["policy_version"] == result.policy_version and receipt["finish_reason"] == "length"
+    # What it sampled with travels in the result (-> the ledger's receipt) and in the staged receipt.
+    assert result.sampling == SAMPLING.processing()
+    assert receipt["sampling"] == {"temperature": SAMPLING.temperature, "top_p": SAMPLING.top_p}
     assert beats and beats[0][0]["call_id"] == "c0"
 
 

@@ -1,0 +1,37 @@
+"""Every sampling parameter the learner cannot mirror (activities/sampling.py UNMIRRORABLE) is refused
+by the gateway's request parser, by name, before anything is admitted (the parser runs before the
+episode is touched; tests/gateway/test_app_e2e.py checks the 400 and the unchanged ledger end to end).
+This ties the gateway's list to the one SamplingConfig refuses, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from activities.sampling import UNMIRRORABLE
+from gateway.chat_request import UnsupportedParameterError, parse_chat_request
+
+VALUES = {
+    "top_k": 5,
+    "min_p": 0.1,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.2,
+    "logit_bias": {"5": 10},
+    "allowed_token_ids": [1, 2],
+    "bad_words": ["x"],
+    "min_tokens": 4,
+    "guided_decoding": {"json": {}},
+    "structured_outputs": {"json": {}},
+}
+
+
+def test_every_unmirrorable_parameter_has_a_case():
+    assert set(VALUES) == set(UNMIRRORABLE)
+
+
+@pytest.mark.parametrize("name", sorted(UNMIRRORABLE))
+def test_the_gateway_refuses_each_unmirrorable_parameter(name):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], name: VALUES[name]}
+    with pytest.raises(UnsupportedParameterError) as err:
+        parse_chat_request(body, "m")
+    assert err.value.param == name
