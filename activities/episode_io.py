@@ -1,28 +1,65 @@
-"""Episode activities on the `io` queue: reward, row materialization, staging cleanup.
+"""Episode activities on the `io` queue: reward, row materialization, staging cleanup, ledger pages.
 
 Thin shells: load from the object store, call the pure core (the task family's scorer,
 trainer.forest.reconstruct), store. Every write is idempotent (deterministic key, put_if_absent),
 so a retried activity finds its own bytes and verifies them.
+
+Failure classes (the workflow's retry policy retries everything else for as long as an outage lasts):
+input that can never succeed — a receipt that does not match its tokens, a corrupt staged object,
+a missing staged object, an invalid key — is raised as a non-retryable ApplicationError whose type
+names the error class. A storage error (unwritable folder, unreachable S3, a full disk) is retried;
+each attempt heartbeats its phase and attempt number, so the UI shows what it is waiting for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from grove.contracts import (
     CleanStagingInput,
     CleanStagingResult,
+    LedgerPage,
+    LedgerPageInput,
     MaterializeInput,
     MaterializeResult,
     RewardInput,
     RewardResult,
 )
+from grove.receipts import CallReceipt, ContextRecord
 from harnesses.programs import family
-from storage.base import ObjectStore
-from trainer.forest import MEMBER_STATES, EpisodeRef, ReconstructionOptions, reconstruct
+from storage.base import DigestMismatchError, InvalidKeyError, ObjectNotFoundError, ObjectStore
+from trainer.forest import MEMBER_STATES, EpisodeRef, ForestError, ReconstructionOptions, reconstruct
 from trainer.rows import Row, rows_to_parquet
-from trainer.staging_format import CallTokens, decode_call_tokens, staging_prefix
+from trainer.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
+
+# Retrying cannot fix these: the data is wrong or gone (a storage outage raises other errors).
+BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (
+    ForestError,
+    StagedObjectError,
+    ObjectNotFoundError,
+    InvalidKeyError,
+    DigestMismatchError,
+    KeyError,
+    ValueError,
+)
+
+
+@contextmanager
+def io_attempt(phase: str, **details: object) -> Iterator[None]:
+    """Heartbeat (phase, attempt) for the UI; bad input becomes a non-retryable, named failure."""
+    if activity.in_activity():
+        activity.heartbeat({"phase": phase, "attempt": activity.info().attempt, **details})
+    try:
+        yield
+    except BAD_INPUT_ERRORS as err:
+        raise ApplicationError(
+            f"{phase}: {type(err).__name__}: {err}", type=type(err).__name__, non_retryable=True
+        ) from err
 
 
 def placeholder_row(inp: MaterializeInput) -> Row:
@@ -48,39 +85,69 @@ class EpisodeIO:
 
     @activity.defn(name="score_episode")
     def score_episode(self, inp: RewardInput) -> RewardResult:
-        _, scorer = family(inp.task.family)
-        return scorer(inp.task, inp.outcome)
+        with io_attempt("score"):
+            _, scorer = family(inp.task.family)
+            return scorer(inp.task, inp.outcome)
 
-    def _tokens(self, inp: MaterializeInput) -> dict[str, CallTokens]:
+    def _tokens(self, receipts: list[CallReceipt]) -> dict[str, CallTokens]:
         return {
             r.call_id: decode_call_tokens(self.store.get(r.staging_key), key=r.staging_key)
-            for r in inp.receipts
+            for r in receipts
             if r.state in MEMBER_STATES and r.staging_key is not None
         }
 
+    def _ledger(self, inp: MaterializeInput) -> tuple[list[ContextRecord], list[CallReceipt]]:
+        """The episode's contexts and receipts: inline, or from its ledger snapshot pages."""
+        if not inp.ledger_pages:
+            return inp.contexts, inp.receipts
+        contexts: list[ContextRecord] = []
+        receipts: list[CallReceipt] = []
+        for key in inp.ledger_pages:
+            page = LedgerPage.model_validate_json(self.store.get(key))
+            contexts += [c.record for c in page.contexts.values()]
+            receipts += page.calls.values()
+        return contexts, receipts
+
     @activity.defn(name="materialize_episode")
     def materialize_episode(self, inp: MaterializeInput) -> MaterializeResult:
-        if inp.valid:
-            rec = reconstruct(
-                EpisodeRef(episode_id=inp.episode_id, group_id=inp.group_id),
-                inp.receipts,
-                self._tokens(inp),
-                ReconstructionOptions(train_agents=inp.train_agents, train_auxiliary=inp.train_auxiliary),
-                reward=inp.reward,
-            )
-            rows, eligible = rec.rows, rec.accounting.eligible_tokens
-        else:
-            rows, eligible = [placeholder_row(inp)], 0
-        self.store.put_if_absent(inp.rows_key, rows_to_parquet(rows))
+        with io_attempt("materialize", rows_key=inp.rows_key):
+            if inp.valid:
+                _, receipts = self._ledger(inp)
+                rec = reconstruct(
+                    EpisodeRef(episode_id=inp.episode_id, group_id=inp.group_id),
+                    receipts,
+                    self._tokens(receipts),
+                    ReconstructionOptions(train_agents=inp.train_agents, train_auxiliary=inp.train_auxiliary),
+                    reward=inp.reward,
+                )
+                rows, eligible = rec.rows, rec.accounting.eligible_tokens
+            else:
+                rows, eligible = [placeholder_row(inp)], 0
+            # A storage error (PermissionError, StoreUnreachableError) is an outage: it is retried.
+            self.store.put_if_absent(inp.rows_key, rows_to_parquet(rows))
         return MaterializeResult(
             rows_key=inp.rows_key, num_rows=len(rows), eligible_tokens=eligible, placeholder=not inp.valid
         )
 
     @activity.defn(name="clean_staging")
     def clean_staging(self, inp: CleanStagingInput) -> CleanStagingResult:
-        if inp.keep:
-            return CleanStagingResult(deleted=0)
-        keys = self.store.list(staging_prefix(inp.episode_id))
-        for key in keys:
-            self.store.delete(key)
-        return CleanStagingResult(deleted=len(keys))
+        if activity.in_activity():
+            activity.heartbeat({"phase": "clean staging", "attempt": activity.info().attempt})
+        prefixes = ([] if inp.keep else [staging_prefix(inp.episode_id)]) + inp.extra_prefixes
+        deleted = 0
+        for prefix in prefixes:
+            for key in self.store.list(prefix):
+                self.store.delete(key)
+                deleted += 1
+        return CleanStagingResult(deleted=deleted)
+
+    @activity.defn(name="store_ledger_page")
+    def store_ledger_page(self, inp: LedgerPageInput) -> None:
+        """Write one snapshot page (idempotent: a retry finds and verifies its own bytes)."""
+        with io_attempt("store ledger page", key=inp.key):
+            self.store.put_if_absent(inp.key, inp.page.model_dump_json().encode())
+
+    @activity.defn(name="load_ledger_page")
+    def load_ledger_page(self, key: str) -> LedgerPage:
+        with io_attempt("load ledger page", key=key):
+            return LedgerPage.model_validate_json(self.store.get(key))

@@ -41,7 +41,7 @@ from activities.engine import Generation, PolicyEngine
 from activities.sampling import SamplingProcessing
 from gateway.chat_render import Predecessor, render_chat
 from gateway.toolcalls import parse_tool_calls
-from grove.contracts import GenerateInput, GenerateResult, PromptSpec
+from grove.contracts import ChatPrompt, GenerateInput, GenerateResult, PromptSpec
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
 from trainer.staging_format import (
     STAGING_ROOT,
@@ -49,6 +49,7 @@ from trainer.staging_format import (
     decode_call_tokens,
     encode_call_tokens,
     staging_key,
+    staging_prefix,
 )
 
 HEARTBEAT_SECONDS = 5.0  # the episode workflow's heartbeat timeout is 20 s
@@ -56,6 +57,10 @@ HEARTBEAT_SECONDS = 5.0  # the episode workflow's heartbeat timeout is 20 s
 
 class PromptSpecError(ValueError):
     """A PromptSpec that is not exactly one of: ids, parent + suffix_ids, chat (optionally with a parent)."""
+
+
+class ClaimCheckError(PromptSpecError):
+    """A claim-checked chat prompt (`chat_ref`): missing, foreign, or not the bytes its digest names."""
 
 
 class ParentNotStagedError(LookupError):
@@ -135,10 +140,36 @@ def load_staged(store: ObjectStore, key: str, what: str) -> CallTokens:
     return decode_call_tokens(data, key=key)
 
 
+def resolve_chat_ref(spec: PromptSpec, episode_id: str, store: ObjectStore) -> PromptSpec:
+    """`spec` with its claim-checked chat prompt loaded from the store and verified (gateway/claims.py)."""
+    ref = spec.chat_ref
+    if ref is None:
+        return spec
+    if spec.chat is not None:
+        raise ClaimCheckError("a prompt spec has both chat and chat_ref; send one")
+    if not ref.key.startswith(staging_prefix(episode_id)):
+        prefix = staging_prefix(episode_id)
+        raise ClaimCheckError(f"chat_ref {ref.key!r} is outside episode {episode_id!r}'s staging {prefix!r}")
+    try:
+        data = store.get(ref.key)
+    except ObjectNotFoundError:
+        raise ClaimCheckError(
+            f"chat_ref {ref.key!r} of episode {episode_id!r} is not in the store; the gateway writes it "
+            "before the call Update: re-send the request"
+        ) from None
+    if len(data) != ref.size or sha256_hex(data) != ref.sha256:
+        raise ClaimCheckError(
+            f"chat_ref {ref.key!r} holds {len(data)} B with sha256 {sha256_hex(data)[:16]}..., not the "
+            f"{ref.size} B / {ref.sha256[:16]}... the call names; the stored request was changed"
+        )
+    return spec.model_copy(update={"chat": ChatPrompt.model_validate_json(data), "chat_ref": None})
+
+
 def build_prompt(
     spec: PromptSpec, episode_id: str, store: ObjectStore, tokenizer: Any, stop_ids: frozenset[int]
 ) -> np.ndarray:
     """The call's prompt ids (int32), exactly; reads the parent's staged arrays for a continuation."""
+    spec = resolve_chat_ref(spec, episode_id, store)
     check_prompt_spec(spec, episode_id)
     if spec.ids is not None:
         return np.asarray(spec.ids, dtype=np.int32)

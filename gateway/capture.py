@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from activities.sampling import SamplingConfig
 from gateway.chat_request import ChatCompletionRequest, sampling_for
+from gateway.claims import stash_prompt
 from gateway.continuation import Decision, Move, decide
 from gateway.episodes import Episodes
 from gateway.identity import Identity
@@ -155,6 +156,8 @@ class Capture:
         elif decision.move == Move.ROOT:
             base = None
         call = _call_request(episode_id, f"{context_id}.c{calls}", context_id, request, plan, base, sampling)
+        # Claim check: the messages go to the store, the Update carries their key and digest.
+        call = await asyncio.to_thread(stash_prompt, self.store, episode_id, call)
         result = await self.episodes.call(episode_id, call)
         record = _record_of(episode_id, call, result, request, plan)
         await asyncio.to_thread(save_record, self.store, record)

@@ -4,12 +4,25 @@ exceptions turned into the gateway's named errors.
 Everything the gateway knows about an episode comes from here (the workflow's start input, its
 ledger summary) or from the object store (gateway/records.py); the gateway has no state of its own.
 Updates are addressed by name, so this module imports no workflow code.
+
+Addressing: by workflow id only, never a run id, so every query and Update reaches the episode's
+*current* run and follows its continue-as-new hand-overs. An Update that the workflow refuses with
+`HandingOver` (the run is draining before it continues-as-new) is retried with backoff until the next
+run takes it (`HANDOVER_PATIENCE`); Updates that Temporal had admitted but the old run never saw are
+moved to the new run by Temporal itself.
+
+Close: the Update id is the close's digest, so the same close sent twice is one Update (idempotent)
+and a different one reaches the workflow, which refuses it (`AlreadyClosed`, HTTP 409). After the
+workflow has ended, the close digest in its memo decides the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from temporalio.client import (
     Client,
@@ -23,11 +36,25 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from grove.contracts import CallRequest, CallResult, CloseRequest, DiscardRequest, EpisodeResult, EpisodeSpec
+from grove.contracts import (
+    CallRequest,
+    CallResult,
+    CloseRequest,
+    DiscardRequest,
+    EpisodeProgress,
+    EpisodeResult,
+    EpisodeSpec,
+    close_digest,
+)
 from grove.receipts import ContextRecord
 from workflows.accounting import LedgerSummary
 
 EPISODE_WORKFLOW = "EpisodeWorkflow"
+HANDING_OVER = "HandingOver"  # the workflow's retryable refusal while it continues-as-new
+HANDOVER_PATIENCE = 300.0  # seconds a request waits for a hand-over (draining waits for running calls)
+ALREADY_CLOSED = "AlreadyClosed"
+
+T = TypeVar("T")
 
 
 class EpisodeError(Exception):
@@ -122,30 +149,81 @@ class Episodes:
             )
         return spec
 
+    async def _through_handover(self, episode_id: str, what: str, update: Callable[[], Awaitable[T]]) -> T:
+        """Run `update`, retrying it while the episode refuses with HandingOver (bounded)."""
+        deadline = time.monotonic() + HANDOVER_PATIENCE
+        delay = 0.05
+        while True:
+            try:
+                async with temporal_errors(episode_id, what):
+                    return await update()
+            except EpisodeUpdateRejectedError as err:
+                if err.error_type != HANDING_OVER:
+                    raise
+                if time.monotonic() > deadline:
+                    raise TemporalUnavailableError(
+                        f"episode {episode_id!r}: {what}: the episode was still handing over to its next "
+                        f"workflow run after {HANDOVER_PATIENCE:g} s; retry the request"
+                    ) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def progress(self, episode_id: str) -> EpisodeProgress:
+        async with temporal_errors(episode_id, "the progress query"):
+            return await self._handle(episode_id).query("progress", result_type=EpisodeProgress)
+
     async def summary(self, episode_id: str) -> LedgerSummary:
         async with temporal_errors(episode_id, "the summary query"):
             return await self._handle(episode_id).query("summary", result_type=LedgerSummary)
 
     async def open_context(self, episode_id: str, record: ContextRecord) -> ContextRecord:
         # The update id makes concurrent openings of the same context one Update (Temporal dedups by id).
-        async with temporal_errors(episode_id, f"open_context {record.context_id}"):
-            return await self._handle(episode_id).execute_update(
+        return await self._through_handover(
+            episode_id,
+            f"open_context {record.context_id}",
+            lambda: self._handle(episode_id).execute_update(
                 "open_context", record, id=f"open_context/{record.context_id}", result_type=ContextRecord
-            )
+            ),
+        )
 
     async def call(self, episode_id: str, request: CallRequest) -> CallResult:
-        async with temporal_errors(episode_id, f"call {request.call_id}"):
-            return await self._handle(episode_id).execute_update("call", request, result_type=CallResult)
+        return await self._through_handover(
+            episode_id,
+            f"call {request.call_id}",
+            lambda: self._handle(episode_id).execute_update("call", request, result_type=CallResult),
+        )
 
     async def discard(self, episode_id: str, call_id: str, reason: str) -> None:
-        async with temporal_errors(episode_id, f"discard {call_id}"):
-            await self._handle(episode_id).execute_update(
-                "discard", DiscardRequest(call_id=call_id, reason=reason), id=f"discard/{call_id}"
-            )
+        req = DiscardRequest(call_id=call_id, reason=reason)
+        await self._through_handover(
+            episode_id,
+            f"discard {call_id}",
+            lambda: self._handle(episode_id).execute_update("discard", req, id=f"discard/{call_id}"),
+        )
 
     async def close(self, episode_id: str, request: CloseRequest) -> None:
+        """Close (final): the same close again is a no-op, another one is refused (AlreadyClosed)."""
+        digest = close_digest(request)
+        try:
+            async with temporal_errors(episode_id, "close"):
+                await self._handle(episode_id).execute_update("close", request, id=f"close/{digest}")
+        except EpisodeNotFoundError:
+            await self._closed_before(episode_id, digest)
+
+    async def _closed_before(self, episode_id: str, digest: str) -> None:
+        """The workflow has ended: fine if it was closed by this very close, else AlreadyClosed."""
         async with temporal_errors(episode_id, "close"):
-            await self._handle(episode_id).execute_update("close", request, id="close")
+            desc = await self._handle(episode_id).describe()
+            memo = await desc.memo()
+        closed = memo.get("close") or {}
+        if closed.get("sha256") == digest:
+            return
+        raise EpisodeUpdateRejectedError(
+            f"episode {episode_id!r} has ended ({desc.status.name if desc.status else 'unknown'}; closed by "
+            f"{closed.get('by', 'nobody')}, failure={closed.get('failure')!r}); a close is final: only the "
+            "same close may be sent again. Start a new episode for a new attempt",
+            error_type=ALREADY_CLOSED,
+        )
 
     async def result(self, episode_id: str) -> EpisodeResult:
         async with temporal_errors(episode_id, "waiting for the result"):

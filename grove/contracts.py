@@ -8,6 +8,8 @@ observation suffix; prompts travel as references to staged arrays.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -15,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from activities.sampling import SamplingConfig, SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests
 from trainer.config import LearnerConfig
+from workflows.ledger import ContextState, Ledger
 
 TrainAgents = Literal["all", "parent_only"]
 
@@ -64,12 +67,26 @@ class ChatPrompt(BaseModel):
     parent_messages: list[dict[str, Any]] | None = None
 
 
+class ObjectRef(BaseModel):
+    """A claim check: an object in the store, named by key and verified by sha256 when read."""
+
+    key: str
+    sha256: str
+    size: int = Field(ge=0)
+
+
 class PromptSpec(BaseModel):
-    """How the generate activity builds a call's prompt ids, exactly one of three ways."""
+    """How the generate activity builds a call's prompt ids, exactly one of three ways.
+
+    A chat prompt travels as `chat_ref` (the ChatPrompt's JSON in the object store) rather than inline
+    `chat`: a request's messages can be megabytes, and Temporal payloads and history must stay small
+    (DESIGN.md section 10). The gateway stores it (gateway/claims.py); the activity loads and verifies it.
+    """
 
     ids: list[int] | None = None  # a context root given as tokens
     suffix_ids: list[int] | None = None  # parent prompt + parent completion + these (a continuation)
     chat: ChatPrompt | None = None  # rendered with the model's chat template
+    chat_ref: ObjectRef | None = None  # the same, claim-checked: a ChatPrompt JSON in the object store
     parent_call_id: str | None = None
     parent_staging_key: str | None = None
 
@@ -106,11 +123,21 @@ class DiscardRequest(BaseModel):
 
 
 class CloseRequest(BaseModel):
-    """The harness is done (external harnesses; native programs return instead)."""
+    """The harness is done (external harnesses; native programs return instead).
+
+    A close is final: the same close again is a no-op (idempotent, e.g. a retried HTTP request);
+    a different one is refused (AlreadyClosed, HTTP 409). `close_digest` says "the same".
+    """
 
     final_answer: str = ""
     outputs: dict[str, list[str]] = Field(default_factory=dict)
     failure: str | None = None
+
+
+def close_digest(req: CloseRequest) -> str:
+    """sha256 of a close's canonical JSON (sorted keys): equal digests = the same close."""
+    canonical = json.dumps(req.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------ episode
@@ -129,6 +156,53 @@ class EpisodeSpec(BaseModel):
     train_auxiliary: bool = False
     max_lost_attempts: int = Field(2, ge=0)  # per call: new admissions after a crash
     inference_queue: str = "inference"  # the queue of the engine serving this run's policy
+    # External harness: no call and no close for this long (workflow time) -> closed as failed.
+    idle_timeout_s: float = Field(1800.0, gt=0)
+    # Updates (calls, open_context, discard) per workflow run before it continues-as-new with its
+    # ledger; Temporal refuses more than 2,000 per run, and `close` must always fit after them.
+    max_updates_per_run: int = Field(1000, ge=4, le=1900)
+    # A ledger with more contexts + calls than this travels through the object store in pages of this
+    # size (hand-over, materialization) instead of inline in a payload (~0.5 KB per call; 2 MB limit).
+    ledger_page_items: int = Field(1000, ge=1, le=2000)
+    keep_failed_staging: bool = False  # keep a failed episode's staged arrays (debugging)
+    carry: EpisodeCarry | None = None  # set by the episode itself when it continues-as-new
+
+
+class LedgerPage(BaseModel):
+    """One page of a ledger snapshot in the object store (a ledger too large for one payload)."""
+
+    contexts: dict[str, ContextState] = Field(default_factory=dict)
+    calls: dict[str, CallReceipt] = Field(default_factory=dict)
+
+
+class LedgerPageInput(BaseModel):
+    key: str
+    page: LedgerPage
+
+
+class EpisodeCarry(BaseModel):
+    """What an episode's next workflow run needs: its ledger (inline when small, else the keys of
+    its snapshot pages in the object store) and counters for the UI."""
+
+    run_index: int = Field(ge=1)  # 0 is the first run; this is the index of the run that starts
+    ledger: Ledger | None = None
+    ledger_pages: list[str] = Field(default_factory=list)
+    updates_before: int = Field(0, ge=0)  # Updates handled by the earlier runs
+
+
+class EpisodeProgress(BaseModel):
+    """The episode's `progress` query (and memo): where it stands, for the UI and the CLI."""
+
+    status: str
+    run_index: int  # workflow runs so far - 1 (each continue-as-new starts the next)
+    updates_this_run: int
+    updates_total: int
+    max_updates_per_run: int
+    in_flight: int  # Update handlers still running (calls generating)
+    handing_over: bool  # draining before continue-as-new: new calls wait (the gateway retries them)
+    idle_timeout_s: float
+    last_activity: str  # ISO time (workflow clock) of the last Update start or end
+    closed_by: str | None = None  # "harness" or "idle timeout"
 
 
 class HarnessOutcome(BaseModel):
@@ -200,6 +274,9 @@ class MaterializeInput(BaseModel):
     failure: str | None = None
     train_agents: TrainAgents = "all"
     train_auxiliary: bool = False
+    # A large ledger travels as snapshot pages (keys of LedgerPage objects), `contexts` and `receipts`
+    # then stay empty: Temporal payloads stay small whatever the episode's length.
+    ledger_pages: list[str] = Field(default_factory=list)
 
 
 class MaterializeResult(BaseModel):
@@ -212,6 +289,7 @@ class MaterializeResult(BaseModel):
 class CleanStagingInput(BaseModel):
     episode_id: str
     keep: bool = False  # keep staged arrays (debugging a failed episode)
+    extra_prefixes: list[str] = Field(default_factory=list)  # also deleted (ledger snapshot pages)
 
 
 class CleanStagingResult(BaseModel):
@@ -333,3 +411,6 @@ class RunResult(BaseModel):
     steps: int
     history: list[StepRecord]
     cancelled: bool = False  # stopped by a cancel request before its last step; the same run id resumes
+
+
+EpisodeSpec.model_rebuild()

@@ -56,7 +56,13 @@ def io_worker(client: Client, store) -> Worker:
     return Worker(
         client,
         task_queue=queues.IO,
-        activities=[io.score_episode, io.materialize_episode, io.clean_staging],
+        activities=[
+            io.score_episode,
+            io.materialize_episode,
+            io.clean_staging,
+            io.store_ledger_page,
+            io.load_ledger_page,
+        ],
         activity_executor=ThreadPoolExecutor(max_workers=4),
     )
 

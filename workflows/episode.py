@@ -10,11 +10,30 @@ as a discarded call and re-admitted under a new call id, so nothing is trained t
 When the harness is done: in-flight calls finish (or are cancelled and recorded), the ledger closes
 with complete accounting, then reward -> materialize rows -> clean staging. A failed episode still
 materializes: one masked placeholder row that keeps its group intact, with the reason in the result
-and in the UI (search attribute GroveStatus=failed, the workflow's `summary` query).
+and in the UI (search attribute GroveStatus=failed, the workflow's `summary` and `progress` queries).
+
+Durability rules (DESIGN.md section 10, issue 12):
+- IO activities (reward, materialize, ledger pages, clean staging) retry with capped exponential
+  backoff for as long as a storage outage lasts (`IO_PATIENCE`); only typed bad input fails them
+  at once. Each attempt heartbeats its phase, so the UI shows the attempt and the last failure.
+  A reward or materialization that cannot succeed turns the episode into a failed one (placeholder
+  row) instead of failing the workflow.
+- A close is final. The same close again is a no-op; a different one is refused (`AlreadyClosed`).
+  The close's digest is in the memo, so the gateway answers the same after the workflow ended.
+- An external harness that sends no call and no close for `spec.idle_timeout_s` seconds (workflow
+  time; calls still generating keep the episode alive) is closed as failed: "IdleTimeout".
+- Long episodes: after `spec.max_updates_per_run` Updates (Temporal refuses more than 2,000 per run;
+  `close` must always fit) or when Temporal suggests it, the run stops admitting (new Updates are
+  refused with the retryable `HandingOver`, which the gateway retries against the next run), drains
+  its handlers, and continues-as-new with its ledger: inline when small, else as snapshot pages in
+  the object store (workflows/handover.py). The workflow id stays the same, so callers that address
+  it by id (the gateway) follow the hand-over.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
@@ -29,28 +48,40 @@ with workflow.unsafe.imports_passed_through():
         CleanStagingInput,
         CloseRequest,
         DiscardRequest,
+        EpisodeCarry,
+        EpisodeProgress,
         EpisodeResult,
         EpisodeSpec,
         GenerateInput,
         GenerateResult,
         HarnessOutcome,
+        LedgerPage,
+        LedgerPageInput,
         MaterializeInput,
         MaterializeResult,
         RewardInput,
         RewardResult,
+        close_digest,
     )
     from grove.receipts import ContextRecord
     from harnesses.native import NativeHarnessError, run_program
     from harnesses.programs import PROGRAMS
     from workflows.accounting import LedgerSummary
+    from workflows.handover import join_pages, ledger_items, ledger_prefix, page_key, split_pages
     from workflows.ledger import Ledger, LedgerError
 
 STATUS = SearchAttributeKey.for_keyword("GroveStatus")
 
 GENERATE_TIMEOUT = timedelta(minutes=5)
 GENERATE_HEARTBEAT = timedelta(seconds=20)
-IO_TIMEOUT = timedelta(minutes=2)
-IO_RETRY = RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=1))
+IO_TIMEOUT = timedelta(minutes=2)  # one attempt
+IO_PATIENCE = timedelta(minutes=30)  # all attempts: a storage outage (preemption, restart) may last this long
+IO_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=0,  # unlimited within IO_PATIENCE; typed bad input is raised non-retryable
+)
 
 
 def rows_key(episode_id: str) -> str:
@@ -73,29 +104,58 @@ def _is_lost_attempt(err: ActivityError) -> bool:
     )
 
 
+def _failure_text(err: ActivityError) -> str:
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type}: {cause.message}"
+    return f"{type(cause).__name__ if cause else 'ActivityError'}: {cause or err}"
+
+
+async def _io(activity: str, arg: object, result_type: type | None) -> object:
+    return await workflow.execute_activity(
+        activity, arg, task_queue=queues.IO, start_to_close_timeout=IO_TIMEOUT,
+        schedule_to_close_timeout=IO_PATIENCE, retry_policy=IO_RETRY, result_type=result_type,
+    )  # fmt: skip
+
+
 @workflow.defn
 class EpisodeWorkflow:
     @workflow.init
     def __init__(self, spec: EpisodeSpec) -> None:
         self.spec = spec
-        self.ledger = Ledger(episode_id=spec.episode_id, group_id=spec.group_id)
+        carry = spec.carry
+        self.run_index = carry.run_index if carry else 0
+        self.updates_before = carry.updates_before if carry else 0
+        if carry is not None and carry.ledger is not None:
+            self.ledger = carry.ledger
+        else:
+            self.ledger = Ledger(episode_id=spec.episode_id, group_id=spec.group_id)
+        # A ledger carried as pages is loaded by run(); Update handlers wait for it.
+        self.restored = carry is None or not carry.ledger_pages
         self.close_request: CloseRequest | None = None
+        self.closed_by: str | None = None
         self.status = "running"
         self.reward_details: dict[str, float] = {}  # the reward's components (e.g. per agent)
+        self.updates_this_run = 0
+        self.in_flight = 0
+        self.handing_over = False
+        self.last_activity = workflow.now()
 
     @workflow.run
     async def run(self, spec: EpisodeSpec) -> EpisodeResult:
+        if not self.restored:
+            await self._restore_pages()
         self._set_status("running")
+        if self.run_index == 0:
+            workflow.upsert_memo(
+                {"idle_timeout_s": spec.idle_timeout_s, "max_updates_per_run": spec.max_updates_per_run}
+            )
         outcome = await self._drive_harness()
         await workflow.wait_condition(workflow.all_handlers_finished)
         accounting = self.ledger.close(cancel_outstanding=True, reason="harness finished")
-        reward = await self._reward(outcome)
-        rows = await self._materialize(outcome, reward)
-        await workflow.execute_activity(
-            "clean_staging", CleanStagingInput(episode_id=spec.episode_id, keep=outcome.failure is not None),
-            task_queue=queues.IO, start_to_close_timeout=IO_TIMEOUT, retry_policy=IO_RETRY,
-            result_type=None,
-        )  # fmt: skip
+        reward, outcome = await self._reward(outcome)
+        rows, outcome = await self._materialize(outcome, reward)
+        await self._clean(outcome)
         status = "failed" if outcome.failure else "ok"
         self._set_status(status)
         return EpisodeResult(
@@ -121,40 +181,145 @@ class EpisodeWorkflow:
                 return await run_program(self.spec, self, PROGRAMS)
             except (NativeHarnessError, ApplicationError, LedgerError) as err:
                 return HarnessOutcome(failure=f"{type(err).__name__}: {err}")
-        await workflow.wait_condition(lambda: self.close_request is not None)
+        await self._await_close()
         assert self.close_request is not None
         req = self.close_request
         return HarnessOutcome(final_answer=req.final_answer, outputs=req.outputs, failure=req.failure)
 
-    async def _reward(self, outcome: HarnessOutcome) -> float:
-        if outcome.failure is not None:
-            return 0.0  # a failed episode's placeholder carries no loss; the value only shows in metrics
-        result = await workflow.execute_activity(
-            "score_episode", RewardInput(task=self.spec.task, outcome=outcome),
-            task_queue=queues.IO, start_to_close_timeout=IO_TIMEOUT, retry_policy=IO_RETRY,
-            result_type=RewardResult,
-        )  # fmt: skip
-        self.reward_details = dict(result.details)
-        return result.reward
+    async def _await_close(self) -> None:
+        """Until a close: hand over when the run is full, close as failed when the harness went idle.
 
-    async def _materialize(self, outcome: HarnessOutcome, reward: float) -> MaterializeResult:
+        One idle timer per idle period (not per call): on expiry the deadline is recomputed from the
+        last Update, and calls still generating keep the episode alive until they end.
+        """
+        idle = timedelta(seconds=self.spec.idle_timeout_s)
+        while self.close_request is None:
+            if self._hand_over_due():
+                await self._hand_over()
+                continue
+            if self.in_flight:
+                await workflow.wait_condition(
+                    lambda: self.close_request is not None or self._hand_over_due() or not self.in_flight
+                )
+                continue
+            remaining = self.last_activity + idle - workflow.now()
+            if remaining <= timedelta(0):
+                self._close_idle()
+                return
+            # asyncio's TimeoutError: the name TimeoutError is Temporal's here
+            with contextlib.suppress(asyncio.TimeoutError):  # noqa: UP041
+                await workflow.wait_condition(
+                    lambda: self.close_request is not None or self._hand_over_due(), timeout=remaining
+                )
+
+    def _close_idle(self) -> None:
+        seconds = self.spec.idle_timeout_s
+        self._record_close(
+            CloseRequest(
+                failure=f"IdleTimeout: no call and no close for {seconds:g} s (EpisodeSpec.idle_timeout_s); "
+                "the harness abandoned the episode"
+            ),
+            "idle timeout",
+        )
+
+    def _record_close(self, req: CloseRequest, by: str) -> None:
+        self.close_request = req
+        self.closed_by = by
+        workflow.upsert_memo({"close": {"sha256": close_digest(req), "by": by, "failure": req.failure}})
+
+    async def _reward(self, outcome: HarnessOutcome) -> tuple[float, HarnessOutcome]:
+        if outcome.failure is not None:
+            return 0.0, outcome  # a failed episode's placeholder carries no loss; only metrics show it
+        inp = RewardInput(task=self.spec.task, outcome=outcome)
+        try:
+            result = await _io("score_episode", inp, RewardResult)
+        except ActivityError as err:
+            return 0.0, outcome.model_copy(update={"failure": f"reward failed: {_failure_text(err)}"})
+        self.reward_details = dict(result.details)
+        return result.reward, outcome
+
+    async def _materialize(
+        self, outcome: HarnessOutcome, reward: float
+    ) -> tuple[MaterializeResult, HarnessOutcome]:
+        """Rows, or (rows that cannot be built: a typed error, or storage gone for IO_PATIENCE) the
+        placeholder row of a failed episode. Only a placeholder that cannot be written fails the workflow."""
+        inp = await self._materialize_input(outcome, reward)
+        try:
+            return await _io("materialize_episode", inp, MaterializeResult), outcome
+        except ActivityError as err:
+            if not inp.valid:
+                raise
+            failed = outcome.model_copy(update={"failure": f"materialize failed: {_failure_text(err)}"})
+        placeholder = inp.model_copy(update={"valid": False, "failure": failed.failure, "reward": 0.0})
+        return await _io("materialize_episode", placeholder, MaterializeResult), failed
+
+    async def _materialize_input(self, outcome: HarnessOutcome, reward: float) -> MaterializeInput:
         spec = self.spec
         inp = MaterializeInput(
             episode_id=spec.episode_id,
             group_id=spec.group_id,
             rows_key=rows_key(spec.episode_id),
-            contexts=[c.record for c in self.ledger.contexts.values()],
-            receipts=self.ledger.receipts(),
+            contexts=[],
+            receipts=[],
             reward=reward,
             valid=outcome.failure is None,
             failure=outcome.failure,
             train_agents=spec.train_agents,
             train_auxiliary=spec.train_auxiliary,
         )
-        return await workflow.execute_activity(
-            "materialize_episode", inp, task_queue=queues.IO, start_to_close_timeout=IO_TIMEOUT,
-            retry_policy=IO_RETRY, result_type=MaterializeResult,
-        )  # fmt: skip
+        if ledger_items(self.ledger) > self.spec.ledger_page_items:
+            return inp.model_copy(update={"ledger_pages": await self._store_pages("final")})
+        contexts = [c.record for c in self.ledger.contexts.values()]
+        return inp.model_copy(update={"contexts": contexts, "receipts": self.ledger.receipts()})
+
+    async def _clean(self, outcome: HarnessOutcome) -> None:
+        keep = outcome.failure is not None and self.spec.keep_failed_staging
+        inp = CleanStagingInput(
+            episode_id=self.spec.episode_id, keep=keep, extra_prefixes=[ledger_prefix(self.spec.episode_id)]
+        )
+        await _io("clean_staging", inp, None)
+
+    # ---------------------------------------------------------------------------------- hand-over
+
+    def _hand_over_due(self) -> bool:
+        if self.handing_over or self.close_request is not None or self.spec.harness.kind != "external":
+            return False
+        full = self.updates_this_run >= self.spec.max_updates_per_run
+        return full or workflow.info().is_continue_as_new_suggested()
+
+    async def _hand_over(self) -> None:
+        """Drain (new Updates are refused with HandingOver), then continue-as-new with the ledger.
+        A close that arrives while draining wins: the episode finishes in this run."""
+        self.handing_over = True
+        self._set_status("handing over")
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self.close_request is not None:
+            self.handing_over = False
+            self._set_status("running")
+            return
+        carry = EpisodeCarry(
+            run_index=self.run_index + 1, updates_before=self.updates_before + self.updates_this_run
+        )
+        if ledger_items(self.ledger) > self.spec.ledger_page_items:
+            carry.ledger_pages = await self._store_pages("handover")
+        else:
+            carry.ledger = self.ledger
+        workflow.continue_as_new(self.spec.model_copy(update={"carry": carry}))
+
+    async def _store_pages(self, purpose: str) -> list[str]:
+        eid = self.spec.episode_id
+        pages = split_pages(self.ledger, self.spec.ledger_page_items)
+        keys = [page_key(eid, self.run_index, purpose, i) for i in range(len(pages))]
+        writes = [LedgerPageInput(key=k, page=p) for k, p in zip(keys, pages, strict=True)]
+        await asyncio.gather(*(_io("store_ledger_page", w, None) for w in writes))
+        return keys
+
+    async def _restore_pages(self) -> None:
+        carry = self.spec.carry
+        assert carry is not None
+        pages = await asyncio.gather(*(_io("load_ledger_page", k, LedgerPage) for k in carry.ledger_pages))
+        self.ledger = join_pages(self.spec.episode_id, self.spec.group_id, pages)
+        self.restored = True
 
     # ---------------------------------------------------------------------------------- calls
 
@@ -224,40 +389,85 @@ class EpisodeWorkflow:
 
     # ---------------------------------------------------------------------------------- updates
 
+    def _check_admitting(self) -> None:
+        """Validators: refuse new work while handing over (retryable: the next run takes it)."""
+        if self.handing_over:
+            raise ApplicationError(
+                f"episode {self.spec.episode_id} is handing over to its next workflow run "
+                f"(continue-as-new after {self.updates_this_run} Updates); retry this request",
+                type="HandingOver",
+            )
+
+    def _check_not_closing(self) -> None:
+        if self.close_request is not None:
+            raise ApplicationError(f"episode {self.spec.episode_id} is closing; no new calls", type="Closing")
+
+    async def _handled(self, work):
+        """Count an Update (hand-over threshold), keep the idle clock and wait for a paged ledger."""
+        self.updates_this_run += 1
+        self.in_flight += 1
+        self.last_activity = workflow.now()
+        try:
+            await workflow.wait_condition(lambda: self.restored)
+            return await work()
+        finally:
+            self.in_flight -= 1
+            self.last_activity = workflow.now()
+
     @workflow.update(name="open_context")
     async def open_context_update(self, record: ContextRecord) -> ContextRecord:
-        return await self.open_context(record)
+        return await self._handled(lambda: self.open_context(record))
 
     @open_context_update.validator
     def _validate_open_context(self, record: ContextRecord) -> None:
-        self.ledger.validate_open_context(record)
+        self._check_admitting()
+        if self.restored:
+            self.ledger.validate_open_context(record)
 
     @workflow.update(name="call")
     async def call_update(self, req: CallRequest) -> CallResult:
-        return await self.call(req)
+        return await self._handled(lambda: self.call(req))
 
     @call_update.validator
     def _validate_call(self, req: CallRequest) -> None:
-        if self.close_request is not None:
-            raise ApplicationError(f"episode {self.spec.episode_id} is closing; no new calls", type="Closing")
-        self.ledger.validate_admit(
-            req.call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch
-        )
+        self._check_not_closing()
+        self._check_admitting()
+        if self.restored:
+            self.ledger.validate_admit(
+                req.call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch
+            )
 
     @workflow.update(name="discard")
     async def discard_update(self, req: DiscardRequest) -> None:
-        try:
-            self.ledger.discard(req.call_id, req.reason)
-        except LedgerError as err:
-            raise _ledger_failure(err) from err
+        async def discard() -> None:
+            try:
+                self.ledger.discard(req.call_id, req.reason)
+            except LedgerError as err:
+                raise _ledger_failure(err) from err
+
+        await self._handled(discard)
 
     @discard_update.validator
     def _validate_discard(self, req: DiscardRequest) -> None:
-        self.ledger.validate_discard(req.call_id)
+        self._check_admitting()
+        if self.restored:
+            self.ledger.validate_discard(req.call_id)
 
     @workflow.update(name="close")
     async def close_update(self, req: CloseRequest) -> None:
-        self.close_request = req
+        if self.close_request is None:
+            self._record_close(req, "harness")
+            self.last_activity = workflow.now()
+
+    @close_update.validator
+    def _validate_close(self, req: CloseRequest) -> None:
+        if self.close_request is not None and close_digest(req) != close_digest(self.close_request):
+            raise ApplicationError(
+                f"episode {self.spec.episode_id} was already closed by the {self.closed_by} "
+                f"(failure={self.close_request.failure!r}); a close is final: only the same close may "
+                "be sent again. Start a new episode for a new attempt",
+                type="AlreadyClosed",
+            )
 
     @workflow.query(name="summary")
     def summary(self) -> LedgerSummary:
@@ -266,6 +476,21 @@ class EpisodeWorkflow:
     @workflow.query(name="status")
     def status_query(self) -> str:
         return self.status
+
+    @workflow.query(name="progress")
+    def progress(self) -> EpisodeProgress:
+        return EpisodeProgress(
+            status=self.status,
+            run_index=self.run_index,
+            updates_this_run=self.updates_this_run,
+            updates_total=self.updates_before + self.updates_this_run,
+            max_updates_per_run=self.spec.max_updates_per_run,
+            in_flight=self.in_flight,
+            handing_over=self.handing_over,
+            idle_timeout_s=self.spec.idle_timeout_s,
+            last_activity=self.last_activity.isoformat(),
+            closed_by=self.closed_by,
+        )
 
     def _set_status(self, status: str) -> None:
         self.status = status

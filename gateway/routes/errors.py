@@ -77,6 +77,8 @@ CONFLICT_TYPES = frozenset(
         "DiscardInUseError",
         "LedgerClosedError",
         "Closing",
+        "AlreadyClosed",
+        "HandingOver",
         "InvalidTransitionError",
         "AmbiguousAncestryError",
         "ClosingWithOutstandingCallsError",

@@ -1,0 +1,202 @@
+"""Benchmark: one external episode driven to N calls, closed and materialized (issue 12, section 2).
+
+Real services in one process: a Temporal dev server (temporary SQLite), a grove worker serving the
+episodes, io and inference queues with vLLM on the tiny-random model, a temporary local object store.
+Calls are the gateway's Updates (gateway/episodes.py: addressed by workflow id, HandingOver retried),
+1-token generations, `--concurrency` at a time: the root call of context `parent`, then branches from
+it (short prompts however long the episode runs; every call is an endpoint, i.e. one row).
+
+The episode continues-as-new every `--per-run` Updates with its ledger (inline, or as object-store
+pages above `--page-items` contexts + calls). Prints calls/s per segment of `--per-run` calls (does the
+rate decay as the ledger grows?), close -> result time, then per workflow run: Updates, history events
+and bytes, so history per run and per call can be read off directly.
+
+    .venv/bin/python bench/bench_episode_calls.py                 # 20,000 calls (long: ~1 h on 2 cores)
+    .venv/bin/python bench/bench_episode_calls.py --quick         # 600 calls, 200 per run: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from activities.sampling import SamplingConfig  # noqa: E402
+from gateway.episodes import HANDING_OVER, Episodes  # noqa: E402
+from grove import queues  # noqa: E402
+from grove.client import connect  # noqa: E402
+from grove.contracts import (  # noqa: E402
+    CallRequest,
+    CloseRequest,
+    EpisodeSpec,
+    HarnessSpec,
+    PromptSpec,
+)
+from grove.receipts import ContextOrigin, ContextRecord  # noqa: E402
+from grove.worker import run_worker  # noqa: E402
+from harnesses import scenario  # noqa: E402
+from infra.temporal import TemporalDevServer  # noqa: E402
+from storage.local import LocalStore  # noqa: E402
+from trainer.rows import rows_from_parquet  # noqa: E402
+from trainer.staging_format import staging_key  # noqa: E402
+
+
+def call_request(episode_id: str, i: int) -> CallRequest:
+    if i == 0:
+        return CallRequest(call_id="parent.c0", context_id="parent", prompt=PromptSpec(ids=[11, 12, 13, 14]))
+    prompt = PromptSpec(
+        suffix_ids=[20 + i % 50, 7],
+        parent_call_id="parent.c0",
+        parent_staging_key=staging_key(episode_id, "parent.c0"),
+    )
+    return CallRequest(
+        call_id=f"parent.c{i}", context_id="parent", extends="parent.c0", branch=True, prompt=prompt
+    )
+
+
+class CountingEpisodes(Episodes):
+    def __init__(self, client) -> None:
+        super().__init__(client)
+        self.handover_retries = 0
+
+    async def _through_handover(self, episode_id, what, update):
+        async def counted():
+            try:
+                return await update()
+            except Exception as err:
+                if getattr(getattr(err, "cause", None), "type", None) == HANDING_OVER:
+                    self.handover_retries += 1
+                raise
+
+        return await super()._through_handover(episode_id, what, counted)
+
+
+async def drive(episodes: CountingEpisodes, episode_id: str, n: int, concurrency: int, segment: int):
+    """Calls 1..n-1 (call 0 is made before); prints calls/s for each `segment` completed calls."""
+    done = 0
+    seg_start = time.monotonic()
+    rates: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(1, n):
+        queue.put_nowait(i)
+
+    async def worker() -> None:
+        nonlocal done, seg_start
+        while not queue.empty():
+            i = queue.get_nowait()
+            await episodes.call(episode_id, call_request(episode_id, i))
+            done += 1
+            if done % segment == 0:
+                now = time.monotonic()
+                rates.append(segment / (now - seg_start))
+                print(f"  calls {done - segment + 1:>6}-{done:<6} {rates[-1]:7.1f} calls/s", flush=True)
+                seg_start = now
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return rates
+
+
+async def run_histories(client, episode_id: str) -> list[tuple[int, int, int]]:
+    """(updates, events, bytes) of every run of the episode, first to last."""
+    out = []
+    run_id = None
+    while True:
+        history = await client.get_workflow_handle(episode_id, run_id=run_id).fetch_history()
+        updates = sum(
+            1 for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")
+        )
+        out.append((updates, len(history.events), sum(e.ByteSize() for e in history.events)))
+        started = history.events[0].workflow_execution_started_event_attributes
+        if not started.continued_execution_run_id:
+            return out[::-1]
+        run_id = started.continued_execution_run_id
+
+
+async def main(args: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-episode-"))
+    server = TemporalDevServer(tmp / "temporal").start()
+    worker = None
+    try:
+        client = await connect(server.address)
+        store = LocalStore(tmp / "store")
+        worker = asyncio.create_task(
+            run_worker(client, [queues.EPISODES, queues.IO, queues.INFERENCE], store=store,
+                       model="tiny-random", work_dir=tmp / "worker", device="cpu",
+                       engine_config={"max_model_len": 256})
+        )  # fmt: skip
+        run = f"bench-{uuid.uuid4().hex[:6]}"
+        spec = EpisodeSpec(
+            run_id=run, step=1, group_id=f"{run}/t0", episode_id=f"{run}/s000001/t0/g0",
+            task=scenario.make_task(0), harness=HarnessSpec(kind="external"),
+            sampling=SamplingConfig(max_tokens=1), max_updates_per_run=args.per_run,
+            ledger_page_items=args.page_items,
+        )  # fmt: skip
+        eid = spec.episode_id
+        await client.start_workflow("EpisodeWorkflow", spec, id=eid, task_queue=queues.EPISODES)
+        episodes = CountingEpisodes(client)
+        await episodes.open_context(
+            eid, ContextRecord(context_id="parent", agent="parent", origin=ContextOrigin.ROOT)
+        )
+        await episodes.call(eid, call_request(eid, 0))  # also waits for the engine to be up
+        print(
+            f"episode {eid}: {args.calls} calls, {args.concurrency} at a time, {args.per_run} Updates per run"
+        )
+        t0 = time.monotonic()
+        rates = await drive(episodes, eid, args.calls, args.concurrency, args.per_run)
+        calls_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        await episodes.close(eid, CloseRequest(final_answer="done"))
+        result = await episodes.result(eid)
+        close_s = time.monotonic() - t1
+        rows = rows_from_parquet(store.get(result.rows_key))
+        print(
+            f"{args.calls - 1} calls in {calls_s:.1f} s = {(args.calls - 1) / calls_s:.1f} calls/s overall; "
+            f"first/last segment {rates[0]:.1f}/{rates[-1]:.1f} calls/s; HandingOver retries "
+            f"{episodes.handover_retries}"
+        )
+        print(
+            f"close -> result {close_s:.1f} s: status {result.status}, {result.counts}, "
+            f"{len(rows)} rows ({result.num_rows} reported)"
+        )
+        runs = await run_histories(client, eid)
+        print(f"{len(runs)} workflow runs:   updates   events      bytes   bytes/update")
+        for k, (updates, events, size) in enumerate(runs):
+            print(f"  run {k:>3}  {updates:>16} {events:>8} {size:>10} {size / max(updates, 1):>12.0f}")
+        total_events = sum(r[1] for r in runs)
+        total_bytes = sum(r[2] for r in runs)
+        print(
+            f"max run: {max(r[1] for r in runs)} events, {max(r[2] for r in runs) / 1e6:.2f} MB; per call "
+            f"{total_events / args.calls:.1f} events, {total_bytes / args.calls / 1e3:.2f} KB"
+        )
+    finally:
+        if worker is not None:
+            worker.cancel()
+            with contextlib.suppress(BaseException):
+                await worker
+        server.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument(
+        "--per-run", type=int, default=1000, help="Updates per workflow run (max_updates_per_run)"
+    )
+    parser.add_argument("--page-items", type=int, default=1000, help="ledger_page_items")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--quick", action="store_true", help="600 calls, 200 per run, pages of 128: a smoke run"
+    )
+    ns = parser.parse_args()
+    if ns.quick:
+        ns.calls, ns.per_run, ns.page_items = 600, 200, 128
+    asyncio.run(main(ns))

@@ -1,0 +1,180 @@
+"""Episodes that survive storage outages, abandonment, repeated closes and any number of calls (issue 12).
+
+Real services only: the session's Temporal dev server, one grove worker with the real vLLM engine on the
+tiny-random model, the local object store. Calls are the gateway's Updates (gateway/episodes.py), the
+same path an external harness's requests take.
+
+Every wait is on something the test itself causes and observes (an attempt number in the workflow's
+description, the workflow's result); the one timer is the episode's own idle timer, in workflow time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from gateway.episodes import ALREADY_CLOSED, Episodes, EpisodeUpdateRejectedError
+from grove.contracts import CloseRequest, MaterializeInput
+from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_activities, wait_until
+from tests.episodes.kit import (
+    ROOT,
+    CountingEpisodes,
+    call_request,
+    episode_spec,
+    open_and_call,
+    start,
+    unwritable,
+)
+from trainer.rows import rows_from_parquet
+from trainer.staging_format import staging_prefix
+from workflows.handover import ledger_prefix
+
+pytestmark = pytest.mark.timeout(400)
+
+OLD_IO_ATTEMPTS = 5  # the IO retry policy before issue 12 gave up after this many attempts
+
+
+async def _materialize_retrying(handle, at_least: int):
+    """The pending materialize activity once it is at attempt >= at_least after a failure, else None."""
+    for info in await pending_activities(handle):
+        if info.activity_type.name == "materialize_episode" and info.attempt >= at_least:
+            return info if info.HasField("last_failure") else None
+    return None
+
+
+async def _refused_close(episodes: Episodes, episode_id: str, request: CloseRequest) -> str:
+    with pytest.raises(EpisodeUpdateRejectedError) as refused:
+        await episodes.close(episode_id, request)
+    return refused.value.error_type
+
+
+async def test_storage_outage_during_materialize_outlasts_the_old_retry_budget(
+    temporal_client: Client, grove_worker, e2e_store
+):
+    """The rows folder refuses writes from close until materialize is past the attempt at which the old
+    policy gave up; the episode then completes with its rows, and its staging is cleaned."""
+    episodes = Episodes(temporal_client)
+    episode_id = await start(temporal_client, episode_spec("blip"))
+    calls = await open_and_call(episodes, episode_id, 3)
+    handle = temporal_client.get_workflow_handle(episode_id)
+    close = CloseRequest(final_answer="done")
+    with unwritable(e2e_store.root / "rows"):
+        await episodes.close(episode_id, close)
+        info = await wait_until(
+            lambda: _materialize_retrying(handle, OLD_IO_ATTEMPTS + 1),
+            timeout=180,
+            what=f"materialize_episode retried past attempt {OLD_IO_ATTEMPTS}",
+        )
+        # What the UI shows for the stuck activity: the storage error and the phase it heartbeated.
+        assert "not permitted" in info.last_failure.message or "denied" in info.last_failure.message
+        [details] = await heartbeat_details(temporal_client, info)
+        assert details["phase"] == "materialize" and details["attempt"] >= OLD_IO_ATTEMPTS
+        # A close is final, also while the episode is still finishing: another close is refused, the
+        # same one again is a no-op.
+        late = CloseRequest(final_answer="done", failure="harness crashed after close")
+        assert await _refused_close(episodes, episode_id, late) == ALREADY_CLOSED
+        await episodes.close(episode_id, close)
+    result = await asyncio.wait_for(episodes.result(episode_id), 120)
+    assert result.status == "ok", result.failure
+    assert result.counts == {"selected": 3}
+    rows = rows_from_parquet(e2e_store.get(result.rows_key))
+    assert len(rows) == result.num_rows == 2  # the two branches from the root, each with the root
+    owned = {s.call_id for r in rows for s in r.spans if s.owned}
+    assert owned == {c.call_id for c in calls}
+    assert e2e_store.list(staging_prefix(episode_id)) == []
+    # After the end the memo decides the same way.
+    assert await _refused_close(episodes, episode_id, late) == ALREADY_CLOSED
+    await episodes.close(episode_id, close)
+
+
+async def test_abandoned_episode_closes_as_failed_after_its_idle_timeout(
+    temporal_client: Client, grove_worker, e2e_store
+):
+    episodes = Episodes(temporal_client)
+    episode_id = await start(temporal_client, episode_spec("idle", idle_timeout_s=3))
+    await open_and_call(episodes, episode_id, 2)
+    progress = await episodes.progress(episode_id)
+    assert progress.idle_timeout_s == 3 and progress.closed_by is None and progress.updates_this_run == 3
+    # Nobody closes: the episode's own idle timer (workflow time) ends it.
+    result = await asyncio.wait_for(episodes.result(episode_id), 120)
+    assert result.status == "failed" and result.failure.startswith("IdleTimeout"), result
+    assert result.counts == {"selected": 2}  # complete accounting of what the harness left behind
+    [row] = rows_from_parquet(e2e_store.get(result.rows_key))
+    assert not row.valid and not row.loss_mask.any()  # the placeholder keeps the group whole
+    assert e2e_store.list(staging_prefix(episode_id)) == []
+    desc = await temporal_client.get_workflow_handle(episode_id).describe()
+    memo = await desc.memo()
+    assert memo["idle_timeout_s"] == 3 and memo["close"]["by"] == "idle timeout"
+    assert (await episodes.progress(episode_id)).closed_by == "idle timeout"
+    # The harness coming back late cannot reopen or re-close it.
+    assert await _refused_close(episodes, episode_id, CloseRequest(final_answer="late")) == ALREADY_CLOSED
+
+
+async def _runs(client: Client, episode_id: str) -> list:
+    """Every workflow run of the episode, first to last, by following continued_execution_run_id."""
+    runs = []
+    run_id = None
+    while True:
+        history = await client.get_workflow_handle(episode_id, run_id=run_id).fetch_history()
+        runs.append(history)
+        started = history.events[0].workflow_execution_started_event_attributes
+        if not started.continued_execution_run_id:
+            return runs[::-1]
+        run_id = started.continued_execution_run_id
+
+
+def _completed_after_handing_over(history) -> int:
+    """Updates completed after the run started handing over (the drain of calls in flight)."""
+    seen, completed = False, 0
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+            fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            seen = seen or b"handing over" in fields["GroveStatus"].data
+        elif seen and event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+            completed += 1
+    return completed
+
+
+async def test_long_episode_continues_as_new_with_its_ledger(
+    temporal_client: Client, grove_worker, e2e_store
+):
+    """240 calls, 8 at a time, 40 Updates per run, ledger pages of 64 items: several hand-overs with calls
+    in flight across each; every call is settled and trained exactly once."""
+    n, per_run = 240, 40
+    spec = episode_spec("long", max_updates_per_run=per_run, ledger_page_items=64)
+    episodes = CountingEpisodes(temporal_client)
+    episode_id = await start(temporal_client, spec)
+    await episodes.open_context(episode_id, ROOT)
+    await episodes.call(episode_id, call_request(episode_id, 0))
+    gate = asyncio.Semaphore(8)
+
+    async def one(i: int):
+        async with gate:
+            return await episodes.call(episode_id, call_request(episode_id, i))
+
+    results = await asyncio.gather(*(one(i) for i in range(1, n)))
+    assert sorted(r.call_id for r in results) == sorted(f"parent.c{i}" for i in range(1, n))
+    progress = await episodes.progress(episode_id)
+    assert progress.run_index >= n // per_run - 1 and progress.updates_total == n + 1
+    await episodes.close(episode_id, CloseRequest(final_answer="done"))
+    result = await asyncio.wait_for(episodes.result(episode_id), 300)
+    assert result.status == "ok", result.failure
+    assert result.counts == {"selected": n}
+    rows = rows_from_parquet(e2e_store.get(result.rows_key))
+    owned = [s.call_id for r in rows for s in r.spans if s.owned]
+    assert len(rows) == n - 1 and sorted(owned) == sorted(f"parent.c{i}" for i in range(n))
+    runs = await _runs(temporal_client, episode_id)
+    assert len(runs) == progress.run_index + 1 >= 5
+    assert all(_completed_after_handing_over(h) >= 1 for h in runs[:-1])  # in-flight calls drained
+    # The large ledger went through the object store (pages), not a payload, and was cleaned up after.
+    last = temporal_client.get_workflow_handle(episode_id)
+    [materialize] = await decoded_inputs(temporal_client, last, "materialize_episode", MaterializeInput)
+    assert materialize.ledger_pages and not materialize.receipts
+    assert e2e_store.list(ledger_prefix(episode_id)) == []
+    print(
+        f"\n{n} calls, {len(runs)} runs, HandingOver retries {episodes.handover_retries}, "
+        f"events per run {[len(h.events) for h in runs]}"
+    )

@@ -1,0 +1,59 @@
+"""Pure pieces of issue 12: ledger pages for continue-as-new, claim-checked prompts, close digests."""
+
+from __future__ import annotations
+
+import pytest
+
+from activities.generate import ClaimCheckError, resolve_chat_ref
+from gateway.claims import stash_prompt
+from grove.contracts import CallRequest, ChatPrompt, CloseRequest, PromptSpec, close_digest
+from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
+from storage.local import LocalStore
+from workflows.handover import join_pages, split_pages
+from workflows.ledger import Ledger
+
+
+def _ledger(n: int) -> Ledger:
+    ledger = Ledger(episode_id="e/1", group_id="g")
+    ledger.open_context(ContextRecord(context_id="parent", agent="parent", origin=ContextOrigin.ROOT))
+    for i in range(n):
+        call_id = f"parent.c{i}"
+        digests = TokenDigests(prompt_len=3 if i == 0 else 6, completion_len=1, prompt_sha256=f"p{i}",
+                               completion_sha256=f"c{i}", logprobs_sha256=f"l{i}")  # fmt: skip
+        ledger.admit(call_id, "parent", extends=None if i == 0 else "parent.c0", branch=i > 0)
+        ledger.complete(call_id, f"staging/e/1/{call_id}.safetensors", digests, 0, "length")
+    return ledger
+
+
+@pytest.mark.parametrize("n, per_page, pages", [(0, 5, 1), (4, 5, 1), (9, 5, 2), (30, 7, 5)])
+def test_ledger_pages_hold_the_whole_ledger_in_order(n, per_page, pages):
+    ledger = _ledger(n)
+    split = split_pages(ledger, per_page)
+    assert len(split) == pages
+    assert all(len(p.contexts) + len(p.calls) <= per_page for p in split)
+    joined = join_pages("e/1", "g", [type(p).model_validate_json(p.model_dump_json()) for p in split])
+    assert joined == ledger and list(joined.calls) == list(ledger.calls)
+    # the joined ledger goes on admitting where the old one stopped
+    if n:
+        joined.admit(f"parent.c{n}", "parent", extends="parent.c0", branch=True)
+
+
+def test_a_stashed_chat_prompt_comes_back_only_unchanged(tmp_path):
+    store = LocalStore(tmp_path)
+    chat = ChatPrompt(messages=[{"role": "user", "content": "x" * 100_000}])
+    call = CallRequest(call_id="parent.c0", context_id="parent", prompt=PromptSpec(chat=chat))
+    stashed = stash_prompt(store, "e/1", call)
+    assert stashed.prompt.chat is None and len(stashed.model_dump_json()) < 1_000
+    assert resolve_chat_ref(stashed.prompt, "e/1", store).chat == chat
+    with pytest.raises(ClaimCheckError, match="outside episode"):
+        resolve_chat_ref(stashed.prompt, "e/2", store)
+    store.put(stashed.prompt.chat_ref.key, b"{}")
+    with pytest.raises(ClaimCheckError, match="was changed"):
+        resolve_chat_ref(stashed.prompt, "e/1", store)
+
+
+def test_close_digest_is_the_same_for_the_same_close_only():
+    a = CloseRequest(final_answer="done", outputs={"parent": ["x"], "w": ["y"]})
+    same = CloseRequest(final_answer="done", outputs={"w": ["y"], "parent": ["x"]})
+    assert close_digest(a) == close_digest(same)
+    assert close_digest(a) != close_digest(a.model_copy(update={"failure": "crashed"}))
