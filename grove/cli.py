@@ -120,13 +120,14 @@ def demo(
     lr: float = typer.Option(5e-4, help="Learning rate."),
     max_tokens: int = typer.Option(8, help="Max tokens per model call."),
     temperature: float = typer.Option(0.7, help="Sampling temperature (recorded per call for the learner)."),
+    eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
     from grove.demo import DemoConfig, main
 
     cfg = DemoConfig(
         name=name, model=model, steps=steps, group_size=group_size, tasks_per_step=tasks_per_step, lr=lr,
-        max_tokens=max_tokens, temperature=temperature,
+        max_tokens=max_tokens, temperature=temperature, eval_every=eval_every,
     )  # fmt: skip
     raise typer.Exit(main(cfg))
 

@@ -372,6 +372,19 @@ class RunConfig(BaseModel):
         description="task queue of the engine serving this run's policy; runs training at the same "
         "time need their own (grove worker --inference-queue)",
     )
+    # evaluation on held-out tasks (workflows/evaluation.py)
+    eval_every: int = Field(
+        0, ge=0, description="evaluate the policy every this many steps (after the step's update); 0: never"
+    )
+    eval_tasks: int = Field(
+        8,
+        ge=1,
+        description="held-out tasks of the family, indices num_tasks..num_tasks+eval_tasks-1 (never trained "
+        "on), one episode each, in index order",
+    )
+    eval_sampling: SamplingConfig | None = Field(
+        None, description="how evaluation episodes sample; null: as `sampling`"
+    )
 
     @model_validator(mode="after")
     def _learner_agrees_with_sampling(self) -> RunConfig:
@@ -387,6 +400,16 @@ class RunConfig(BaseModel):
         return self
 
 
+class EvalRecord(BaseModel):
+    """The held-out evaluation done after a step's update: scores of policy version `policy_version`."""
+
+    policy_version: int
+    mean_reward: float  # over the episodes that finished ok
+    episodes: int
+    failed_episodes: int
+    reward_components: dict[str, float] = Field(default_factory=dict)
+
+
 class StepRecord(BaseModel):
     step: int
     mean_reward: float
@@ -396,6 +419,7 @@ class StepRecord(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     # mean over the step's ok episodes of each reward component (EpisodeResult.reward_details)
     reward_components: dict[str, float] = Field(default_factory=dict)
+    eval: EvalRecord | None = None  # set on steps where the run evaluated (RunConfig.eval_every)
 
 
 class RunState(BaseModel):

@@ -51,6 +51,7 @@ class DemoConfig(BaseModel):
     lr: float = 5e-4
     max_tokens: int = 8
     temperature: float = 0.7
+    eval_every: int = 5  # held-out evaluation (8 tasks never trained on) every this many steps
     port: int = 7233
     ui_port: int = 8233
     out_dir: Path = Path("runs")
@@ -75,6 +76,8 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
                 train_agents=agents,
                 learner=LearnerConfig(lr=cfg.lr, weight_decay=0.0),
                 inference_queue=f"{queues.INFERENCE}-{run_id}",
+                eval_every=cfg.eval_every,
+                eval_tasks=8,
             )
         )
     return runs
@@ -121,12 +124,13 @@ def write_metrics(path: Path, histories: dict[str, list[StepRecord]]) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["run", "step", "mean_reward", "episodes", "failed_episodes", "policy_version", *keys,
-                    *(f"reward/{k}" for k in parts)])  # fmt: skip
+                    *(f"reward/{k}" for k in parts), "eval_mean_reward"])  # fmt: skip
         for run_id, history in histories.items():
             for r in history:
                 w.writerow([run_id, r.step, f"{r.mean_reward:.6f}", r.episodes, r.failed_episodes,
                             r.policy_version, *(r.metrics.get(k, "") for k in keys),
-                            *(r.reward_components.get(k, "") for k in parts)])  # fmt: skip
+                            *(r.reward_components.get(k, "") for k in parts),
+                            f"{r.eval.mean_reward:.6f}" if r.eval else ""])  # fmt: skip
 
 
 SMOOTH_WINDOW = 5
@@ -156,7 +160,16 @@ def reward_figure(histories: dict[str, list[StepRecord]], title: str):
         steps, raw = [r.step for r in history], [r.mean_reward for r in history]
         ax.plot(steps, raw, ".", color=f"C{i}", alpha=0.35, label=f"{run_id} (per step)")
         ax.plot(steps, smooth(raw), "-", color=f"C{i}", label=f"{run_id} (mean of last {SMOOTH_WINDOW})")
-    _decorate(ax, title, "mean reward (train)")
+        evals = [(r.step, r.eval.mean_reward) for r in history if r.eval is not None]
+        if evals:
+            ax.plot(
+                *zip(*evals, strict=True),
+                "s--",
+                color=f"C{i}",
+                markersize=4,
+                label=f"{run_id} (eval, held-out)",
+            )
+    _decorate(ax, title, "mean reward (train; squares: held-out eval)")
     if parts:
         ax = axes[0][1]
         styles = ["-", "--", ":", "-."]

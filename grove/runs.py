@@ -323,6 +323,7 @@ async def step_episodes(client: Client, run_id: str, step: int, missing_ok: bool
 async def _episode_row(client: Client, wf: WorkflowExecution) -> dict[str, Any]:
     row: dict[str, Any] = {
         "episode_id": wf.id,
+        "eval": "/eval/" in wf.id,  # a held-out evaluation episode (workflows/evaluation.py)
         "task_id": _attr(wf, "GroveTask"),
         "workflow_status": wf.status.name if wf.status else "UNKNOWN",
         "status": "running",

@@ -9,6 +9,8 @@ queue: the engine may have served another run, or restarted with the base weight
   train_step activity (trainer queue)      pulls the step's rows; idempotent per step (a committed
                                            checkpoint of step N is returned, not recomputed)
   publish_weights activity (inference)     the engine loads version N; later calls report it
+  every eval_every steps: held-out episodes of version N (workflows/evaluation.py), never trained on,
+                                           recorded in the step's StepRecord.eval
 All run state is one RunState, carried whole through continue-as-new every few steps.
 
 Cancel (`grove run cancel`, the `cancel` signal) stops the run cleanly at the next step boundary: the
@@ -26,13 +28,14 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from grove import queues
     from grove.contracts import (
         EpisodeResult,
         EpisodeSpec,
+        EvalRecord,
         PublishInput,
         PublishResult,
         RunResult,
@@ -44,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from grove.data_order import task_indices
     from harnesses.programs import family
     from workflows.episode import EpisodeWorkflow
+    from workflows.evaluation import eval_record, eval_specs, evaluates_at
 
 RUN = SearchAttributeKey.for_keyword("GroveRun")
 STEP = SearchAttributeKey.for_int("GroveStep")
@@ -109,7 +113,9 @@ class TrainingRunWorkflow:
             results = await self._episodes(step)
             train = await self._train(step, results)
             await self._publish(train.policy_version)
-            state.history.append(_record(step, results, train))
+            record = _record(step, results, train)
+            record.eval = await self._evaluate(step, train.policy_version)
+            state.history.append(record)
             state.next_step += 1
             more = state.next_step <= cfg.steps and not self.cancel_requested
             if more and self._should_continue_as_new(step):
@@ -143,6 +149,35 @@ class TrainingRunWorkflow:
                 )  # fmt: skip
             )
         return list(await asyncio.gather(*handles))
+
+    async def _evaluate(self, step: int, version: int) -> EvalRecord | None:
+        """Held-out episodes of the just-published policy (workflows/evaluation.py); never trained on."""
+        assert self.state is not None
+        if not evaluates_at(self.state.config, step):
+            return None
+        handles = []
+        for spec in eval_specs(self.state.config, step):
+            handles.append(
+                await workflow.start_child_workflow(
+                    EpisodeWorkflow.run,
+                    spec,
+                    id=spec.episode_id,
+                    task_queue=queues.EPISODES,
+                    memo={"task_id": spec.task.task_id, "group_id": spec.group_id, "eval": True},
+                    search_attributes=TypedSearchAttributes(
+                        [
+                            SearchAttributePair(RUN, spec.run_id),
+                            SearchAttributePair(STEP, step),
+                            SearchAttributePair(TASK, spec.task.task_id),
+                        ]
+                    ),
+                )
+            )
+        outcomes = await asyncio.gather(*handles, return_exceptions=True)
+        for out in outcomes:  # a failed eval episode is counted as failed; anything else is the run's
+            if isinstance(out, BaseException) and not isinstance(out, ChildWorkflowError):
+                raise out
+        return eval_record(version, [o if isinstance(o, EpisodeResult) else None for o in outcomes])
 
     async def _train(self, step: int, results: list[EpisodeResult]) -> TrainStepResult:
         assert self.state is not None
@@ -186,6 +221,8 @@ def _check_config(state: RunState) -> None:
     """Fail the run (not just the workflow task, which would retry forever) on a config that cannot work."""
     try:
         step_specs(state, state.next_step)
+        if state.config.eval_every:
+            eval_specs(state.config, state.config.eval_every)
     except (ValueError, KeyError) as err:
         raise ApplicationError(
             f"run {state.config.run_id}: invalid configuration: {err}",
