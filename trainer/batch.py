@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from activities.sampling import SamplingProcessing
+from trainer.attention import SegmentPlan
 from trainer.rows import Row, Span
 
 
@@ -141,6 +142,11 @@ def valid_rows(rows: Sequence[Row]) -> list[Row]:
     return [r for r in rows if r.episode_id not in invalid]
 
 
+def trained_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows a step forwards: valid, with loss tokens (others add nothing to loss or gradient)."""
+    return [r for r in valid_rows(rows) if r.num_loss_tokens > 0]
+
+
 def unique_eligible_tokens(rows: Sequence[Row]) -> int:
     """Eligible completion tokens of the valid episodes, each (episode, call) counted once."""
     lengths: dict[tuple[str, str], int] = {}
@@ -153,52 +159,91 @@ def unique_eligible_tokens(rows: Sequence[Row]) -> int:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Padded rows and their loss tokens; loss tokens are listed row-major over (row, position)."""
+    """One forward's tensors and its loss tokens, listed row-major over (row, position) of the rows.
 
-    input_ids: Tensor  # int64 [B, T], right-padded with 0
-    loss_rows: Tensor  # int64 [N], row index of each loss token
-    loss_positions: Tensor  # int64 [N], position t of each loss token (scored by the logits at t-1)
+    Padded layout: input_ids [B, T], token (b, t) scored by the logits at (b, t - 1).
+    Packed/tree layouts (trainer/packing.py): input_ids [1, N] with `position_ids` and the segment
+    plan of trainer/attention.py; a token is scored by the logits of its parent in the flat
+    sequence, and only the logits at `logit_positions` are computed.
+    """
+
+    input_ids: Tensor  # int64 [B, T], right-padded with 0 (packed: [1, N])
+    loss_rows: Tensor  # int64 [N], batch index of each loss token
+    loss_positions: Tensor  # int64 [N], position t of each loss token in input_ids
     behavior_logprobs: Tensor  # float32 [N]
     advantages: Tensor  # float64 [N]; the learner casts to the logprobs' dtype
     temperature: Tensor  # float64 [N], the sampling temperature of each loss token's span
     top_p: Tensor  # float64 [N], the sampling top-p of each loss token's span
-    row_ids: tuple[str, ...]  # [B]
-    real_tokens: int  # sum of unpadded row lengths
+    row_ids: tuple[str, ...]  # the rows whose loss tokens these are
+    real_tokens: int  # tokens forwarded, padding excluded
+    loss_pred_positions: Tensor | None = None  # int64 [N], index of the scoring logits (padded: None = t-1)
+    position_ids: Tensor | None = None  # int64 [1, N] (packed layouts)
+    attention: SegmentPlan | None = None  # packed layouts: which keys each query sees
+    logit_positions: Tensor | None = None  # int64 [K]: compute logits only here (packed layouts)
+    row_tokens: int = 0  # tokens of the rows (= real_tokens unless a tree merged shared prefixes)
 
     @property
     def padded_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    @property
+    def pred_positions(self) -> Tensor:
+        return self.loss_positions - 1 if self.loss_pred_positions is None else self.loss_pred_positions
+
+
+def token_columns(row: Row, advantage: float) -> dict[str, np.ndarray]:
+    """Every per-token array the loss reads, over the row's T positions (loss positions matter).
+
+    Each layout gathers these at its loss tokens' (row, position): one place to add a column.
+    """
+    t = len(row.input_ids)
+    temp = np.ones(t, dtype=np.float64)
+    top_p = np.ones(t, dtype=np.float64)
+    for s in row.spans:
+        if s.owned and s.eligible:  # exactly the loss tokens (validate_rows checked the mask)
+            temp[s.start : s.end] = s.temperature
+            top_p[s.start : s.end] = s.top_p
+    return {
+        "behavior_logprobs": np.asarray(row.behavior_logprobs, dtype=np.float32),
+        "advantages": np.full(t, advantage, dtype=np.float64),
+        "temperature": temp,
+        "top_p": top_p,
+    }
+
+
+def gather_loss_columns(
+    rows: Sequence[Row], loss_row: np.ndarray, loss_pos: np.ndarray, advantages: Mapping[str, float]
+) -> dict[str, Tensor]:
+    """`token_columns` of each loss token, by its (row index, position): tensors [N]."""
+    parts: dict[str, list[np.ndarray]] = {}
+    order = []
+    for i, row in enumerate(rows):
+        sel = np.flatnonzero(loss_row == i)
+        order.append(sel)
+        for name, col in token_columns(row, advantages[row.episode_id]).items():
+            parts.setdefault(name, []).append(col[loss_pos[sel]])
+    inverse = np.empty(loss_row.size, dtype=np.int64)
+    inverse[np.concatenate(order)] = np.arange(loss_row.size)  # back to the loss tokens' order
+    return {k: torch.from_numpy(np.concatenate(v)[inverse]) for k, v in parts.items()}
 
 
 def _collate(rows: Sequence[Row], advantages: Mapping[str, float]) -> MicroBatch:
     width = max(len(r.input_ids) for r in rows)
     ids = np.zeros((len(rows), width), dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=bool)
-    blp = np.zeros((len(rows), width), dtype=np.float32)
-    adv = np.zeros((len(rows), width), dtype=np.float64)
-    temp = np.ones((len(rows), width), dtype=np.float64)
-    top_p = np.ones((len(rows), width), dtype=np.float64)
     for b, row in enumerate(rows):
         t = len(row.input_ids)
         ids[b, :t] = row.input_ids
         mask[b, :t] = row.loss_mask
-        blp[b, :t] = row.behavior_logprobs
-        adv[b, :t] = advantages[row.episode_id]
-        for s in row.spans:
-            if s.owned and s.eligible:  # exactly the loss tokens (validate_rows checked the mask)
-                temp[b, s.start : s.end] = s.temperature
-                top_p[b, s.start : s.end] = s.top_p
     loss_rows, loss_positions = np.nonzero(mask)  # row-major
     return MicroBatch(
         input_ids=torch.from_numpy(ids),
         loss_rows=torch.from_numpy(loss_rows.astype(np.int64)),
         loss_positions=torch.from_numpy(loss_positions.astype(np.int64)),
-        behavior_logprobs=torch.from_numpy(blp[mask]),
-        advantages=torch.from_numpy(adv[mask]),
-        temperature=torch.from_numpy(temp[mask]),
-        top_p=torch.from_numpy(top_p[mask]),
+        **gather_loss_columns(rows, loss_rows, loss_positions, advantages),
         row_ids=tuple(r.row_id for r in rows),
         real_tokens=sum(len(r.input_ids) for r in rows),
+        row_tokens=sum(len(r.input_ids) for r in rows),
     )
 
 
@@ -209,7 +254,7 @@ def plan_micro_batches(rows: Sequence[Row], advantages: Mapping[str, float], bud
     add nothing to the loss or the gradient). `advantages` maps episode id -> advantage.
     No validation here: call `validate_rows` first.
     """
-    trained = [r for r in valid_rows(rows) if r.num_loss_tokens > 0]
+    trained = trained_rows(rows)
     ordered = sorted(trained, key=lambda r: (-len(r.input_ids), r.row_id))
     groups: list[list[Row]] = []
     for row in ordered:

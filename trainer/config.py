@@ -63,11 +63,23 @@ class LearnerConfig(BaseModel):
     adv_std_scaling: bool = Field(True, description="divide advantages by the group std; false: A = r - mean")
     adv_eps: float = Field(1e-6, gt=0, description="added to the group std")
 
-    # batch shape: the logical batch size, and the padded-token budget of one micro-batch
+    # batch shape: the logical batch size, and the token budget of one micro-batch
     rollouts_per_step: int | None = Field(
         None, gt=0, description="required episodes per step; null: any number"
     )
-    micro_batch_tokens: int = Field(8192, gt=0, description="padded-token budget of one micro-batch")
+    micro_batch_tokens: int = Field(
+        8192,
+        gt=0,
+        description="token budget of one micro-batch: padded tokens, or forwarded tokens when packed",
+    )
+
+    # how rows become forwards (trainer/packing.py). All three compute the same loss and gradient
+    # up to float rounding; the layout only changes cost.
+    layout: Literal["padded", "packed", "tree"] = Field(
+        "padded",
+        description="padded: rows right-padded (the original); packed: rows end to end, no padding; "
+        "tree: each episode's rows as a token trie, every distinct prefix forwarded once",
+    )
 
     seed: int = Field(0, description="learner RNG seed")
 

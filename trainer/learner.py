@@ -37,10 +37,12 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
 from trainer.advantages import EpisodeAdvantage, episode_advantages
+from trainer.attention import SEGMENT_ATTENTION
 from trainer.batch import MicroBatch, plan_micro_batches, unique_eligible_tokens, validate_rows
 from trainer.config import LearnerConfig
 from trainer.logprobs import processed_logprobs
 from trainer.loss import LossInputs, grpo_loss
+from trainer.packing import plan_packed_micro_batches, unique_prefix_tokens
 from trainer.rows import Row
 
 
@@ -66,8 +68,10 @@ class StepMetrics(BaseModel):
     rows: int
     micro_batches: int
     loss_tokens: int  # unique eligible tokens of the logical batch: the loss denominator
-    forwarded_tokens: int  # real tokens of the forwarded rows
+    forwarded_tokens: int  # tokens forwarded, padding excluded (a tree forwards a shared prefix once)
     padded_tokens: int  # tensor positions forwarded, padding included
+    row_tokens: int  # tokens of the trained rows (what padding-free rows forward)
+    unique_tokens: int  # distinct (episode, prefix) tokens of the trained rows: the least exact forward
     loss: float
     pg_loss: float
     kl: float
@@ -107,8 +111,14 @@ def seed_rngs(seed: int) -> None:
 
 
 def load_policy(model_dir: Path, device: torch.device, *, trainable: bool) -> nn.Module:
-    """A float32 HF causal LM in eval mode (no dropout); frozen unless `trainable`."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    """A float32 HF causal LM in eval mode (no dropout); frozen unless `trainable`.
+
+    Attention is trainer/attention.py's segment attention, which is plain SDPA unless a packed
+    micro-batch passes its segment plan (so every layout runs on the same model object).
+    """
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=SEGMENT_ATTENTION
+    ).to(device)
     model.eval()
     model.requires_grad_(trainable)
     return model
@@ -134,12 +144,21 @@ def _autocast(device: torch.device):
 def score_tokens(model: nn.Module, mb: MicroBatch, config: LearnerConfig, device: torch.device) -> Tensor:
     """Sampler-processed logprobs of the micro-batch's loss tokens, each under its span's sampling: [N]."""
     ids = mb.input_ids.to(device)  # [B, T]
+    packed = {}
+    if mb.attention is not None:
+        packed = {
+            "position_ids": mb.position_ids.to(device),
+            "segment_plan": mb.attention.to(device),
+            "logits_to_keep": mb.logit_positions.to(device),
+        }
     with _autocast(device):
-        logits = model(input_ids=ids, use_cache=False).logits  # [B, T, V]
+        logits = model(input_ids=ids, use_cache=False, **packed).logits  # [B, T or K, V]
     rows, pos = mb.loss_rows.to(device), mb.loss_positions.to(device)  # [N], [N]
-    # Token t was sampled from the distribution at t-1 (rows.py position convention).
+    # Token t was sampled from the distribution at the token before it on its path (rows.py
+    # position convention): t-1 in a padded row, its parent node in a packed/tree layout.
+    pred = mb.pred_positions.to(device)
     return processed_logprobs(
-        logits[rows, pos - 1],
+        logits[rows, pred],
         ids[rows, pos],
         temperature=mb.temperature.to(device),
         top_p=mb.top_p.to(device),
@@ -193,6 +212,7 @@ class PreparedBatch:
     advantages: dict[str, EpisodeAdvantage]
     denominator: int  # unique eligible tokens of the valid episodes
     plan: list[MicroBatch]
+    unique_tokens: int  # distinct (episode, prefix) tokens of the trained rows
 
 
 def prepare_batch(rows: Sequence[Row], config: LearnerConfig) -> PreparedBatch:
@@ -200,8 +220,11 @@ def prepare_batch(rows: Sequence[Row], config: LearnerConfig) -> PreparedBatch:
     validate_rows(rows)
     adv = episode_advantages(rows, std_scaling=config.adv_std_scaling, eps=config.adv_eps)
     per_episode = {e: a.advantage for e, a in adv.items()}
-    plan = plan_micro_batches(rows, per_episode, config.micro_batch_tokens)
-    return PreparedBatch(adv, unique_eligible_tokens(rows), plan)
+    if config.layout == "padded":
+        plan = plan_micro_batches(rows, per_episode, config.micro_batch_tokens)
+    else:
+        plan = plan_packed_micro_batches(rows, per_episode, config.layout, config.micro_batch_tokens)
+    return PreparedBatch(adv, unique_eligible_tokens(rows), plan, unique_prefix_tokens(rows))
 
 
 class Learner:
@@ -272,6 +295,8 @@ class Learner:
             loss_tokens=batch.denominator,
             forwarded_tokens=forwarded,
             padded_tokens=sum(mb.padded_tokens for mb in batch.plan),
+            row_tokens=sum(mb.row_tokens for mb in batch.plan),
+            unique_tokens=batch.unique_tokens,
             loss=total.loss,
             pg_loss=total.pg_sum / denominator,
             kl=total.kl_sum / denominator,

@@ -63,10 +63,12 @@ class _Builder:
         n = int(self.rng.integers(lo * self.scale, hi * self.scale + 1))
         return self.rng.integers(3, self.vocab, size=n).astype(np.int32)
 
-    def call(self, agent: str, context: str, parent: Call | None, prompt: np.ndarray, **kw) -> Call:
+    def call(
+        self, agent: str, context: str, parent: Call | None, prompt: np.ndarray, completion=None, **kw
+    ) -> Call:
         n = self.counters.get(context, 0)
         self.counters[context] = n + 1
-        completion = self.tokens(2, 8)
+        completion = self.tokens(2, 8) if completion is None else completion
         logprobs = -self.rng.uniform(0.05, 4.0, size=completion.size).astype(np.float32)
         c = Call(
             call_id=f"{context}/{n:03d}",
@@ -195,3 +197,131 @@ def random_batch(
             reward = float(rng.integers(0, 4))
             out.append(random_episode(rng, f"ep-g{g}-{j}", f"group-{g}", reward, vocab=vocab, size=size))
     return out
+
+
+# ---- episodes shaped like the delegation demo and like a long multi-agent trace -------------------
+
+
+def _lp(rng: np.random.Generator, n: int) -> np.ndarray:
+    return -rng.uniform(0.05, 4.0, size=n).astype(np.float32)
+
+
+def _chat_ids(tokenizer, messages: list[dict], *, generation_prompt: bool = True) -> np.ndarray:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    return np.asarray(ids, dtype=np.int32)
+
+
+def delegation_episode(
+    tokenizer, rng: np.random.Generator, episode_id: str, group_id: str, reward: float, words: list[str]
+) -> Episode:
+    """The delegation demo's call structure (harnesses/delegation.py) with its real chat-template
+    prompts: the parent's delegating call, one call per worker (its own root context: system prompt
+    + its word), the parent's final call continuing the first with the workers' answers as tool
+    results. Completions are random tokens of 1-8 tokens (the demo's max_tokens is 8)."""
+    from harnesses.delegation import PARENT_SYSTEM, WORKER_SYSTEM
+
+    vocab = len(tokenizer)
+
+    def completion() -> np.ndarray:
+        return rng.integers(3, vocab, size=int(rng.integers(1, 9))).astype(np.int32)
+
+    def call(cid: str, agent: str, ctx: str, parent: Call | None, prompt: np.ndarray) -> Call:
+        c = completion()
+        return Call(cid, agent, ctx, parent.call_id if parent else None, prompt, c, _lp(rng, c.size))
+
+    sys_p = {"role": "system", "content": PARENT_SYSTEM}
+    p0 = call(
+        "parent/c0/000",
+        "parent",
+        "parent/c0",
+        None,
+        _chat_ids(tokenizer, [sys_p, {"role": "user", "content": "Words:\n" + "\n".join(words)}]),
+    )
+    workers = [
+        call(
+            f"worker-{i + 1}/c0/000",
+            f"worker-{i + 1}",
+            f"worker-{i + 1}/c0",
+            None,
+            _chat_ids(
+                tokenizer,
+                [{"role": "system", "content": WORKER_SYSTEM}, {"role": "user", "content": f"Word:\n{w}"}],
+            ),
+        )
+        for i, w in enumerate(words)
+    ]
+    answers = [{"role": "tool", "content": tokenizer.decode(w.completion.tolist())} for w in workers]
+    observation = _chat_ids(tokenizer, answers)  # the tool turns + the assistant header, appended
+    p1 = call(
+        "parent/c0/001", "parent", "parent/c0", p0, np.concatenate([p0.prompt, p0.completion, observation])
+    )
+    return Episode(episode_id, group_id, reward, [p0, *workers, p1])
+
+
+def delegation_batch(tokenizer, *, tasks: int = 2, group_size: int = 8, seed: int = 0) -> list[Episode]:
+    """One demo step: `tasks` tasks x `group_size` episodes (the demo's defaults: 2 x 8)."""
+    from harnesses.delegation import make_task
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(tasks):
+        words = make_task(t).params["words"]
+        for j in range(group_size):
+            out.append(
+                delegation_episode(tokenizer, rng, f"del-{t}-{j}", f"task-{t}", float(rng.uniform()), words)
+            )
+    return out
+
+
+def long_prefix_episode(
+    rng: np.random.Generator,
+    episode_id: str,
+    group_id: str,
+    reward: float,
+    *,
+    vocab: int,
+    parent_tokens: int = 4096,
+    workers: int = 8,
+    worker_tokens: int = 2048,
+    compactions: int = 2,
+    turns: int = 4,  # >= 2
+) -> Episode:
+    """A multi-agent trace with long shared prefixes: the parent context grows over `turns` calls to
+    ~`parent_tokens`; then `workers` subagents fork from it (each worker's context starts with the
+    parent's whole context, as a forked subagent inherits it) and add ~`worker_tokens` each over
+    `turns` calls; their answers return to the parent; then `compactions` times the parent restarts
+    from a summary and runs `turns` more calls. Completions are 1/8 of each turn's new tokens."""
+    b = _Builder(rng, vocab, episode_id, 1)
+
+    def toks(n: int) -> np.ndarray:
+        return rng.integers(3, vocab, size=max(n, 1)).astype(np.int32)
+
+    def grow(head: Call, total: int) -> Call:
+        step = max((total - head.prompt.size - head.completion.size) // (turns - 1), 8)
+        for _ in range(turns - 1):
+            head = b.extend(head, toks(step - step // 8), completion=toks(step // 8))
+        return head
+
+    first = parent_tokens // turns
+    head = b.call("parent", "parent/c0", None, toks(first - first // 8), completion=toks(first // 8))
+    head = grow(head, parent_tokens)
+    spawn = np.concatenate([head.prompt, head.completion])
+    answers = []
+    for w in range(workers):
+        name = f"worker-{w}"
+        wh = b.call(
+            name,
+            f"{name}/c0",
+            None,
+            np.concatenate([spawn, toks(32)]),
+            completion=toks(worker_tokens // turns // 8),
+        )
+        wh = grow(wh, spawn.size + worker_tokens)
+        answers.append(wh.completion)
+    head = b.extend(head, np.concatenate(answers))
+    for c in range(1, compactions + 1):
+        summary = np.concatenate([toks(parent_tokens // 8), head.completion])
+        head = b.call("parent", f"parent/c{c}", None, summary, completion=toks(64))
+        head = grow(head, parent_tokens // 2)
+    return Episode(episode_id, group_id, reward, b.calls)
