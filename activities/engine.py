@@ -13,6 +13,21 @@ starts faster (13-18 s vs 27 s) but generates 4x slower at batch 16 (~670 vs ~25
 Everything sent to the model worker (`collective_rpc`) is a plain value (a folder path), never a
 tensor, so either setting works (pitfall 5 of shared/research/vllm_cpu.md section 4).
 
+Faults (issue 12, section 8):
+- Chunked prefill is off: vLLM rewinds a seeded request's generator after a partial prefill with a
+  CUDA-only offset call, so on CPU a group of long prompts that overflow one step's token budget
+  killed the engine core. Without chunking each prompt is prefilled in one step (a step schedules
+  at most `max_num_batched_tokens` >= max_model_len tokens; others wait), seeds and logprobs unchanged.
+- The engine's child processes die with the process that owns it, even on SIGKILL
+  (activities/vllm_worker_ext.py; this module names the owner in $GROVE_ENGINE_OWNER_PID).
+- An engine core that dies (a crash inside a step, its process killed) is final: the call in flight
+  and every later one raise `EngineDiedError`, and `wait_died()` returns, on which the worker exits
+  (grove/worker.py) so Temporal gives the calls to a live worker (the episode treats the failure as a
+  lost attempt).
+- A NaN/inf behaviour logprob fails its call with `NonFiniteLogprobError`, never reaching a row.
+- Test gates (grove/gates.py, only with $GROVE_TEST_GATES set): a finished generation can be held in
+  flight, inside the version gate, until a test releases it.
+
 Publication (`publish`) and the version a call reports:
 - A version gate admits each generation under the version current at admission. `publish` closes
   the gate to new generations, waits until every admitted one has finished (the equivalent of
@@ -33,9 +48,11 @@ Publication (`publish`) and the version a call reports:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hashlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -48,10 +65,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors import safe_open
 
 from activities.sampling import LOGPROBS_MODE, SamplingConfig
+from grove.gates import Gates
 
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "activities.vllm_worker_ext.GroveWorkerExtension"
+OWNER_PID_ENV = "GROVE_ENGINE_OWNER_PID"  # read by activities/vllm_worker_ext.py in the engine's processes
 
 
 class EngineError(Exception):
@@ -102,6 +121,17 @@ class EngineBrokenError(EngineError):
     """A failed reload could not be rolled back; the worker must be restarted."""
 
 
+class EngineDiedError(EngineError):
+    """vLLM's engine core died (a crash inside the model step, its process killed). Unrecoverable in
+    this process: the call is retryable elsewhere, and the worker exits (grove/worker.py) so Temporal
+    sends its calls to a live worker instead of to an engine that answers every call with an error."""
+
+
+class NonFiniteLogprobError(EngineError):
+    """The engine returned a NaN or infinite behaviour logprob (non-finite logits: corrupt or diverged
+    weights). The call fails here, at generation, instead of poisoning a training step later."""
+
+
 class EngineConfig(BaseModel):
     """How a worker starts its engine."""
 
@@ -116,6 +146,11 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = True  # torch.compile costs ~75 s of startup on CPU for no gain at this size
     enable_prefix_caching: bool = True
     seed: int = 0
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        """Tokens one engine step may schedule: at least one whole prompt (chunked prefill is off)."""
+        return max(self.max_model_len, 2048)
 
 
 @dataclass(frozen=True)
@@ -241,6 +276,10 @@ class _VersionGate:
     def active(self) -> int:
         return self._active
 
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
     async def close_and_drain(self) -> None:
         self._open.clear()
         await self._idle.wait()
@@ -284,6 +323,9 @@ class PolicyEngine:
         self._fingerprint = weights_fingerprint(config.model_dir)
         self._run: str | None = None  # the run whose policy lineage is served; None: the start-up weights
         self._broken: str | None = None
+        self._died = asyncio.Event()
+        self._death: str | None = None
+        self._gates = Gates.from_env()  # test gates: None unless $GROVE_TEST_GATES is set
         self.batch_stats = stats
 
     @classmethod
@@ -301,11 +343,24 @@ class PolicyEngine:
             kv_cache_memory_bytes=config.kv_cache_bytes,
             max_num_seqs=config.max_num_seqs,
             enable_prefix_caching=config.enable_prefix_caching,
+            # Never split a prompt over engine steps. vLLM discards the token sampled after a partial
+            # prefill and rewinds the request's seeded generator by `gen.set_offset(gen.get_offset() -
+            # 4)` (gpu_model_runner.py, a Philox offset); a CPU torch.Generator has no offset, so the
+            # first seeded prompt that gets chunked (a GRPO group of long prompts sharing a step)
+            # raises "CPU Generator does not use offset" and kills the engine core. Without chunking
+            # a prompt that does not fit the step's remaining token budget waits for the next step,
+            # every seeded request is sampled from an untouched generator (per-call determinism
+            # holds) and logprobs are unchanged.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=config.max_num_batched_tokens,
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
         )
         stats = BatchStats()
+        # The engine's child processes watch this process and die with it, even on SIGKILL
+        # (activities/vllm_worker_ext.py); spawn children inherit the environment.
+        os.environ[OWNER_PID_ENV] = str(os.getpid())
         # No local reference to the AsyncLLM outlives this call (see shutdown): only the engine holds it.
         engine = cls(
             config, AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)]), stats
@@ -329,6 +384,11 @@ class PolicyEngine:
     def in_flight(self) -> int:
         """Generations admitted and not yet finished."""
         return self._gate.active
+
+    @property
+    def publishing(self) -> bool:
+        """A publication has closed the version gate: new generations wait until it is done."""
+        return not self._gate.is_open
 
     @property
     def tokenizer(self) -> Any:
@@ -403,12 +463,47 @@ class PolicyEngine:
         params = self.sampling_params(sampling, seed)
         async with self._gate.admitted() as version:
             self._raise_if_broken()
-            final = None
+            final = await self._final_output(prompt, params, request_id)
+            generation = self._to_generation(final, prompt, version, request_id, sampling)
+            if self._gates is not None:  # tests only: hold a finished call in flight (grove/gates.py)
+                await self._gates.hold("generate", request_id)
+        return generation
+
+    async def _final_output(self, prompt: np.ndarray, params: Any, request_id: str) -> Any:
+        final = None
+        try:
             async for out in self._llm.generate(
                 {"prompt_token_ids": prompt.tolist()}, params, request_id=request_id
             ):
                 final = out
-        return self._to_generation(final, prompt, version, request_id, sampling)
+        except Exception as exc:
+            if self._llm is not None and self._llm.errored:
+                raise self._mark_died(f"request {request_id}: {type(exc).__name__}: {exc}") from exc
+            raise
+        return final
+
+    # ---- engine death -----------------------------------------------------------------------
+
+    def _mark_died(self, cause: str) -> EngineDiedError:
+        if self._death is None:
+            self._death = (
+                f"the vLLM engine core of this worker died ({cause}); the call is retried on another "
+                "worker and this worker exits; see the engine's traceback in this worker's log"
+            )
+            log.error("%s", self._death)
+        self._died.set()
+        return EngineDiedError(self._death)
+
+    async def wait_died(self, check_every: float = 0.5) -> EngineDiedError:
+        """Return (never raise) the error once the engine core is dead: noticed by a failed call at
+        once, or by vLLM's own liveness monitor (a killed engine process) within `check_every` s."""
+        while not self._died.is_set():
+            if self._llm is not None and self._llm.errored:
+                self._mark_died("vLLM reports the engine core dead")
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._died.wait(), check_every)
+        return EngineDiedError(self._death)
 
     def _to_generation(
         self, final: Any, prompt: np.ndarray, version: int, request_id: str, sampling: SamplingConfig
@@ -447,6 +542,15 @@ class PolicyEngine:
                     f"request {request_id}: no logprob for sampled token {tok} at position {i}"
                 )
             values[i] = entry[tok].logprob
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            i = int(bad[0])
+            raise NonFiniteLogprobError(
+                f"request {request_id}: the behaviour logprob of sampled token {int(ids[i])} at position "
+                f"{i} is {values[i]} ({bad.size} of {ids.size} positions non-finite); the served weights "
+                "produce non-finite logits: check the published checkpoint (NaN/inf weights, a diverged "
+                "step) before training on anything it samples"
+            )
         return values
 
     @staticmethod
@@ -475,6 +579,8 @@ class PolicyEngine:
     # ---- publication ------------------------------------------------------------------------
 
     def _raise_if_broken(self) -> None:
+        if self._death is not None:
+            raise EngineDiedError(self._death)
         if self._broken is not None:
             raise EngineBrokenError(self._broken)
         if self._llm is None:

@@ -49,7 +49,10 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
     eng.VersionConflictError,
     eng.WeightsMismatchError,
     eng.EngineBrokenError,
+    eng.NonFiniteLogprobError,  # the served weights give NaN/inf: the same call would again
 )
+# eng.EngineDiedError stays retryable: the episode treats it as a lost attempt and re-runs the call on
+# a live worker, while grove/worker.py takes this worker (and its dead engine) down.
 
 
 class DataConverterError(ValueError):

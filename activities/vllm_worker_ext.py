@@ -9,13 +9,76 @@ Why not plain `reload_weights`: on CPU two things go wrong (shared/research/vllm
   reload never re-processes, so logits keep the old weights unless the head is repacked (pitfall 1);
 - a failure in the middle of a layerwise reload can leave parameters on the meta device, and the next
   forward pass then kills the engine (pitfall 6); we check for that and report it instead.
+
+Importing this module also ties the engine's processes to the process that owns the engine (the
+grove worker), so they never outlive it, not even a SIGKILL of it (shared issue 12, section 9). vLLM
+0.32 on CPU runs: grove worker -> `EngineCore` (multiprocessing spawn) -> `VLLM::Worker` (spawn, the
+model; this module is imported there when the worker class is built). Neither child watches the
+grove worker: EngineCore only reacts to signals, the model worker only to EngineCore's death pipe
+(and it may spin for tens of seconds inside an OpenMP region before it reads it). So here:
+- `PR_SET_PDEATHSIG(SIGKILL)`: the kernel kills this model worker the moment its parent (EngineCore)
+  exits, however it exits;
+- a watcher thread blocks on a pidfd of the owner ($GROVE_ENGINE_OWNER_PID, set by PolicyEngine.start
+  before vLLM spawns anything): when the owner exits it SIGKILLs EngineCore (our parent) and so, by
+  the death signal, this process. No polling: the pidfd becomes readable when the owner exits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
+import logging
+import multiprocessing
+import os
+import select
+import signal
+import threading
 
 import torch
+
+from activities.engine import OWNER_PID_ENV
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    if os.getppid() != parent:  # the parent exited before prctl ran: we were already re-parented
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_engine_when_owner_exits(owner: int) -> None:
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        fd = None  # the owner is already gone
+    if fd is not None:
+        select.select([fd], [], [])  # readable once the owner has exited
+    parent = os.getppid()
+    if parent not in (owner, 1):  # model worker in its own process: take EngineCore down first
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(parent, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def tie_engine_to_owner() -> None:
+    """Make this engine process die with its owner; a no-op outside an engine child process."""
+    owner = os.environ.get(OWNER_PID_ENV)
+    parent = multiprocessing.parent_process()
+    if not owner or parent is None or int(owner) == os.getpid():
+        return  # not a process spawned for a PolicyEngine's engine
+    _die_with_parent(parent.pid)
+    threading.Thread(
+        target=_kill_engine_when_owner_exits, args=(int(owner),), name="grove-owner-watch", daemon=True
+    ).start()
+
+
+tie_engine_to_owner()
 
 
 class GroveWorkerExtension:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from asyncio import FIRST_COMPLETED
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -20,6 +21,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from grove import queues
+from grove.gates import GatedStore, Gates
 
 # A dead worker's sticky queue would otherwise hold the next workflow task for 10 s (infra_probe.md).
 STICKY_TIMEOUT = timedelta(seconds=2)
@@ -70,6 +72,9 @@ def io_worker(client: Client, store) -> Worker:
 def trainer_worker(client: Client, store, work_dir: Path, device: str | None) -> Worker:
     from activities.training import TrainerActivities
 
+    gates = Gates.from_env()  # tests only: hold the trainer after chosen object writes (grove/gates.py)
+    if gates is not None:
+        store = GatedStore(store, gates)
     acts = TrainerActivities(store, work_dir / "trainer", device=device)
     # one step at a time: the learner is a single in-memory model
     return Worker(
@@ -115,7 +120,26 @@ async def run_worker(
             )
         )
     try:
-        await asyncio.gather(*(w.run() for w in workers))
+        await _serve(workers, engine)
     finally:
         if owned_engine is not None:
             await owned_engine.shutdown()
+
+
+async def _serve(workers: list[Worker], engine) -> None:
+    """Run the workers until one fails or is cancelled, or until the engine dies: then raise its
+    EngineDiedError, so the process exits instead of answering every inference call with an error
+    (Temporal retries those calls on a live worker)."""
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    watch = asyncio.create_task(engine.wait_died()) if engine is not None else None
+    try:
+        done, _ = await asyncio.wait([*tasks, *([watch] if watch else [])], return_when=FIRST_COMPLETED)
+        if watch is not None and watch in done:
+            raise watch.result()
+        for task in done:
+            task.result()  # a worker that stopped by itself: surface its error
+    finally:
+        for task in [*tasks, *([watch] if watch else [])]:
+            task.cancel()
+        # let the Temporal workers shut down (report what their activities raised) before we return
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -94,9 +94,16 @@ def _ledger_failure(err: LedgerError) -> ApplicationError:
     return ApplicationError(str(err), type=type(err).__name__, non_retryable=True)
 
 
+# Failures that say the worker's engine died under the call (activities/engine.py EngineDiedError; the
+# worker then exits): the attempt is lost like a crashed worker's, not a wrong answer.
+LOST_ATTEMPT_ERRORS = frozenset({"EngineDiedError"})
+
+
 def _is_lost_attempt(err: ActivityError) -> bool:
     """A timeout means the worker vanished mid-call (crash, preemption): the attempt is lost, not wrong."""
     cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type in LOST_ATTEMPT_ERRORS:
+        return True
     return isinstance(cause, TimeoutError) and cause.type in (
         TimeoutType.HEARTBEAT,
         TimeoutType.START_TO_CLOSE,

@@ -28,6 +28,7 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
 
 from grove import queues
+from grove.gates import GateControl
 from infra.procs import log_tail
 
 T = TypeVar("T")
@@ -55,8 +56,10 @@ class WorkerProcess:
         store_dir: Path,
         model: Path,
         log_dir: Path,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.extra_env = dict(extra_env or {})
         self.queues = list(queue_names)
         self.address = address
         self.store_dir = Path(store_dir)
@@ -82,6 +85,7 @@ class WorkerProcess:
             GROVE_TEMPORAL_ADDRESS=self.address,
             GROVE_STORE=self.store_dir.as_uri(),
             PYTHONUNBUFFERED="1",
+            **self.extra_env,
         )
 
     def start(self) -> WorkerProcess:
@@ -321,6 +325,8 @@ class DurabilityStack:
         self.store_dir = self.root / "store"
         self.server = TemporalDevServer(self.root / "temporal")
         self.model = Path(model)
+        # Test gates (grove/gates.py): the workers hold at armed points until the test releases them.
+        self.gates = GateControl(self.root / "gates")
         self.client: Client | None = None
         self.main: WorkerProcess | None = None
         self.trainer: WorkerProcess | None = None
@@ -328,7 +334,7 @@ class DurabilityStack:
     def _worker(self, name: str, queue_names: Iterable[str]) -> WorkerProcess:
         return WorkerProcess(
             name, queue_names, address=self.server.address, store_dir=self.store_dir, model=self.model,
-            log_dir=self.root / "logs",
+            log_dir=self.root / "logs", extra_env=self.gates.env,
         )  # fmt: skip
 
     async def up(self) -> DurabilityStack:
@@ -356,3 +362,74 @@ class DurabilityStack:
 
     def logs(self) -> list[Path]:
         return [w.log_path for w in (self.main, self.trainer) if w is not None] + [self.server.log_path]
+
+
+# ---------------------------------------------------------------------------------------- gates
+
+
+async def wait_held(
+    stack: DurabilityStack, point: str, count: int, what: str, timeout: float = 120.0
+) -> list[str]:
+    """Until `count` keys are held at gate `point`. Held is a state, not a window: a held process stays
+    at the point until the test releases it, so this wait cannot miss it."""
+
+    async def held() -> list[str] | None:
+        for w in (stack.main, stack.trainer):
+            if w is not None:
+                w.check_alive()
+        keys = stack.gates.held(point)
+        return keys if len(keys) >= count else None
+
+    return await wait_until(held, timeout, what, logs=stack.logs())
+
+
+# ---------------------------------------------------------------------------------------- processes
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc/<pid>/task/*/children."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below `pid` -> its name (/proc/<pid>/comm), depth first."""
+    found: dict[int, str] = {}
+    for child in children(pid):
+        with contextlib.suppress(FileNotFoundError):
+            found[child] = Path(f"/proc/{child}/comm").read_text().strip()
+            found.update(descendants(child))
+    return found
+
+
+def wait_exited(pids: Iterable[int], timeout: float) -> dict[int, float]:
+    """Block until every pid has exited (pidfd: no polling); pid -> seconds it took. Processes that are
+    not our children cannot be waited on with waitpid, but a pidfd becomes readable when they exit."""
+    import select
+
+    start = time.monotonic()
+    fds: dict[int, int] = {}
+    took: dict[int, float] = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            took[pid] = 0.0
+    try:
+        while fds:
+            left = timeout - (time.monotonic() - start)
+            ready = select.select(list(fds), [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:
+                raise WorkerExitedError(
+                    f"processes {sorted(fds.values())} still alive {timeout:.0f} s after their owner died"
+                )
+            for fd in ready:
+                took[fds.pop(fd)] = time.monotonic() - start
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return took

@@ -4,15 +4,18 @@ exists once, and each step is trained exactly once.
 
 Real parts: the dev server (killed and restarted), `grove worker` subprocesses that are never
 restarted (they reconnect by themselves), vLLM on the tiny-random model, the local object store.
+The kill lands mid-call by construction: the worker's `generate` gate (grove/gates.py) holds step 1's
+calls in flight, inside their started activities, until the server is down; then they are released
+and complete (or are lost) while it is down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 
 import pytest
-from temporalio.service import RPCError
 
 from activities.sampling import SamplingConfig
 from grove import queues
@@ -34,6 +37,7 @@ from tests.durability.helpers import (
     decoded_inputs,
     is_started,
     pending_activities,
+    wait_held,
     wait_until,
     workflow_ids_of_run,
 )
@@ -63,38 +67,29 @@ def expected_episode_ids(cfg: RunConfig, step: int) -> list[str]:
     return sorted(f"{cfg.run_id}/s{step:06d}/t{t}/g{j}" for t in tasks for j in range(cfg.group_size))
 
 
-async def generating_episode(client, episode_ids: list[str]) -> str | None:
-    """An episode of `episode_ids` with a generate activity started (mid-call), if any."""
-    for eid in episode_ids:
-        try:
-            acts = await pending_activities(client.get_workflow_handle(eid))
-        except RPCError:
-            continue  # not started yet
-        if any(a.activity_type.name == "generate" and is_started(a) for a in acts):
-            return eid
-    return None
-
-
 async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
     await stack.up()
     client, server = stack.client, stack.server
     cfg = run_config(str(stack.model))
     pids = (stack.main.pid, stack.trainer.pid)
     step1 = expected_episode_ids(cfg, 1)
+    stack.gates.clear("generate")
+    stack.gates.arm("generate", f"^{re.escape(cfg.run_id)}/s000001/")
     handle = await client.start_workflow(
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
         result_type=RunResult,
     )  # fmt: skip
-    in_flight = await wait_until(
-        lambda: generating_episode(client, step1),
-        120,
-        "a step-1 episode mid-call",
-        every=0.05,
-        logs=stack.logs(),
-    )
+    held = await wait_held(stack, "generate", 1, "a step-1 call held in flight")
+    in_flight = held[0].rsplit("/", 2)[0]
+    [act] = [
+        a for a in await pending_activities(client.get_workflow_handle(in_flight))
+        if a.activity_type.name == "generate"
+    ]  # fmt: skip
+    assert is_started(act)  # the held call is inside its started activity: the server dies mid-call
     port, db = server.port, server.db_path
     server.kill()
-    await asyncio.sleep(DOWNTIME_S)
+    stack.gates.disarm("generate")  # the held calls finish while the server is down
+    await asyncio.sleep(DOWNTIME_S)  # an outage of this length, not a wait for anything
     server.start()  # same object: same port, same SQLite file
     assert (server.port, server.db_path) == (port, db)
 

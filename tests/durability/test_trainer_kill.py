@@ -3,17 +3,18 @@ absent (then committed by the retry on a new trainer) or committed (then reused)
 and the final weights equal those of an uninterrupted learner on the same rows.
 
 The trainer queue runs in its own `grove worker --queues trainer` process. The kill lands inside the
-activity deterministically: `train_step` saves the checkpoint after the optimizer step, its files in
-sorted order and the COMMIT marker last, so the test kills the trainer the moment the first file
-(model/config.json) appears in the store (polled every 5 ms): in the middle of the checkpoint write,
-leaving a partial, uncommitted step behind. The history then shows train_step of step 2 started
-twice (attempt 2 after the 60 s heartbeat timeout).
+activity by construction: `train_step` saves the checkpoint after the optimizer step, its files in
+sorted order and the COMMIT marker last, and the trainer's `store_put` gate (grove/gates.py) holds it
+right after the first file (model/config.json) is written, until the test has killed it: in the
+middle of the checkpoint write, leaving a partial, uncommitted step behind. The history then shows
+train_step of step 2 started twice (attempt 2 after the 60 s heartbeat timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import uuid
 
 import pytest
@@ -31,7 +32,7 @@ from tests.durability.helpers import (
     decoded_inputs,
     is_started,
     pending_activities,
-    wait_until,
+    wait_held,
 )
 from trainer.checkpoint import (
     CheckpointNotFoundError,
@@ -77,30 +78,28 @@ async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stac
     await stack.up()
     client, store = stack.client, LocalStore(stack.store_dir)
     cfg = run_config(str(stack.model))
+    stack.gates.clear("store_put")
+    first_key = step_prefix(cfg.run_id, KILL_STEP) + FIRST_CHECKPOINT_FILE
+    stack.gates.arm("store_put", f"^{re.escape(first_key)}$")
     handle = await client.start_workflow(
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
         result_type=RunResult,
     )  # fmt: skip
-    first_file = store.root / step_prefix(cfg.run_id, KILL_STEP) / FIRST_CHECKPOINT_FILE
-
-    async def saving_checkpoint() -> bool:
-        return first_file.exists()
-
-    what = f"step {KILL_STEP}'s train_step to write {first_file}"
-    await wait_until(saving_checkpoint, 180, what, every=0.005, logs=stack.logs())
+    what = f"step {KILL_STEP}'s train_step held after writing {first_key}"
+    assert await wait_held(stack, "store_put", 1, what, timeout=180) == [first_key]
     stack.trainer.kill()
+    stack.gates.disarm("store_put")  # the retry on the new trainer writes through
     # the server still sees step 2's train_step started (attempt 1) on the trainer that just died
     [pending] = [a for a in await pending_activities(handle) if a.activity_type.name == "train_step"]
     assert is_started(pending) and pending.attempt == 1
 
-    # at the crash: the step is either committed whole, or invisible to readers (leftovers allowed)
+    # at the crash: the step's first file is written and the step is invisible to readers
     committed_at_kill = store.exists(commit_key(cfg.run_id, KILL_STEP))
-    if committed_at_kill:
-        check_committed(store, cfg.run_id, KILL_STEP)
-    else:
-        assert latest_committed_step(store, cfg.run_id) == KILL_STEP - 1
-        with pytest.raises(CheckpointNotFoundError):
-            read_manifest(store, cfg.run_id, KILL_STEP)
+    assert not committed_at_kill
+    assert store.exists(first_key)
+    assert latest_committed_step(store, cfg.run_id) == KILL_STEP - 1
+    with pytest.raises(CheckpointNotFoundError):
+        read_manifest(store, cfg.run_id, KILL_STEP)
     left = store.list(step_prefix(cfg.run_id, KILL_STEP))
     print(f"at the kill: committed={committed_at_kill}, objects {left}")
 

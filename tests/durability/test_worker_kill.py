@@ -2,10 +2,11 @@
 new worker process, the lost attempt is accounted as discarded and its retry is the call that is trained.
 
 Real parts: the Temporal dev server, `grove worker` subprocesses (vLLM on the tiny-random model), the
-local object store. The kill must land inside a `generate` activity: the episode samples 256 tokens
-per call with `ignore_eos` (about 1 s per call here, against ~0.1 s from seeing the activity started
-to the kill), and the kill happens only once the workflow's `summary` query shows a worker agent's
-call pending *and* `describe` shows a generate activity started on the worker.
+local object store. The kill lands inside a `generate` activity by construction, not by timing: the
+test arms the worker's `generate` gate (grove/gates.py) for worker agents' calls, so each of them is
+held in flight, inside its started activity, after vLLM sampled it and before the activity returns.
+The scenario's two workers start together after the parent's first call, so the state the test waits
+for (worker-1's and worker-2's first calls both held) comes and stays until the test acts.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tests.durability.helpers import (
     is_started,
     pending_activities,
     scheduled_call_ids,
+    wait_held,
     wait_until,
 )
 from trainer.rows import rows_from_parquet
@@ -34,7 +36,9 @@ from workflows.episode import EpisodeWorkflow
 
 pytestmark = pytest.mark.timeout(300)
 
-SLOW_SAMPLING = SamplingConfig(max_tokens=256, ignore_eos=True)
+SAMPLING = SamplingConfig(max_tokens=8)
+WORKER_CALLS = r"/worker-[^/]*/[^/]*$"  # request ids of worker agents' calls: {episode}/{call}/{attempt}
+FIRST_WORKER_CALLS = {"worker-1.0.c0", "worker-2.0.c0"}  # spawned together: both are held at once
 
 # The scenario's calls (harnesses/scenario.py), written out, and its rows: endpoint -> calls in order.
 ALL_CALLS = {
@@ -54,7 +58,7 @@ def episode_spec() -> EpisodeSpec:
     run = f"dur-worker-kill-{uuid.uuid4().hex[:6]}"
     return EpisodeSpec(
         run_id=run, step=0, group_id=f"{run}/t0", episode_id=f"{run}/t0/g0", task=scenario.make_task(0),
-        harness=HarnessSpec(program=scenario.NAME), sampling=SLOW_SAMPLING,
+        harness=HarnessSpec(program=scenario.NAME), sampling=SAMPLING,
     )  # fmt: skip
 
 
@@ -79,18 +83,24 @@ async def test_worker_sigkill_mid_worker_call_discards_the_lost_attempt(stack):
     await stack.up()
     client, old = stack.client, stack.main
     spec = episode_spec()
+    stack.gates.clear("generate")
+    stack.gates.arm("generate", WORKER_CALLS)
     handle = await client.start_workflow(
         EpisodeWorkflow.run, spec, id=spec.episode_id, task_queue=queues.EPISODES, result_type=EpisodeResult
     )
+    held = await wait_held(stack, "generate", 2, "both workers' first calls held in flight")
+    assert {r.rsplit("/", 2)[1] for r in held} == FIRST_WORKER_CALLS, held
+    # Held inside their activities: both are started on the worker, and they are all that is pending
+    # (a held call stays pending, so this is a state to read, not a moment to catch).
     started = await wait_until(
-        lambda: started_worker_calls(handle), 120, "a worker agent's generate activity running",
-        every=0.05, logs=stack.logs(),
-    )  # fmt: skip
+        lambda: started_worker_calls(handle), 30, "the held calls' activities shown as started"
+    )
     killed_pid = old.pid
     old.kill()
     lost = set((await scheduled_call_ids(client, handle, started)).values())
-    assert lost and all(c.startswith("worker-") for c in lost), lost
+    assert lost == FIRST_WORKER_CALLS, lost
 
+    stack.gates.disarm("generate")  # the retries run through
     old.start()  # a new process (new pid) on the same queues
     assert old.pid != killed_pid
     await old.wait_ready(client)

@@ -20,6 +20,7 @@ from activities.engine import (
 from activities.inference_worker import InferenceActivities
 from activities.sampling import SamplingConfig
 from grove.contracts import PublishInput
+from grove.gates import GateControl, Gates
 from tests.inference.checkpoints import commit_checkpoint, perturbed_copy
 from tests.inference.reference import learner_logprobs
 
@@ -139,17 +140,28 @@ async def test_failure_inside_the_reload_rolls_back(policy_engine, tmp_path, mon
     assert version == current and diff <= TOL
 
 
-async def test_calls_in_flight_finish_under_the_version_they_started_with(policy_engine, tmp_path):
+async def test_calls_in_flight_finish_under_the_version_they_started_with(
+    policy_engine, tmp_path, monkeypatch
+):
+    """Four calls held in flight by the engine's `generate` gate (grove/gates.py) while a publication
+    starts: it waits for them, a call arriving meanwhile waits for it. Every moment is created by the
+    test (held calls, a closed version gate), none is caught by timing."""
     old_version, old_dir = policy_engine.version, policy_engine.source_dir
     new_dir = perturbed_copy(old_dir, tmp_path / "next", seed=6)
     prompt = prompt_ids(policy_engine)
     long = SamplingConfig(max_tokens=64, ignore_eos=True)
+    control = GateControl(tmp_path / "gates")
+    monkeypatch.setattr(policy_engine, "_gates", Gates(control.root))
+    control.arm("generate", "^inflight-")
     before = [asyncio.create_task(policy_engine.generate(prompt, long, s, f"inflight-{s}")) for s in range(4)]
-    while policy_engine.in_flight < 4:  # admitted: they run under the old version whatever happens next
-        await asyncio.sleep(0.001)
+    await until(lambda: len(control.held("generate")) == 4, before)  # sampled, held inside the gate
+    assert policy_engine.in_flight == 4
     publish = asyncio.create_task(policy_engine.publish(new_dir, old_version + 1))
-    await asyncio.sleep(0.05)
+    await until(lambda: policy_engine.publishing, [publish])  # the gate is closed, the drain waits
     during = asyncio.create_task(policy_engine.generate(prompt, SAMPLING, 99, "during-publish"))
+    await asyncio.sleep(0)  # let it reach the closed gate
+    assert not publish.done() and not during.done()
+    control.disarm("generate")  # the held calls return; the publication proceeds
 
     report = await publish
     old_gens = await asyncio.gather(*before)
@@ -168,6 +180,19 @@ async def test_calls_in_flight_finish_under_the_version_they_started_with(policy
         f"(drain {report.drain_seconds * 1e3:.0f} ms,"
         f" reload {report.reload_seconds * 1e3:.0f} ms)"
     )
+
+
+async def until(condition, tasks, timeout: float = 60.0) -> None:
+    """Until `condition()` holds: a state that stays once reached (held calls, a closed gate). Fails at
+    once if one of `tasks` ended first (its error), and after `timeout` s."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        for t in tasks:
+            if t.done():
+                t.result()
+                raise AssertionError(f"{t} finished before the awaited state")
+        assert asyncio.get_running_loop().time() < deadline, "the awaited state never came"
+        await asyncio.sleep(0.005)
 
 
 async def test_prefix_cache_does_not_serve_stale_keys_and_values(policy_engine, tmp_path):

@@ -1,0 +1,102 @@
+"""A worker and its vLLM engine live and die together (issue 12, sections 8 and 9).
+
+- SIGTERM of the worker process alone stops its engine processes too (one was seen spinning for ~40 s).
+- SIGKILL of the worker process alone (not its process group: a crash of the one process, as an OOM
+  kill or a `kill -9 <pid>` does it) takes its engine processes down: vLLM's EngineCore and its model
+  worker (`VLLM::Worker`) exit within seconds instead of living on as orphans.
+- A dead engine behind a live worker: SIGKILL of the worker's EngineCore makes the worker exit with
+  EngineDiedError (so Temporal gives its calls to a live worker) instead of answering every call with
+  an error; its model worker goes with it.
+
+The engine processes are found in /proc (the worker's descendants) and their exit is awaited on pidfds:
+no polling, a bounded wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
+
+from infra.procs import log_tail
+from tests.durability.helpers import descendants, wait_exited
+from workflows.episode import _is_lost_attempt
+
+pytestmark = pytest.mark.timeout(300)
+
+EXIT_BOUND_S = 30.0  # generous: measured well under a second here (see the printed times)
+
+
+def engine_processes(worker_pid: int) -> dict[int, str]:
+    found = descendants(worker_pid)
+    names = sorted(found.values())
+    assert any(n.startswith("EngineCore") for n in names), f"no EngineCore below {worker_pid}: {found}"
+    assert any("Worker" in n for n in names), f"no vLLM model worker below {worker_pid}: {found}"
+    return found
+
+
+async def test_sigkill_of_a_worker_takes_its_engine_processes_down(stack):
+    await stack.up()
+    worker = stack.main
+    pid = worker.pid
+    engine = engine_processes(pid)
+
+    os.kill(pid, signal.SIGKILL)  # this process only: its children get no signal from us
+    assert worker.proc.wait(timeout=30) == -signal.SIGKILL
+    took = wait_exited(engine, EXIT_BOUND_S)
+    print(
+        "engine processes gone after the worker's SIGKILL:",
+        {engine[p]: f"{s:.2f} s" for p, s in took.items()},
+    )
+    worker.kill()  # reap and forget the process (its group is already empty)
+
+
+async def test_sigterm_of_a_worker_stops_its_engine_processes(stack):
+    """A plain `kill <pid>` of the worker: it shuts its engine down and exits; nothing keeps running."""
+    await stack.up()
+    worker = stack.main
+    pid = worker.pid
+    engine = engine_processes(pid)
+
+    os.kill(pid, signal.SIGTERM)
+    code = worker.proc.wait(timeout=EXIT_BOUND_S)
+    took = wait_exited(engine, EXIT_BOUND_S)
+    print(f"worker exited with code {code} after SIGTERM; engine processes gone after:", took)
+    worker.kill()
+
+
+async def test_a_dead_engine_takes_its_worker_down(stack):
+    await stack.up()
+    worker = stack.main
+    pid = worker.pid
+    engine = engine_processes(pid)
+    [core] = [p for p, name in engine.items() if name.startswith("EngineCore")]
+
+    os.kill(core, signal.SIGKILL)  # the engine dies; nobody signals the worker
+    code = worker.proc.wait(timeout=EXIT_BOUND_S)
+    log = log_tail(worker.log_path, 80)
+    assert code != 0, log
+    assert "EngineDiedError" in log, log
+    took = wait_exited(engine, EXIT_BOUND_S)
+    print(f"worker exited with code {code} after its EngineCore's SIGKILL; engine processes: {took}")
+    worker.kill()
+
+
+def _activity_error(cause: BaseException) -> ActivityError:
+    err = ActivityError(
+        "activity failed", scheduled_event_id=5, started_event_id=6, identity="1@host",
+        activity_type="generate", activity_id="7", retry_state=RetryState.MAXIMUM_ATTEMPTS_REACHED,
+    )  # fmt: skip
+    err.__cause__ = cause
+    return err
+
+
+def test_an_engine_death_is_a_lost_attempt_and_other_failures_are_not():
+    """The episode re-runs a call whose engine died (on a live worker) like one whose worker vanished,
+    and still fails a call that failed for what it is (bad prompt, NaN weights)."""
+    died = ApplicationError("engine died", type="EngineDiedError")
+    assert _is_lost_attempt(_activity_error(died))
+    for kind in ("NonFiniteLogprobError", "PromptTooLongError", "GenerationAbortedError"):
+        assert not _is_lost_attempt(_activity_error(ApplicationError("x", type=kind)))
