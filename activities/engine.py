@@ -14,7 +14,7 @@ Everything sent to the model worker (`collective_rpc`) is a plain value (a folde
 tensor, so either setting works (pitfall 5 of shared/research/vllm_cpu.md section 4).
 
 Faults (issue 12, section 8):
-- Chunked prefill is off: vLLM rewinds a seeded request's generator after a partial prefill with a
+- Chunked prefill is off on CPU: vLLM rewinds a seeded request's generator after a partial prefill with a
   CUDA-only offset call, so on CPU a group of long prompts that overflow one step's token budget
   killed the engine core. Without chunking each prompt is prefilled in one step (a step schedules
   at most `max_num_batched_tokens` >= max_model_len tokens; others wait), seeds and logprobs unchanged.
@@ -307,6 +307,16 @@ def _stats_logger_factory(stats: BatchStats):
     return _SchedulerStatsRecorder
 
 
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _cpu_scheduling(config: EngineConfig) -> dict[str, Any]:
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": config.max_num_batched_tokens}
+
+
 class PolicyEngine:
     """One vLLM AsyncLLM (its engine core in a child process) serving the current policy version."""
 
@@ -343,16 +353,16 @@ class PolicyEngine:
             kv_cache_memory_bytes=config.kv_cache_bytes,
             max_num_seqs=config.max_num_seqs,
             enable_prefix_caching=config.enable_prefix_caching,
-            # Never split a prompt over engine steps. vLLM discards the token sampled after a partial
-            # prefill and rewinds the request's seeded generator by `gen.set_offset(gen.get_offset() -
-            # 4)` (gpu_model_runner.py, a Philox offset); a CPU torch.Generator has no offset, so the
-            # first seeded prompt that gets chunked (a GRPO group of long prompts sharing a step)
-            # raises "CPU Generator does not use offset" and kills the engine core. Without chunking
-            # a prompt that does not fit the step's remaining token budget waits for the next step,
-            # every seeded request is sampled from an untouched generator (per-call determinism
-            # holds) and logprobs are unchanged.
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            # On CPU, never split a prompt over engine steps. vLLM discards the token sampled after a
+            # partial prefill and rewinds the request's seeded generator by `gen.set_offset(
+            # gen.get_offset() - 4)` (gpu_model_runner.py, a CUDA Philox offset); a CPU torch.Generator
+            # has no offset, so the first seeded prompt that gets chunked (a GRPO group of long prompts
+            # sharing a step) raises "CPU Generator does not use offset" and kills the engine core.
+            # Without chunking a prompt that does not fit the step's remaining token budget waits for
+            # the next step, every seeded request is sampled from an untouched generator (per-call
+            # determinism holds) and logprobs are unchanged. CUDA generators have offsets: GPUs keep
+            # vLLM's default (chunked prefill, its own token budget).
+            **(_cpu_scheduling(config) if _on_cpu() else {}),
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,

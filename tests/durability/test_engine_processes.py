@@ -32,7 +32,9 @@ EXIT_BOUND_S = 30.0  # generous: measured well under a second here (see the prin
 def engine_processes(worker_pid: int) -> dict[int, str]:
     found = descendants(worker_pid)
     names = sorted(found.values())
-    assert any(n.startswith("EngineCore") for n in names), f"no EngineCore below {worker_pid}: {found}"
+    assert any("EngineCor" in n for n in names), (
+        f"no EngineCore below {worker_pid}: {found}"
+    )  # comm: 15 chars
     assert any("Worker" in n for n in names), f"no vLLM model worker below {worker_pid}: {found}"
     return found
 
@@ -72,7 +74,7 @@ async def test_a_dead_engine_takes_its_worker_down(stack):
     worker = stack.main
     pid = worker.pid
     engine = engine_processes(pid)
-    [core] = [p for p, name in engine.items() if name.startswith("EngineCore")]
+    [core] = [p for p, name in engine.items() if "EngineCor" in name]
 
     os.kill(core, signal.SIGKILL)  # the engine dies; nobody signals the worker
     code = worker.proc.wait(timeout=EXIT_BOUND_S)
