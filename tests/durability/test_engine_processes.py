@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
@@ -63,9 +64,11 @@ async def test_sigterm_of_a_worker_stops_its_engine_processes(stack):
     engine = engine_processes(pid)
 
     os.kill(pid, signal.SIGTERM)
+    sent = time.monotonic()
     code = worker.proc.wait(timeout=EXIT_BOUND_S)
+    exit_s = time.monotonic() - sent
     took = wait_exited(engine, EXIT_BOUND_S)
-    print(f"worker exited with code {code} after SIGTERM; engine processes gone after:", took)
+    print(f"worker exited with code {code} {exit_s:.2f} s after SIGTERM; engine processes gone after:", took)
     worker.kill()
 
 
@@ -77,12 +80,14 @@ async def test_a_dead_engine_takes_its_worker_down(stack):
     [core] = [p for p, name in engine.items() if "EngineCor" in name]
 
     os.kill(core, signal.SIGKILL)  # the engine dies; nobody signals the worker
+    killed = time.monotonic()
     code = worker.proc.wait(timeout=EXIT_BOUND_S)
+    exit_s = time.monotonic() - killed
     log = log_tail(worker.log_path, 80)
     assert code != 0, log
     assert "EngineDiedError" in log, log
     took = wait_exited(engine, EXIT_BOUND_S)
-    print(f"worker exited with code {code} after its EngineCore's SIGKILL; engine processes: {took}")
+    print(f"worker exited with code {code} {exit_s:.2f} s after its EngineCore's SIGKILL; engine: {took}")
     worker.kill()
 
 
