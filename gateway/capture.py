@@ -3,11 +3,23 @@ the context's head, admit it through the episode's Updates, and record what the 
 
     spec      -> sampling (the episode's, with the request's overrides; 400 before anything runs)
     summary   -> identity (headers) -> target context (gateway/routing.py)
-    head      -> its chat record (a completed head without one was never delivered: discard it, redo)
+    head      -> still generating: 409 HeadPendingError; still being delivered by a request of this
+                 gateway: 409 ResponsePendingError (Retry-After); else its chat record (a completed
+                 head without one, whose request is gone, was never delivered: discard it, redo)
     decision  -> ROOT / CONTINUE / RETRY / REWRITE or 400 (gateway/continuation.py); nothing is
                  admitted for a refused request
     act       -> open_context (new agent, or a rewrite), discard (retry), call -> CallResult
     record    -> written before the response leaves (gateway/records.py)
+    delivery  -> `Delivery`: the route sends the response and settles it (gateway/delivery.py):
+                 delivered whole -> delivery mark; not -> the call is discarded, never trained
+
+Delivery and its races. A call's response is "being delivered" from its call Update until the route has
+sent its last byte or given up; this gateway process knows which of its own requests are in that window
+(`Capture._delivering`, liveness, not state: nothing there outlives the request). Another request of the
+same context in that window gets a retryable 409 instead of a decision on a head that may be about to be
+delivered (it must not discard it). Several gateway replicas do not share that knowledge: route all
+requests of an episode to one replica (the episode reference is in the path). At close,
+`settle_undelivered` discards every completed head without a delivery mark that nothing builds on.
 
 Call ids are deterministic per context: `{context_id}.c{n}`, n = the context's number of calls so far.
 A chat continuation names its parent's staged arrays, and the generate activity splices the parent's
@@ -17,21 +29,25 @@ exact tokens in front of the new messages (grove.contracts.ChatPrompt).
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from activities.sampling import SamplingConfig
 from gateway.chat_request import ChatCompletionRequest, sampling_for
 from gateway.claims import stash_prompt
 from gateway.continuation import Decision, Move, decide
-from gateway.episodes import Episodes
+from gateway.episodes import EpisodeError, Episodes
 from gateway.identity import Identity
-from gateway.records import ChatRecord, Usage, load_record, save_record
+from gateway.records import ChatRecord, Usage, is_delivered, load_record, mark_delivered, save_record
 from gateway.routing import Target, identify, route
 from grove.contracts import CallRequest, CallResult, ChatPrompt, PromptSpec
 from grove.receipts import ContextOrigin, ContextRecord
 from storage.base import ObjectStore
 from trainer.staging_format import staging_key
+
+log = logging.getLogger("grove.gateway")
 
 MAX_RECOVERIES = 3  # undelivered heads discarded before giving up on one request
 _REPLAN = object()  # _head's answer after discarding an undelivered head
@@ -47,6 +63,17 @@ class EpisodeClosedError(CaptureError):
 
 class HeadPendingError(CaptureError):
     """The context's head is still generating: the harness sent the next request too early (HTTP 409)."""
+
+
+class ResponsePendingError(CaptureError):
+    """The context's head has completed and its response is still being delivered by this gateway
+    (HTTP 409 with Retry-After): the request came before that response left; retry it shortly."""
+
+    retry_after = 1  # seconds: delivering a finished call takes milliseconds
+
+    def __init__(self, message: str, *, episode_id: str, context_id: str, call_id: str) -> None:
+        super().__init__(message)
+        self.episode_id, self.context_id, self.call_id = episode_id, context_id, call_id
 
 
 class ForeignSessionError(CaptureError):
@@ -72,20 +99,102 @@ class Plan:
     decision: Decision
 
 
+@dataclass
+class Delivery:
+    """A captured call whose response is on its way: `commit` just before its last part is sent,
+    `settle` once, when the route is done with it (gateway/delivery.py)."""
+
+    capture: Capture
+    record: ChatRecord
+    requested: str  # the call id the request asked for (the record's may carry a lost-attempt suffix)
+    _settled: bool = field(default=False, repr=False)
+
+    async def commit(self) -> None:
+        """The response's last part is about to go to a connected client: mark the call delivered."""
+        await asyncio.to_thread(
+            mark_delivered, self.capture.store, self.record.episode_id, self.record.call_id
+        )
+
+    async def settle(self, delivered: bool) -> None:
+        """Delivered: nothing more to do. Not delivered: discard the call (never trained as an action);
+        a harness retry of it then extends what it extended."""
+        if self._settled:
+            return
+        self._settled = True
+        try:
+            if not delivered:
+                await self.capture.discard_quietly(
+                    self.record.episode_id,
+                    self.record.call_id,
+                    "response not delivered: the client went away before its last part was sent",
+                )
+        finally:
+            self.capture.release(self.record.episode_id, self.requested)
+
+
 class Capture:
-    """Captures chat requests into episode workflows; stateless (Temporal + object store)."""
+    """Captures chat requests into episode workflows; stateless (Temporal + object store), apart from
+    knowing which of its own requests are still delivering a response."""
 
     def __init__(self, episodes: Episodes, store: ObjectStore) -> None:
         self.episodes = episodes
         self.store = store
+        self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
+
+    def release(self, episode_id: str, requested: str) -> None:
+        key = (episode_id, requested)
+        self._delivering[key] -= 1
+        if self._delivering[key] <= 0:
+            del self._delivering[key]
+
+    def delivering(self, episode_id: str, call_id: str) -> bool:
+        """Whether a request of this gateway is still delivering `call_id` (or the lost-attempt retry
+        `{requested}.r{n}` it completed as)."""
+        return any(
+            ep == episode_id and (call_id == requested or call_id.startswith(f"{requested}.r"))
+            for ep, requested in self._delivering
+        )
+
+    async def discard_quietly(self, episode_id: str, call_id: str, reason: str) -> None:
+        """Discard a response nobody got; a refusal (already discarded, extended, ledger closed) is
+        logged, not raised: the ledger's state then says the response was used or settled."""
+        try:
+            await self.episodes.discard(episode_id, call_id, reason)
+        except EpisodeError as err:
+            log.warning("episode %r: call %r not discarded (%s): %s", episode_id, call_id, reason, err)
+
+    async def settle_undelivered(self, episode_id: str) -> list[str]:
+        """Before close: discard every completed context head without a delivery mark (its response was
+        never sent whole) that nothing builds on and that no request of this gateway still delivers.
+        Returns the discarded call ids."""
+        summary = await self.episodes.summary(episode_id)
+        if summary.closed:
+            return []
+        spawners = {c.spawned_by_call for c in summary.contexts if c.spawned_by_call}
+        heads = [
+            c.head
+            for c in summary.contexts
+            if c.head is not None and c.head not in c.pending and c.head not in spawners
+        ]
+        discarded = []
+        for head in heads:
+            if self.delivering(episode_id, head):
+                continue
+            if not await asyncio.to_thread(is_delivered, self.store, episode_id, head):
+                await self.discard_quietly(
+                    episode_id, head, "response never delivered whole (no delivery mark)"
+                )
+                discarded.append(head)
+        return discarded
 
     async def _record(self, episode_id: str, call_id: str) -> ChatRecord | None:
         return await asyncio.to_thread(load_record, self.store, episode_id, call_id)
 
     async def chat(
         self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str]
-    ) -> ChatRecord:
-        """Capture one request; returns the record of the call (what the harness gets)."""
+    ) -> Delivery:
+        """Capture one request; returns its delivery (the record is what the harness gets). The caller
+        must `settle` it."""
         spec = await self.episodes.spec(episode_id)
         sampling = sampling_for(request, spec.sampling)
         for _ in range(MAX_RECOVERIES):
@@ -125,17 +234,28 @@ class Capture:
                 f"episode {episode_id!r}: call {ctx.head!r}, the head of context {ctx.context_id!r}, "
                 "is still generating; send the next request of this context after its response arrived"
             )
+        if self.delivering(episode_id, ctx.head):
+            raise ResponsePendingError(
+                f"episode {episode_id!r}: call {ctx.head!r}, the head of context {ctx.context_id!r}, has "
+                f"completed and its response is still being delivered; retry in "
+                f"{ResponsePendingError.retry_after} s "
+                "(send the next request of a context after the previous response arrived)",
+                episode_id=episode_id,
+                context_id=ctx.context_id,
+                call_id=ctx.head,
+            )
         record = await self._record(episode_id, ctx.head)
         if record is not None:
             return record
-        # Records are written before responses leave: this response never reached the harness.
+        # Records are written before responses leave and no request of this gateway is delivering it:
+        # the gateway that made this call stopped before answering; the response never reached anyone.
         reason = "response never delivered (the gateway stopped before answering)"
         await self.episodes.discard(episode_id, ctx.head, reason)
         return _REPLAN
 
     async def _act(
         self, episode_id: str, request: ChatCompletionRequest, plan: Plan, sampling: SamplingConfig | None
-    ) -> ChatRecord:
+    ) -> Delivery:
         target, decision = plan.target, plan.decision
         context_id, calls, base = target.context_id, _calls(target), decision.head
         if decision.move == Move.ROOT and target.opening is not None:
@@ -158,10 +278,17 @@ class Capture:
         call = _call_request(episode_id, f"{context_id}.c{calls}", context_id, request, plan, base, sampling)
         # Claim check: the messages go to the store, the Update carries their key and digest.
         call = await asyncio.to_thread(stash_prompt, self.store, episode_id, call)
-        result = await self.episodes.call(episode_id, call)
-        record = _record_of(episode_id, call, result, request, plan)
-        await asyncio.to_thread(save_record, self.store, record)
-        return record
+        # Delivering from the call Update on: a request of this context that arrives after the ledger
+        # completed the call and before its response left must wait, not decide on it.
+        self._delivering[(episode_id, call.call_id)] += 1
+        try:
+            result = await self.episodes.call(episode_id, call)
+            record = _record_of(episode_id, call, result, request, plan)
+            await asyncio.to_thread(save_record, self.store, record)
+        except BaseException:
+            self.release(episode_id, call.call_id)
+            raise
+        return Delivery(self, record, call.call_id)
 
     async def _open(self, episode_id: str, record: ContextRecord) -> None:
         opened = await self.episodes.open_context(episode_id, record)

@@ -22,6 +22,7 @@ from gateway.capture import (
     ForeignSessionError,
     HeadPendingError,
     MissingRecordError,
+    ResponsePendingError,
     UndeliveredHeadsError,
 )
 from gateway.chat_render import UndeclaredDiscontinuityError
@@ -55,6 +56,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     UndeclaredDiscontinuityError: (400, "invalid_request_error"),
     ForeignSessionError: (400, "invalid_request_error"),
     HeadPendingError: (409, "conflict_error"),
+    ResponsePendingError: (409, "conflict_error"),
     EpisodeClosedError: (409, "conflict_error"),
     MissingRecordError: (409, "conflict_error"),
     ContextConflictError: (409, "conflict_error"),
@@ -114,7 +116,10 @@ def _code(exc: Exception) -> str:
 
 async def domain_error(request: Request, exc: Exception) -> JSONResponse:
     status, kind = _status(exc)
-    return JSONResponse(error_body(str(exc), kind, _code(exc), _param(exc)), status_code=status)
+    retry_after = getattr(exc, "retry_after", None)  # a "not yet" that clears by itself: say when to retry
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    body = error_body(str(exc), kind, _code(exc), _param(exc))
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible routes under `/episodes/{episode_ref}/v1`: chat completions and models.
 
 Point an unmodified OpenAI client at `base_url = http://host/episodes/<ref>/v1` with the episode's
-token as api_key, and every request it sends is captured into that episode.
+token as api_key, and every request it sends is captured into that episode. A chat response settles its
+call when it is done: delivered whole, or discarded (gateway/delivery.py).
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.chat_request import UnknownModelError
 from gateway.chat_response import completion_body, sse_events, stream_chunks
+from gateway.delivery import DeliveredJSONResponse, DeliveredStreamingResponse
 from gateway.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
 from gateway.records import ChatRecord
 
@@ -32,14 +33,18 @@ def grove_headers(record: ChatRecord) -> dict[str, str]:
 async def chat_completions(
     episode_id: EpisodeIdDep, body: ChatBodyDep, capture: CaptureDep, settings: SettingsDep, request: Request
 ):
-    record = await capture.chat(episode_id, body, request.headers)
-    created = int(time.time())
-    if body.stream:
-        chunks = stream_chunks(record, settings.model_name, created, body.include_usage)
-        return StreamingResponse(
-            sse_events(chunks), media_type="text/event-stream", headers=grove_headers(record)
-        )
-    return JSONResponse(completion_body(record, settings.model_name, created), headers=grove_headers(record))
+    delivery = await capture.chat(episode_id, body, request.headers)
+    record = delivery.record
+    try:
+        created = int(time.time())
+        if body.stream:
+            chunks = stream_chunks(record, settings.model_name, created, body.include_usage)
+            return DeliveredStreamingResponse(sse_events(chunks), delivery, headers=grove_headers(record))
+        body_json = completion_body(record, settings.model_name, created)
+        return DeliveredJSONResponse(body_json, delivery, headers=grove_headers(record))
+    except BaseException:
+        await delivery.settle(False)  # no response will carry it
+        raise
 
 
 def _model(name: str) -> dict:
