@@ -192,9 +192,23 @@ class Capture:
 
     async def chat(
         self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str]
+    ) -> ChatRecord:
+        """Capture one request and hand its record (what the harness gets) straight to the caller: it is
+        delivered once this returns. HTTP routes use `chat_delivery` and settle after sending."""
+        delivery = await self.chat_delivery(episode_id, request, headers)
+        delivered = False
+        try:
+            await delivery.commit()
+            delivered = True
+        finally:
+            await delivery.settle(delivered)
+        return delivery.record
+
+    async def chat_delivery(
+        self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str]
     ) -> Delivery:
-        """Capture one request; returns its delivery (the record is what the harness gets). The caller
-        must `settle` it."""
+        """Capture one request; returns its delivery, which the caller must `settle` once the response
+        was sent (or not)."""
         spec = await self.episodes.spec(episode_id)
         sampling = sampling_for(request, spec.sampling)
         for _ in range(MAX_RECOVERIES):

@@ -33,7 +33,7 @@ def grove_headers(record: ChatRecord) -> dict[str, str]:
 async def chat_completions(
     episode_id: EpisodeIdDep, body: ChatBodyDep, capture: CaptureDep, settings: SettingsDep, request: Request
 ):
-    delivery = await capture.chat(episode_id, body, request.headers)
+    delivery = await capture.chat_delivery(episode_id, body, request.headers)
     record = delivery.record
     try:
         created = int(time.time())
