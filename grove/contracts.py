@@ -311,6 +311,18 @@ class TrainStepResult(BaseModel):
     metrics: dict[str, float]
 
 
+class TrackStepInput(BaseModel):
+    run_id: str
+    record: StepRecord
+    tracking: TrackingConfig
+
+
+class TrackStepResult(BaseModel):
+    scalars: int  # points written per sink (one per tag)
+    tensorboard_file: str | None = None
+    mlflow: bool = False
+
+
 class PublishInput(BaseModel):
     run_id: str
     version: int = Field(ge=0)  # the checkpoint step whose weights to load; == the new policy version
@@ -331,6 +343,22 @@ class SamplingMismatchError(Exception):
 
     Not a ValueError on purpose: pydantic re-raises it as itself, so callers can catch it by name.
     """
+
+
+class TrackingConfig(BaseModel):
+    """Where a run's per-step metrics go besides its step records (activities/tracking.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: str = Field(
+        "runs",
+        description="directory on the io worker's machine (relative: to its working directory); "
+        "TensorBoard event files go to <dir>/<run_id>/tensorboard/, one per step",
+    )
+    tensorboard: bool = Field(True, description="write TensorBoard event files (offline, no account)")
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI (needs `pip install mlflow` on the io worker); null: no MLflow"
+    )
 
 
 class RunConfig(BaseModel):
@@ -385,6 +413,9 @@ class RunConfig(BaseModel):
     eval_sampling: SamplingConfig | None = Field(
         None, description="how evaluation episodes sample; null: as `sampling`"
     )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="experiment tracking (TensorBoard, optional MLflow)"
+    )
 
     @model_validator(mode="after")
     def _learner_agrees_with_sampling(self) -> RunConfig:
@@ -420,6 +451,9 @@ class StepRecord(BaseModel):
     # mean over the step's ok episodes of each reward component (EpisodeResult.reward_details)
     reward_components: dict[str, float] = Field(default_factory=dict)
     eval: EvalRecord | None = None  # set on steps where the run evaluated (RunConfig.eval_every)
+    # rollout statistics of the step's episodes (workflows/step_metrics.py) and wall times in seconds
+    rollout: dict[str, float] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
 
 
 class RunState(BaseModel):

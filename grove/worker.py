@@ -53,6 +53,7 @@ def episodes_worker(client: Client) -> Worker:
 
 def io_worker(client: Client, store) -> Worker:
     from activities.episode_io import EpisodeIO
+    from activities.tracking import track_step
 
     io = EpisodeIO(store)
     return Worker(
@@ -64,6 +65,7 @@ def io_worker(client: Client, store) -> Worker:
             io.clean_staging,
             io.store_ledger_page,
             io.load_ledger_page,
+            track_step,
         ],
         activity_executor=ThreadPoolExecutor(max_workers=4),
     )

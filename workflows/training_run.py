@@ -28,7 +28,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from grove import queues
@@ -41,6 +41,8 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         RunState,
         StepRecord,
+        TrackStepInput,
+        TrackStepResult,
         TrainStepInput,
         TrainStepResult,
     )
@@ -48,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     from harnesses.programs import family
     from workflows.episode import EpisodeWorkflow
     from workflows.evaluation import eval_record, eval_specs, evaluates_at
+    from workflows.step_metrics import rollout_metrics
 
 RUN = SearchAttributeKey.for_keyword("GroveRun")
 STEP = SearchAttributeKey.for_int("GroveStep")
@@ -57,6 +60,8 @@ TASK = SearchAttributeKey.for_keyword("GroveTask")
 TRAIN_TIMEOUT = timedelta(hours=2)
 TRAIN_HEARTBEAT = timedelta(seconds=60)
 PUBLISH_TIMEOUT = timedelta(minutes=10)
+TRACK_TIMEOUT = timedelta(minutes=2)
+TRACK_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2))
 RETRY = RetryPolicy(maximum_attempts=10, initial_interval=timedelta(seconds=2))
 
 
@@ -110,11 +115,20 @@ class TrainingRunWorkflow:
         while state.next_step <= cfg.steps and not self.cancel_requested:
             step = self.current_step = state.next_step
             workflow.upsert_search_attributes([STEP.value_set(step)])
+            t0 = workflow.now()
             results = await self._episodes(step)
+            t1 = workflow.now()
             train = await self._train(step, results)
+            t2 = workflow.now()
             await self._publish(train.policy_version)
             record = _record(step, results, train)
+            record.rollout = rollout_metrics(results)
+            t3 = workflow.now()
             record.eval = await self._evaluate(step, train.policy_version)
+            record.timings = _seconds(
+                rollout_s=t1 - t0, train_s=t2 - t1, step_s=t3 - t0, eval_s=workflow.now() - t3
+            )
+            await self._track(record)
             state.history.append(record)
             state.next_step += 1
             more = state.next_step <= cfg.steps and not self.cancel_requested
@@ -179,6 +193,26 @@ class TrainingRunWorkflow:
                 raise out
         return eval_record(version, [o if isinstance(o, EpisodeResult) else None for o in outcomes])
 
+    async def _track(self, record: StepRecord) -> None:
+        """The step's scalars to TensorBoard / MLflow (activities/tracking.py). Best effort: a tracking
+        failure is logged and never stops training. Patched in: runs recorded before it replay unchanged."""
+        assert self.state is not None
+        cfg = self.state.config
+        if not workflow.patched("grove-track-step") or not (
+            cfg.tracking.tensorboard or cfg.tracking.mlflow_uri
+        ):
+            return
+        try:
+            await workflow.execute_activity(
+                "track_step", TrackStepInput(run_id=cfg.run_id, record=record, tracking=cfg.tracking),
+                task_queue=queues.IO, start_to_close_timeout=TRACK_TIMEOUT, retry_policy=TRACK_RETRY,
+                result_type=TrackStepResult,
+            )  # fmt: skip
+        except ActivityError as err:
+            workflow.logger.warning(
+                "run %s step %d: metrics not tracked: %s", cfg.run_id, record.step, err.cause
+            )
+
     async def _train(self, step: int, results: list[EpisodeResult]) -> TrainStepResult:
         assert self.state is not None
         cfg = self.state.config
@@ -242,6 +276,10 @@ def _record(step: int, results: list[EpisodeResult], train: TrainStepResult) -> 
         metrics=train.metrics,
         reward_components=reward_components(ok),
     )
+
+
+def _seconds(**spans: timedelta) -> dict[str, float]:
+    return {k: v.total_seconds() for k, v in spans.items()}
 
 
 def reward_components(results: list[EpisodeResult]) -> dict[str, float]:
