@@ -81,6 +81,15 @@ class LearnerConfig(BaseModel):
         "tree: each episode's rows as a token trie, every distinct prefix forwarded once",
     )
 
+    # memory (trainer/memory.py): recompute layers in backward; derive the token budget of a
+    # micro-batch from an activation-memory limit (the smaller of it and micro_batch_tokens)
+    activation_checkpointing: bool = Field(
+        False, description="recompute each decoder layer in backward instead of keeping activations"
+    )
+    memory_limit_mb: int | None = Field(
+        None, gt=0, description="activation memory of one micro-batch; null: micro_batch_tokens alone"
+    )
+
     seed: int = Field(0, description="learner RNG seed")
 
     @model_validator(mode="after")

@@ -42,6 +42,7 @@ from trainer.batch import MicroBatch, plan_micro_batches, unique_eligible_tokens
 from trainer.config import LearnerConfig
 from trainer.logprobs import processed_logprobs
 from trainer.loss import LossInputs, grpo_loss
+from trainer.memory import enable_activation_checkpointing, token_budget
 from trainer.packing import plan_packed_micro_batches, unique_prefix_tokens
 from trainer.rows import Row
 
@@ -215,15 +216,20 @@ class PreparedBatch:
     unique_tokens: int  # distinct (episode, prefix) tokens of the trained rows
 
 
-def prepare_batch(rows: Sequence[Row], config: LearnerConfig) -> PreparedBatch:
-    """Validate rows, compute episode advantages and the denominator, and plan the micro-batches."""
+def prepare_batch(rows: Sequence[Row], config: LearnerConfig, budget: int | None = None) -> PreparedBatch:
+    """Validate rows, compute episode advantages and the denominator, and plan the micro-batches.
+
+    `budget`: tokens per micro-batch (default `config.micro_batch_tokens`; the learner passes the
+    smaller of it and the memory limit's budget).
+    """
     validate_rows(rows)
     adv = episode_advantages(rows, std_scaling=config.adv_std_scaling, eps=config.adv_eps)
     per_episode = {e: a.advantage for e, a in adv.items()}
+    budget = config.micro_batch_tokens if budget is None else budget
     if config.layout == "padded":
-        plan = plan_micro_batches(rows, per_episode, config.micro_batch_tokens)
+        plan = plan_micro_batches(rows, per_episode, budget)
     else:
-        plan = plan_packed_micro_batches(rows, per_episode, config.layout, config.micro_batch_tokens)
+        plan = plan_packed_micro_batches(rows, per_episode, config.layout, budget)
     return PreparedBatch(adv, unique_eligible_tokens(rows), plan, unique_prefix_tokens(rows))
 
 
@@ -245,6 +251,14 @@ class Learner:
         self.model_dir = Path(model_dir)  # tokenizer files for checkpoints are copied from here
         self.device = pick_device(device)
         self.model = load_policy(self.model_dir, self.device, trainable=True)
+        if config.activation_checkpointing:
+            enable_activation_checkpointing(self.model)
+        self.budget = config.micro_batch_tokens
+        if config.memory_limit_mb is not None:
+            derived = token_budget(
+                self.model.config, config.memory_limit_mb, checkpointing=config.activation_checkpointing
+            )
+            self.budget = min(self.budget, derived)
         self.optimizer = build_optimizer(self.model, config, self.device)
         self.reference = None
         if config.kl_coef > 0:
@@ -269,7 +283,7 @@ class Learner:
     def step(self, rows: Sequence[Row]) -> StepMetrics:
         """One optimizer step on the rows of one logical batch (all episodes of the step's groups)."""
         started = time.perf_counter()
-        batch = prepare_batch(rows, self.config)
+        batch = prepare_batch(rows, self.config, self.budget)
         self._check_rollouts(len(batch.advantages))
         rollouts = len(batch.advantages)
         lr = self.config.lr_at(self.rollouts_consumed + rollouts)

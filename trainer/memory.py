@@ -1,0 +1,61 @@
+"""Activation memory: activation checkpointing and a micro-batch token budget from a memory limit.
+
+A packed micro-batch's activation memory grows linearly in its forwarded tokens (attention never
+materialises [N, N] scores: SDPA's fused kernels, segment buckets of trainer/attention.py), so a
+memory limit gives a token budget: limit / bytes per token. Bytes per token are estimated from the
+model's shape, counting what autograd keeps for backward in a Qwen/Llama-style decoder layer (norm
+inputs, q/k/v and their rotated copies, attention output, MLP gate/up/activation) plus the float32
+logits and log-softmax of a scored token. With activation checkpointing only each layer's input is
+kept, plus one layer's activations while it is recomputed. The estimate is an upper-bound style
+model, not a measurement; bench/bench_learner.py --memory shows measured peaks against row length.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+
+class MemoryBudgetError(ValueError):
+    """The memory limit cannot hold even one token's activations."""
+
+
+def activation_bytes_per_token(model_config, *, checkpointing: bool, dtype_bytes: int = 4) -> int:
+    """Estimated bytes of activations autograd keeps per forwarded token."""
+    h = model_config.hidden_size
+    inter = model_config.intermediate_size
+    heads = model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or h // heads
+    kv = getattr(model_config, "num_key_value_heads", heads) * head_dim
+    q = heads * head_dim
+    per_layer = (6 * h + 3 * q + 4 * kv + 4 * inter) * dtype_bytes
+    layers = model_config.num_hidden_layers
+    kept = layers * h * dtype_bytes + per_layer if checkpointing else layers * per_layer
+    logits = 2 * model_config.vocab_size * 4  # float32 logits + log-softmax of a scored token
+    return kept + logits
+
+
+def token_budget(model_config, memory_limit_mb: int, *, checkpointing: bool) -> int:
+    """Forwarded tokens of one micro-batch that fit `memory_limit_mb` of activations."""
+    per_token = activation_bytes_per_token(model_config, checkpointing=checkpointing)
+    tokens = memory_limit_mb * 2**20 // per_token
+    if tokens < 1:
+        raise MemoryBudgetError(
+            f"memory_limit_mb={memory_limit_mb} holds no token: one token needs ~{per_token} bytes of "
+            "activations for this model; raise the limit or enable activation_checkpointing"
+        )
+    return int(tokens)
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer in backward instead of keeping its activations.
+
+    transformers only checkpoints layers in training mode, and the learner runs in eval mode (no
+    dropout: behaviour logprobs were sampled without it). So only the decoder layer modules
+    themselves are flagged as training; their submodules (attention, dropout) stay in eval mode.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.eval()
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module.training = True
