@@ -68,21 +68,23 @@ class GatedStore(LocalStore):
 
 @dataclass
 class Held:
-    held: asyncio.Event = field(default_factory=asyncio.Event)  # the second body part is being held
+    until_client_left: bool  # hold the response start until the server has seen the client go
+    held: asyncio.Event = field(default_factory=asyncio.Event)  # a send is being held
     release: asyncio.Event = field(default_factory=asyncio.Event)
     finished: asyncio.Event = field(default_factory=asyncio.Event)  # the app returned (call settled)
 
 
 class SendGate:
     """ASGI middleware: when armed, holds the next chat response before its second body part until the
-    test releases it (the client may leave meanwhile), and says when the app has returned."""
+    test releases it (the client may leave meanwhile), or holds its start until the server's own
+    `receive` channel says the client has gone; and says when the app has returned."""
 
     def __init__(self, app) -> None:
         self.app = app
         self.armed: Held | None = None
 
-    def arm(self) -> Held:
-        self.armed = Held()
+    def arm(self, *, until_client_left: bool = False) -> Held:
+        self.armed = Held(until_client_left)
         return self.armed
 
     async def __call__(self, scope, receive, send):
@@ -95,7 +97,10 @@ class SendGate:
 
         async def held_send(message):
             nonlocal parts
-            if message["type"] == "http.response.body":
+            if message["type"] == "http.response.start" and gate.until_client_left:
+                gate.held.set()
+                assert (await receive())["type"] == "http.disconnect"  # the body was read: only this is left
+            if message["type"] == "http.response.body" and not gate.until_client_left:
                 parts += 1
                 if parts == 2:
                     gate.held.set()
@@ -232,6 +237,28 @@ async def test_a_stream_dropped_mid_way_is_discarded_not_trained(gated_gateway, 
         assert r.headers["x-grove-call-id"] == "parent.0.c1"
         chunks, data = sse_chunks([line async for line in r.aiter_lines()])
     assert data[-1] == "[DONE]"
+    r = await close(gw.url, eid, {}, wait=True)
+    assert r.json()["result"]["counts"] == {"selected": 1, "discarded": 1}
+
+
+async def test_a_client_gone_before_its_json_response_leaves_it_undelivered(gated_gateway, temporal_client):
+    """The common timeout: the client gives up while the call generates; the finished call's JSON
+    response goes nowhere, so the call is discarded, and the client's re-send is a fresh call."""
+    gw = gated_gateway
+    eid = await start_episode(temporal_client, "gone")
+    messages = [SYSTEM, {"role": "user", "content": "Take your time."}]
+    gate = gw.sends.arm(until_client_left=True)
+    async with http(gw.url, eid) as c:
+        waiting = asyncio.create_task(c.post("/chat/completions", json=body(messages)))
+        await gate.held.wait()  # the call has completed; its response is about to start
+        waiting.cancel()  # the client gives up: its connection closes
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await gate.finished.wait()
+        s = await summary(temporal_client, eid)
+        assert counts(s, "parent.0") == {"discarded": 1}
+        again = await c.post("/chat/completions", json=body(messages))
+    assert again.status_code == 200 and again.headers["x-grove-call-id"] == "parent.0.c1"
     r = await close(gw.url, eid, {}, wait=True)
     assert r.json()["result"]["counts"] == {"selected": 1, "discarded": 1}
 
