@@ -114,23 +114,26 @@ async def test_mixed_per_request_sampling_gives_ratio_one_for_every_token(policy
     assert [(s.temperature, s.top_p) for s in rows[0].spans] == expected
 
     policy = load_policy(policy_engine.source_dir, CPU, trainable=False)
-    batch = prepare_batch(rows, LearnerConfig())
 
     def run_wide(mb):  # every token at T=1.0, top_p=1.0: the learner before spans carried sampling
         return dataclasses.replace(
             mb, temperature=torch.ones_like(mb.temperature), top_p=torch.ones_like(mb.top_p)
         )
 
-    with torch.no_grad():
-        logp = torch.cat([score_tokens(policy, mb, LearnerConfig(), CPU) for mb in batch.plan])
-        old = torch.cat([score_tokens(policy, run_wide(mb), LearnerConfig(), CPU) for mb in batch.plan])
-    behaviour = torch.cat([mb.behavior_logprobs for mb in batch.plan]).double()
-    ratio = torch.exp(logp.double() - behaviour).numpy()
-    old_ratio = torch.exp(old.double() - behaviour).numpy()
-    assert ratio.size == batch.denominator == sum(tokens[r.call_id].completion_ids.size for r in records)
-    print(
-        f"{ratio.size} tokens; ratio per span sampling: [{ratio.min():.6f}, {ratio.max():.6f}]; "
-        f"scored at one T=1.0: [{old_ratio.min():.3f}, {old_ratio.max():.3f}]"
-    )
-    assert np.abs(ratio - 1).max() <= TOL, ratio
-    assert np.abs(old_ratio - 1).max() > 0.05
+    n = sum(tokens[r.call_id].completion_ids.size for r in records)
+    for layout in ("padded", "packed", "tree"):  # the learner's layouts gather the same per-token columns
+        cfg = LearnerConfig(layout=layout)
+        batch = prepare_batch(rows, cfg)
+        with torch.no_grad():
+            logp = torch.cat([score_tokens(policy, mb, cfg, CPU) for mb in batch.plan])
+            old = torch.cat([score_tokens(policy, run_wide(mb), cfg, CPU) for mb in batch.plan])
+        behaviour = torch.cat([mb.behavior_logprobs for mb in batch.plan]).double()
+        ratio = torch.exp(logp.double() - behaviour).numpy()
+        old_ratio = torch.exp(old.double() - behaviour).numpy()
+        assert ratio.size == batch.denominator == n
+        print(
+            f"{layout}: {ratio.size} tokens; ratio per span: [{ratio.min():.6f}, {ratio.max():.6f}]; "
+            f"scored at one T=1.0: [{old_ratio.min():.3f}, {old_ratio.max():.3f}]"
+        )
+        assert np.abs(ratio - 1).max() <= TOL, (layout, ratio)
+        assert np.abs(old_ratio - 1).max() > 0.05
