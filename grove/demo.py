@@ -186,6 +186,9 @@ def reward_figure(histories: dict[str, list[StepRecord]], title: str):
 
 
 def _decorate(ax, title: str, ylabel: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
