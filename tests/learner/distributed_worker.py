@@ -1,0 +1,29 @@
+"""torchrun worker for test_distributed.py: one DistributedLearner step, rank 0 saves the weights."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tests.learner.test_reference import controlled_batch, rows_of
+from trainer.config import LearnerConfig
+from trainer.distributed import DistributedLearner
+
+
+def main(model_dir: str, layout: str, out: str) -> None:
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    cfg = LearnerConfig(lr=1e-3, layout=layout, micro_batch_tokens=64)
+    learner = DistributedLearner(Path(model_dir), cfg, device="cpu")
+    metrics = learner.step(rows_of(controlled_batch(512)))
+    weights = learner.full_state_dict()
+    if dist.get_rank() == 0:
+        torch.save({"weights": weights, "metrics": metrics.model_dump()}, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,135 @@
+"""Data-parallel learner with sharded parameters and optimizer state (FSDP2), one process per rank.
+
+Run under `torchrun` (gloo on CPU, NCCL on CUDA); the process group comes from its environment.
+Every rank validates and plans the same logical batch (planning is deterministic), then takes its
+share of the micro-batches: longest first, each to the rank with the fewest forwarded tokens so far
+(a unique-token budget: a tree micro-batch costs its unique tokens). Every micro-batch's loss is
+divided by the *whole* batch's unique eligible tokens, and FSDP's reduce-scatter averages over
+ranks, so each rank scales its loss by the world size: the summed gradient is the single-process
+gradient whatever the split. FSDP collectives need the same number of forward/backward passes on
+every rank, so a rank with fewer micro-batches runs a zero-weighted pass of one of its own (or the
+batch's first) micro-batches.
+
+Status: the engine and its equality test against the single-process learner (2 gloo ranks,
+tests/learner/test_distributed.py). Not done: wiring it into the train_step activity and sharded
+checkpoints (save/load go through trainer/checkpoint.py, single-process only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from trainer.batch import MicroBatch
+from trainer.learner import BatchLoss, Learner, StepMetrics, prepare_batch, score_tokens
+from trainer.loss import LossInputs, grpo_loss
+from trainer.rows import Row
+
+
+def split_micro_batches(plan: Sequence[MicroBatch], world: int) -> list[list[int]]:
+    """Indices of `plan` per rank: longest first to the least-loaded rank (ties: lowest rank)."""
+    load = [0] * world
+    out: list[list[int]] = [[] for _ in range(world)]
+    for i in sorted(range(len(plan)), key=lambda i: (-plan[i].real_tokens, i)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        out[rank].append(i)
+        load[rank] += plan[i].real_tokens
+    return [sorted(ix) for ix in out]
+
+
+class DistributedLearner(Learner):
+    """`Learner` whose decoder layers and root are `fully_shard`ed over the default process group."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.reference is not None:
+            raise NotImplementedError("kl_coef > 0 is not supported by the distributed learner yet")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        for layer in self.model.model.layers:
+            fully_shard(layer)
+        fully_shard(self.model)
+        # Shard first, then build the optimizer over the sharded (DTensor) parameters.
+        from trainer.learner import build_optimizer
+
+        self.optimizer = build_optimizer(self.model, self.config, self.device)
+
+    def step(self, rows: Sequence[Row]) -> StepMetrics:
+        started = time.perf_counter()
+        batch = prepare_batch(rows, self.config, self.budget)
+        self._check_rollouts(len(batch.advantages))
+        rollouts = len(batch.advantages)
+        lr = self.config.lr_at(self.rollouts_consumed + rollouts)
+        self.optimizer.zero_grad(set_to_none=True)
+        total, grad_norm = BatchLoss(), 0.0
+        if batch.denominator > 0:
+            total = self._accumulate(batch.plan, batch.denominator)
+            grad_norm = self._apply_update(lr)
+        self.step_count += 1
+        self.rollouts_consumed += rollouts
+        seconds = time.perf_counter() - started
+        denominator = max(batch.denominator, 1)
+        forwarded = sum(mb.real_tokens for mb in batch.plan)
+        return StepMetrics(
+            step=self.step_count,
+            rollouts=rollouts,
+            rollouts_consumed=self.rollouts_consumed,
+            valid_rollouts=sum(a.valid for a in batch.advantages.values()),
+            rows=len(rows),
+            micro_batches=len(batch.plan),
+            loss_tokens=batch.denominator,
+            forwarded_tokens=forwarded,
+            padded_tokens=sum(mb.padded_tokens for mb in batch.plan),
+            row_tokens=sum(mb.row_tokens for mb in batch.plan),
+            unique_tokens=batch.unique_tokens,
+            loss=total.loss,
+            pg_loss=total.pg_sum / denominator,
+            kl=0.0,
+            ratio_mean=total.ratio_sum / max(total.tokens, 1),
+            clip_frac=total.clipped / max(total.tokens, 1),
+            grad_norm=grad_norm,
+            lr=lr,
+            skipped=batch.denominator == 0,
+            seconds=seconds,
+            tokens_per_s=forwarded / seconds if seconds > 0 else 0.0,
+        )
+
+    def _accumulate(self, plan: Sequence[MicroBatch], denominator: int) -> BatchLoss:
+        shares = split_micro_batches(plan, self.world)
+        mine = shares[self.rank]
+        passes = max(len(s) for s in shares)
+        sums = torch.zeros(5, dtype=torch.float64)  # loss, pg, ratio, clipped, tokens
+        for k in range(passes):
+            real = k < len(mine)
+            mb = plan[mine[k] if real else (mine[0] if mine else 0)]
+            logprobs = score_tokens(self.model, mb, self.config, self.device)
+            out = grpo_loss(
+                LossInputs(
+                    logprobs=logprobs,
+                    behavior_logprobs=mb.behavior_logprobs.to(self.device, logprobs.dtype),
+                    advantages=mb.advantages.to(self.device, logprobs.dtype),
+                    ref_logprobs=None,
+                    denominator=denominator,
+                ),
+                clip_low=self.config.clip_low,
+                clip_high=self.config.clip_high,
+                kl_coef=0.0,
+            )
+            # FSDP averages gradients over ranks; x world makes the reduction a sum. A padding pass
+            # (weight 0) only keeps the collectives of all ranks in step.
+            (out.loss * (self.world if real else 0.0)).backward()
+            if real:
+                sums += torch.tensor(
+                    [float(out.loss.detach()), out.pg_sum, out.ratio_sum, out.clipped, out.tokens],
+                    dtype=torch.float64,
+                )
+        dist.all_reduce(sums)
+        loss, pg, ratio, clipped, tokens = sums.tolist()
+        return BatchLoss(loss=loss, pg_sum=pg, ratio_sum=ratio, clipped=int(clipped), tokens=int(tokens))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters (every rank takes part; every rank gets them)."""
+        return {k: v.full_tensor().detach().clone() for k, v in self.model.state_dict().items()}
