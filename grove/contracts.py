@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from activities.sampling import SamplingConfig, SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests
 from trainer.config import LearnerConfig
+from trainer.episodes import EpisodeRecord, FailureKind
 from workflows.ledger import ContextState, Ledger
 
 TrainAgents = Literal["all", "parent_only"]
@@ -211,6 +212,7 @@ class HarnessOutcome(BaseModel):
     final_answer: str = ""
     outputs: dict[str, list[str]] = Field(default_factory=dict)  # agent -> selected completions' texts
     failure: str | None = None
+    failure_kind: FailureKind | None = None  # who is to blame for `failure` (trainer/episodes.py)
 
 
 class EpisodeResult(BaseModel):
@@ -226,6 +228,19 @@ class EpisodeResult(BaseModel):
     failure: str | None = None
     # the reward's components as the task family's scorer reports them (delegation: parent, workers)
     reward_details: dict[str, float] = Field(default_factory=dict)
+    # who failed it (trainer/episodes.py): "policy" counts in the group baseline with the run's
+    # failure_reward, "infrastructure" is excluded from it; None when ok
+    failure_kind: FailureKind | None = None
+
+    def record(self) -> EpisodeRecord:
+        """What the learner needs of this episode (its rows are loaded from rows_key)."""
+        return EpisodeRecord(
+            episode_id=self.episode_id, group_id=self.group_id, reward=self.reward, status=self.status,
+            # a failed result without a kind (recorded before kinds existed) is not blamed on the policy
+            failure_kind=(self.failure_kind or "infrastructure") if self.status == "failed" else None,
+            failure=self.failure,
+            rows_key=self.rows_key, num_rows=self.num_rows,
+        )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ activities
@@ -302,6 +317,9 @@ class TrainStepInput(BaseModel):
     model: str  # base model name or folder (the learner starts from it at step 0)
     row_keys: list[str]
     learner: LearnerConfig
+    # One record per episode of the step, rows or not (trainer/episodes.py); the learner's baseline,
+    # rollout count and rollouts_per_step are over these. Empty: rows-only (older callers).
+    episodes: list[EpisodeRecord] = Field(default_factory=list)
 
 
 class TrainStepResult(BaseModel):
@@ -447,6 +465,9 @@ class StepRecord(BaseModel):
     episodes: int
     failed_episodes: int
     policy_version: int
+    # failed episodes per kind ("policy": in the baseline at failure_reward, "infrastructure": excluded)
+    failures_by_kind: dict[str, int] = Field(default_factory=dict)
+    excluded_episodes: int = 0  # left out of every group baseline (infrastructure failures)
     metrics: dict[str, float] = Field(default_factory=dict)
     # mean over the step's ok episodes of each reward component (EpisodeResult.reward_details)
     reward_components: dict[str, float] = Field(default_factory=dict)

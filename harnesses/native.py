@@ -23,14 +23,41 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from temporalio.exceptions import ApplicationError
+
 from grove.contracts import CallRequest, CallResult, ChatPrompt, EpisodeSpec, HarnessOutcome, PromptSpec
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
+from trainer.episodes import FailureKind
 
 Message = dict[str, Any]
 
 
 class NativeHarnessError(RuntimeError):
     """A native program broke a harness rule (reply before spawn, unknown program, ...)."""
+
+
+# The ApplicationError type of a call whose generation failed, and the detail that says who failed it
+# (workflows/episode.py raises it; the first detail is the FailureKind).
+GENERATION_FAILED = "GenerationFailed"
+
+
+def failure_kind(err: BaseException) -> FailureKind:
+    """Who is to blame when a native program raised (the failure rule of trainer/episodes.py).
+
+    The program's own errors (a harness rule broken: reply before spawn, a malformed tool call, a
+    ledger rule broken by the program's calls) are the policy's. A failed generation carries its
+    kind, decided where the failure was seen (workflows/episode.py): a prompt too long or otherwise
+    refused for the policy's request is the policy's; lost attempts exhausted or a broken engine
+    are the infrastructure's.
+    """
+    if isinstance(err, ApplicationError) and err.type == GENERATION_FAILED:
+        return "infrastructure" if "infrastructure" in err.details else "policy"
+    return "policy"
+
+
+def failure_outcome(err: BaseException) -> HarnessOutcome:
+    """The outcome of a native program that raised: failed, with its reason and kind."""
+    return HarnessOutcome(failure=f"{type(err).__name__}: {err}", failure_kind=failure_kind(err))
 
 
 class EpisodeHost(Protocol):

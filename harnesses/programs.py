@@ -12,6 +12,7 @@ PROGRAMS: dict[str, Program] = {
     delegation.FAMILY: delegation.program,
     scenario.NAME: scenario.program,
     scenario.SINGLE_NAME: scenario.single_agent_program,
+    scenario.OUTCOMES_NAME: scenario.group_outcomes_program,
 }
 
 

@@ -7,6 +7,10 @@ both answers arrive as tool results.
 `single-compaction` — one agent, two calls, a compaction (summary call + declared rewrite), two
 more calls: the plain context-compaction case (two rows).
 
+`group-outcomes` — what happens to a GRPO group whose episodes end differently, by index in group:
+0 makes only an auxiliary call (a title: a valid episode with zero rows), 3 breaks a harness rule
+(spawns a worker before any call: a policy failure), every other index makes one action call.
+
 The reward is a deterministic pseudo-random function of the texts (a hash mapped to [0, 1)), so the
 episodes of a group have distinct rewards without any model skill and GRPO has a signal to test.
 """
@@ -17,10 +21,14 @@ import asyncio
 import hashlib
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
+from grove.receipts import CallKind
 from harnesses.native import NativeEpisode, system, tool_result, user
 
 NAME = "scenario"
 SINGLE_NAME = "single-compaction"
+OUTCOMES_NAME = "group-outcomes"
+AUX_ONLY_INDEX = 0
+POLICY_FAILURE_INDEX = 3
 
 
 def make_task(index: int) -> TaskSpec:
@@ -55,6 +63,17 @@ async def single_agent_program(episode: NativeEpisode) -> str:
     await agent.reply(user("Continue."))
     final = await agent.reply(user("Give your final answer."))
     return final.text
+
+
+async def group_outcomes_program(episode: NativeEpisode) -> str:
+    j = episode.spec.index_in_group
+    agent = await episode.root("parent", [system("You are an agent."), user("Answer briefly.")])
+    if j == AUX_ONLY_INDEX:
+        title = await agent.reply(user("Give this conversation a title."), kind=CallKind.AUXILIARY)
+        return title.text
+    if j == POLICY_FAILURE_INDEX:
+        await episode.spawn("worker-1", by=agent, messages=[user("Help.")])  # NativeHarnessError
+    return (await agent.reply()).text
 
 
 def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:

@@ -62,6 +62,11 @@ class LearnerConfig(BaseModel):
     # GRPO advantages
     adv_std_scaling: bool = Field(True, description="divide advantages by the group std; false: A = r - mean")
     adv_eps: float = Field(1e-6, gt=0, description="added to the group std")
+    # the reward a policy-caused failure enters its group's baseline with (trainer/advantages.py);
+    # infrastructure failures are excluded from the baseline instead
+    failure_reward: float = Field(
+        0.0, allow_inf_nan=False, description="baseline reward of an episode the policy failed (no loss)"
+    )
 
     # batch shape: the logical batch size, and the token budget of one micro-batch
     rollouts_per_step: int | None = Field(

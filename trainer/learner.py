@@ -2,7 +2,9 @@
 
 Which GRPO this is (DESIGN.md section 7):
 - Logical-owner advantages (trainer/advantages.py): one reward and one advantage per episode,
-  baseline over the group's valid episodes, fanned out to every eligible token the episode owns.
+  baseline over the group's episode records (trainer/episodes.py: every episode of the step, with
+  0, 1 or many rows; policy failures count with `failure_reward`, infrastructure failures are
+  excluded and counted in the metrics), fanned out to every eligible token the episode owns.
 - Token-level PPO-clip with ratio exp(logp - behaviour logp), optional k3 KL to a frozen reference
   (trainer/loss.py), normalised by the unique eligible tokens of the logical batch (DAPO-style
   token-level normalisation; the row cut never changes an action's weight).
@@ -13,12 +15,15 @@ Which GRPO this is (DESIGN.md section 7):
   different temperatures (gateway overrides) and each is scored as it was sampled, so the ratio is
   1 on-policy for every token.
 - Dropout is off (eval mode): behaviour logprobs were sampled without it.
-- Step counter, policy version and LR schedule count optimizer steps and logical rollouts, never rows.
+- Step counter, policy version and LR schedule count optimizer steps and logical rollouts (episode
+  records), never rows; `rollouts_per_step` counts episode records.
 - CPU: float32 everywhere. CUDA: bf16 autocast for the forward, float32 master weights, fused AdamW.
 
 Usage:
     learner = Learner(model_dir, LearnerConfig(...))
-    metrics = learner.step(rows)        # one optimizer step; learner.step_count += 1
+    metrics = learner.step(rows, episodes)   # one optimizer step; learner.step_count += 1
+  `episodes`: one trainer.episodes.EpisodeRecord per episode of the step (rows-only if omitted,
+  which cannot see episodes that produced no rows).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +45,7 @@ from trainer.advantages import EpisodeAdvantage, episode_advantages
 from trainer.attention import SEGMENT_ATTENTION
 from trainer.batch import MicroBatch, plan_micro_batches, unique_eligible_tokens, validate_rows
 from trainer.config import LearnerConfig
+from trainer.episodes import FAILURE_KINDS, EpisodeRecord
 from trainer.logprobs import processed_logprobs
 from trainer.loss import LossInputs, grpo_loss
 from trainer.memory import enable_activation_checkpointing, token_budget
@@ -63,9 +69,14 @@ class StepMetrics(BaseModel):
     """What one optimizer step did (logged, returned by the trainer activity)."""
 
     step: int  # optimizer steps taken so far, this one included (= policy version of the new weights)
-    rollouts: int  # logical rollouts (episodes) in this batch, invalid ones included
+    rollouts: int  # logical rollouts (episode records) in this batch, failed and zero-row ones included
     rollouts_consumed: int  # over the run, this batch included (the LR schedule's clock)
-    valid_rollouts: int
+    valid_rollouts: int  # ok episodes (their rows train)
+    baseline_rollouts: int = 0  # counted in a group baseline: ok + policy failures
+    excluded_rollouts: int = 0  # left out of every baseline: infrastructure failures
+    policy_failed_rollouts: int = 0  # failed by the policy's behaviour, in the baseline at failure_reward
+    infrastructure_failed_rollouts: int = 0
+    rowless_rollouts: int = 0  # episodes with no row in the batch (e.g. ok with only auxiliary calls)
     rows: int
     micro_batches: int
     loss_tokens: int  # unique eligible tokens of the logical batch: the loss denominator
@@ -216,14 +227,24 @@ class PreparedBatch:
     unique_tokens: int  # distinct (episode, prefix) tokens of the trained rows
 
 
-def prepare_batch(rows: Sequence[Row], config: LearnerConfig, budget: int | None = None) -> PreparedBatch:
+def prepare_batch(
+    rows: Sequence[Row],
+    config: LearnerConfig,
+    episodes: Sequence[EpisodeRecord] | None = None,
+    budget: int | None = None,
+) -> PreparedBatch:
     """Validate rows, compute episode advantages and the denominator, and plan the micro-batches.
 
+    `episodes`: the step's episode records (every logical rollout, rows or not); None derives them
+    from the rows (trainer/advantages.py explains what that form cannot see).
     `budget`: tokens per micro-batch (default `config.micro_batch_tokens`; the learner passes the
     smaller of it and the memory limit's budget).
     """
     validate_rows(rows)
-    adv = episode_advantages(rows, std_scaling=config.adv_std_scaling, eps=config.adv_eps)
+    adv = episode_advantages(
+        rows, episodes, std_scaling=config.adv_std_scaling, eps=config.adv_eps,
+        failure_reward=config.failure_reward,
+    )  # fmt: skip
     per_episode = {e: a.advantage for e, a in adv.items()}
     budget = config.micro_batch_tokens if budget is None else budget
     if config.layout == "padded":
@@ -270,6 +291,7 @@ class Learner:
             self.reference = load_policy(Path(reference_dir), self.device, trainable=False)
         self.step_count = step_count  # = policy version of the current weights
         self.rollouts_consumed = rollouts_consumed
+        self.last_advantages: dict[str, EpisodeAdvantage] = {}  # per episode, of the last step taken
 
     def _check_rollouts(self, episodes: int) -> None:
         want = self.config.rollouts_per_step
@@ -280,10 +302,14 @@ class Learner:
                 "an optimizer step (wait for every episode, or fix the group size)"
             )
 
-    def step(self, rows: Sequence[Row]) -> StepMetrics:
-        """One optimizer step on the rows of one logical batch (all episodes of the step's groups)."""
+    def step(self, rows: Sequence[Row], episodes: Sequence[EpisodeRecord] | None = None) -> StepMetrics:
+        """One optimizer step on the rows of one logical batch (all episodes of the step's groups).
+
+        `episodes`: one record per episode of the step (see prepare_batch); they are what
+        `rollouts_per_step` and the LR schedule count.
+        """
         started = time.perf_counter()
-        batch = prepare_batch(rows, self.config, self.budget)
+        batch = prepare_batch(rows, self.config, episodes, self.budget)
         self._check_rollouts(len(batch.advantages))
         rollouts = len(batch.advantages)
         lr = self.config.lr_at(self.rollouts_consumed + rollouts)
@@ -296,6 +322,7 @@ class Learner:
             grad_norm = self._apply_update(lr)
         self.step_count += 1
         self.rollouts_consumed += rollouts
+        self.last_advantages = batch.advantages
         seconds = time.perf_counter() - started
         forwarded = sum(mb.real_tokens for mb in batch.plan)
         denominator = max(batch.denominator, 1)
@@ -303,7 +330,7 @@ class Learner:
             step=self.step_count,
             rollouts=rollouts,
             rollouts_consumed=self.rollouts_consumed,
-            valid_rollouts=sum(a.valid for a in batch.advantages.values()),
+            **_rollout_counts(batch.advantages.values(), rows),
             rows=len(rows),
             micro_batches=len(batch.plan),
             loss_tokens=batch.denominator,
@@ -340,3 +367,18 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+
+def _rollout_counts(advantages: Iterable[EpisodeAdvantage], rows: Sequence[Row]) -> dict[str, int]:
+    """How the batch's episodes entered the step: trained, in the baseline, excluded, by failure kind."""
+    adv = list(advantages)
+    with_rows = {r.episode_id for r in rows}
+    failed = {kind: sum(a.failure_kind == kind for a in adv) for kind in FAILURE_KINDS}
+    return {
+        "valid_rollouts": sum(a.valid for a in adv),
+        "baseline_rollouts": sum(a.in_baseline for a in adv),
+        "excluded_rollouts": sum(not a.in_baseline for a in adv),
+        "policy_failed_rollouts": failed["policy"],
+        "infrastructure_failed_rollouts": failed["infrastructure"],
+        "rowless_rollouts": sum(a.episode_id not in with_rows for a in adv),
+    }

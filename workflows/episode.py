@@ -28,6 +28,14 @@ Durability rules (DESIGN.md section 10, issue 12):
   its handlers, and continues-as-new with its ledger: inline when small, else as snapshot pages in
   the object store (workflows/handover.py). The workflow id stays the same, so callers that address
   it by id (the gateway) follow the hand-over.
+
+Every failure is classified (EpisodeResult.failure_kind, the rule in trainer/episodes.py): the native
+program's own errors, a generation refused for the policy's request (prompt too long, empty prompt,
+token ids outside the vocabulary, a malformed prompt spec) and an external harness's reported failure
+are "policy" (the episode counts in its group's baseline with the run's failure_reward); lost attempts
+exhausted, any other generation failure (a broken engine, a lost staging object), an idle timeout and a
+reward or materialization that could not succeed are "infrastructure" (excluded from the baseline,
+counted in the step's metrics).
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ with workflow.unsafe.imports_passed_through():
         close_digest,
     )
     from grove.receipts import ContextRecord
-    from harnesses.native import NativeHarnessError, run_program
+    from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_outcome, run_program
     from harnesses.programs import PROGRAMS
     from workflows.accounting import LedgerSummary
     from workflows.handover import join_pages, ledger_items, ledger_prefix, page_key, split_pages
@@ -83,6 +91,12 @@ IO_RETRY = RetryPolicy(
     maximum_attempts=0,  # unlimited within IO_PATIENCE; typed bad input is raised non-retryable
 )
 
+# generate activity errors caused by what the policy asked for (activities/engine.py, generate.py):
+# the policy's failure. Every other generation failure is the infrastructure's.
+POLICY_GENERATION_ERRORS = frozenset(
+    {"PromptTooLongError", "EmptyPromptError", "TokenIdOutOfRangeError", "PromptSpecError"}
+)
+
 
 def rows_key(episode_id: str) -> str:
     """Where an episode's rows are published: rows/{run}/s{step}/t{task}/g{j}.parquet."""
@@ -97,6 +111,14 @@ def _ledger_failure(err: LedgerError) -> ApplicationError:
 # Failures that say the worker's engine died under the call (activities/engine.py EngineDiedError; the
 # worker then exits): the attempt is lost like a crashed worker's, not a wrong answer.
 LOST_ATTEMPT_ERRORS = frozenset({"EngineDiedError"})
+
+
+def _generation_failure_kind(err: ActivityError) -> str:
+    """Who failed a call whose generation will not be retried (see POLICY_GENERATION_ERRORS)."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type in POLICY_GENERATION_ERRORS:
+        return "policy"
+    return "infrastructure"  # lost attempts exhausted, a broken engine, a lost staging object
 
 
 def _is_lost_attempt(err: ActivityError) -> bool:
@@ -177,6 +199,7 @@ class EpisodeWorkflow:
             counts={state.value: len(ids) for state, ids in accounting.by_state.items() if ids},
             failure=outcome.failure,
             reward_details=self.reward_details,
+            failure_kind=outcome.failure_kind if outcome.failure is not None else None,
         )
 
     # ---------------------------------------------------------------------------------- harness
@@ -187,11 +210,18 @@ class EpisodeWorkflow:
             try:
                 return await run_program(self.spec, self, PROGRAMS)
             except (NativeHarnessError, ApplicationError, LedgerError) as err:
-                return HarnessOutcome(failure=f"{type(err).__name__}: {err}")
+                return failure_outcome(err)
         await self._await_close()
         assert self.close_request is not None
         req = self.close_request
-        return HarnessOutcome(final_answer=req.final_answer, outputs=req.outputs, failure=req.failure)
+        # A harness that reported a failure ran the policy and gave up: the policy's. An idle timeout
+        # (the harness went silent: crashed, lost, hung) cannot be blamed on the policy.
+        kind = None
+        if req.failure is not None:
+            kind = "infrastructure" if self.closed_by == "idle timeout" else "policy"
+        return HarnessOutcome(
+            final_answer=req.final_answer, outputs=req.outputs, failure=req.failure, failure_kind=kind
+        )
 
     async def _await_close(self) -> None:
         """Until a close: hand over when the run is full, close as failed when the harness went idle.
@@ -241,7 +271,8 @@ class EpisodeWorkflow:
         try:
             result = await _io("score_episode", inp, RewardResult)
         except ActivityError as err:
-            return 0.0, outcome.model_copy(update={"failure": f"reward failed: {_failure_text(err)}"})
+            failure = f"reward failed: {_failure_text(err)}"
+            return 0.0, outcome.model_copy(update={"failure": failure, "failure_kind": "infrastructure"})
         self.reward_details = dict(result.details)
         return result.reward, outcome
 
@@ -256,7 +287,8 @@ class EpisodeWorkflow:
         except ActivityError as err:
             if not inp.valid:
                 raise
-            failed = outcome.model_copy(update={"failure": f"materialize failed: {_failure_text(err)}"})
+            failure = f"materialize failed: {_failure_text(err)}"
+            failed = outcome.model_copy(update={"failure": failure, "failure_kind": "infrastructure"})
         placeholder = inp.model_copy(update={"valid": False, "failure": failed.failure, "reward": 0.0})
         return await _io("materialize_episode", placeholder, MaterializeResult), failed
 
@@ -359,7 +391,7 @@ class EpisodeWorkflow:
                 self.ledger.fail(call_id, f"generate failed: {err.cause or err}")
                 raise ApplicationError(
                     f"call {call_id} of context {req.context_id} failed: {err.cause or err}",
-                    type="GenerationFailed", non_retryable=True,
+                    _generation_failure_kind(err), type=GENERATION_FAILED, non_retryable=True,
                 ) from err  # fmt: skip
             try:
                 self.ledger.complete(

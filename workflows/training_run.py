@@ -6,7 +6,8 @@ queue: the engine may have served another run, or restarted with the base weight
   tasks = task_indices(seed, N)            data order is a pure function of (seed, step)
   G EpisodeWorkflow children per task      deterministic ids {run}/s{N:06d}/t{task}/g{j}: a replayed
                                            or resumed run re-attaches instead of duplicating
-  train_step activity (trainer queue)      pulls the step's rows; idempotent per step (a committed
+  train_step activity (trainer queue)      gets one EpisodeRecord per episode of the step (rows or
+                                           not) and pulls their rows; idempotent per step (a committed
                                            checkpoint of step N is returned, not recomputed)
   publish_weights activity (inference)     the engine loads version N; later calls report it
   every eval_every steps: held-out episodes of version N (workflows/evaluation.py), never trained on,
@@ -19,6 +20,11 @@ new step starts, and the run completes with `RunResult.cancelled` and GroveStatu
 the same run id again resumes at the next step (grove/runs.py). Temporal's own cancellation or
 termination is the hard stop: nothing is half-written either way (checkpoints have COMMIT markers),
 but such a run is closed for good (`grove run start` refuses to resume it under the same id).
+
+A child that fails, is terminated, cancelled or times out never fails the run: its result becomes an
+infrastructure-failed EpisodeResult (no rows), which the learner excludes from its group's baseline and
+the StepRecord counts (`failures_by_kind`, `excluded_episodes`). A child that failed by the policy's
+own behaviour returns normally with status "failed" and kind "policy" (workflows/episode.py).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from grove.data_order import task_indices
     from harnesses.programs import family
-    from workflows.episode import EpisodeWorkflow
+    from workflows.episode import EpisodeWorkflow, rows_key
     from workflows.evaluation import eval_record, eval_specs, evaluates_at
     from workflows.step_metrics import rollout_metrics
 
@@ -145,7 +151,8 @@ class TrainingRunWorkflow:
     async def _episodes(self, step: int) -> list[EpisodeResult]:
         assert self.state is not None
         handles = []
-        for spec in step_specs(self.state, step):
+        specs = step_specs(self.state, step)
+        for spec in specs:
             handles.append(
                 await workflow.start_child_workflow(
                     EpisodeWorkflow.run,
@@ -162,7 +169,10 @@ class TrainingRunWorkflow:
                     ),
                 )  # fmt: skip
             )
-        return list(await asyncio.gather(*handles))
+        # return_exceptions: one child's failure must not cancel or fail the others (nor the run);
+        # results stay in spec order, so the outcome is deterministic.
+        outcomes = await asyncio.gather(*handles, return_exceptions=True)
+        return [_result_of(spec, out) for spec, out in zip(specs, outcomes, strict=True)]
 
     async def _evaluate(self, step: int, version: int) -> EvalRecord | None:
         """Held-out episodes of the just-published policy (workflows/evaluation.py); never trained on."""
@@ -218,7 +228,8 @@ class TrainingRunWorkflow:
         cfg = self.state.config
         inp = TrainStepInput(
             run_id=cfg.run_id, step=step, model=cfg.model,
-            row_keys=sorted(r.rows_key for r in results), learner=cfg.learner,
+            row_keys=sorted(r.rows_key for r in results if r.failure_kind != "infrastructure"),
+            learner=cfg.learner, episodes=[r.record() for r in results],
         )  # fmt: skip
         return await workflow.execute_activity(
             "train_step", inp, task_queue=queues.TRAINER, start_to_close_timeout=TRAIN_TIMEOUT,
@@ -265,8 +276,26 @@ def _check_config(state: RunState) -> None:
         ) from err
 
 
+def _result_of(spec: EpisodeSpec, outcome: EpisodeResult | BaseException) -> EpisodeResult:
+    """A child's result; a child that raised (failed, terminated, cancelled, timed out) becomes an
+    infrastructure-failed result without rows, so the step goes on without it."""
+    if isinstance(outcome, EpisodeResult):
+        return outcome
+    if not isinstance(outcome, ChildWorkflowError):
+        raise outcome  # not a child's failure (e.g. the run itself is being cancelled)
+    cause = outcome.cause
+    why = f"{type(cause).__name__}: {cause}" if cause is not None else str(outcome)
+    return EpisodeResult(
+        episode_id=spec.episode_id, group_id=spec.group_id, task_id=spec.task.task_id, status="failed",
+        reward=0.0, rows_key=rows_key(spec.episode_id), num_rows=0, eligible_tokens=0, counts={},
+        failure=f"child workflow ended without a result: {why}", failure_kind="infrastructure",
+    )  # fmt: skip
+
+
 def _record(step: int, results: list[EpisodeResult], train: TrainStepResult) -> StepRecord:
     ok = [r for r in results if r.status == "ok"]
+    kinds = [r.record().failure_kind for r in results if r.status == "failed"]
+    by_kind = {k: kinds.count(k) for k in sorted(set(kinds)) if k is not None}
     return StepRecord(
         step=step,
         mean_reward=sum(r.reward for r in ok) / len(ok) if ok else 0.0,
@@ -275,6 +304,8 @@ def _record(step: int, results: list[EpisodeResult], train: TrainStepResult) -> 
         policy_version=train.policy_version,
         metrics=train.metrics,
         reward_components=reward_components(ok),
+        failures_by_kind=by_kind,
+        excluded_episodes=by_kind.get("infrastructure", 0),
     )
 
 
