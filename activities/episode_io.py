@@ -36,6 +36,7 @@ from storage.base import DigestMismatchError, InvalidKeyError, ObjectNotFoundErr
 from trainer.forest import MEMBER_STATES, EpisodeRef, ForestError, ReconstructionOptions, reconstruct
 from trainer.rows import Row, rows_to_parquet
 from trainer.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
+from workflows.handover import join_pages
 
 # Retrying cannot fix these: the data is wrong or gone (a storage outage raises other errors).
 BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (
@@ -100,13 +101,9 @@ class EpisodeIO:
         """The episode's contexts and receipts: inline, or from its ledger snapshot pages."""
         if not inp.ledger_pages:
             return inp.contexts, inp.receipts
-        contexts: list[ContextRecord] = []
-        receipts: list[CallReceipt] = []
-        for key in inp.ledger_pages:
-            page = LedgerPage.model_validate_json(self.store.get(key))
-            contexts += [c.record for c in page.contexts.values()]
-            receipts += page.calls.values()
-        return contexts, receipts
+        pages = [LedgerPage.model_validate_json(self.store.get(key)) for key in inp.ledger_pages]
+        ledger = join_pages(inp.episode_id, inp.group_id, pages)  # later pages override earlier ones
+        return [c.record for c in ledger.contexts.values()], ledger.receipts()
 
     @activity.defn(name="materialize_episode")
     def materialize_episode(self, inp: MaterializeInput) -> MaterializeResult:

@@ -71,12 +71,12 @@ with workflow.unsafe.imports_passed_through():
         RewardResult,
         close_digest,
     )
-    from grove.receipts import ContextRecord
+    from grove.receipts import CallReceipt, ContextRecord
     from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_outcome, run_program
     from harnesses.programs import PROGRAMS
     from workflows.accounting import LedgerSummary
-    from workflows.handover import join_pages, ledger_items, ledger_prefix, page_key, split_pages
-    from workflows.ledger import Ledger, LedgerError
+    from workflows.handover import changed_pages, join_pages, ledger_items, ledger_prefix, page_key
+    from workflows.ledger import ContextState, Ledger, LedgerError
 
 STATUS = SearchAttributeKey.for_keyword("GroveStatus")
 
@@ -161,6 +161,10 @@ class EpisodeWorkflow:
             self.ledger = Ledger(episode_id=spec.episode_id, group_id=spec.group_id)
         # A ledger carried as pages is loaded by run(); Update handlers wait for it.
         self.restored = carry is None or not carry.ledger_pages
+        # What the pages written so far hold: a later save writes only what changed since.
+        self.saved_pages: list[str] = list(carry.ledger_pages) if carry else []
+        self.saved_contexts: dict[str, ContextState] = {}
+        self.saved_calls: dict[str, CallReceipt] = {}
         self.close_request: CloseRequest | None = None
         self.closed_by: str | None = None
         self.status = "running"
@@ -332,32 +336,38 @@ class EpisodeWorkflow:
         self.handing_over = True
         self._set_status("handing over")
         await workflow.wait_condition(workflow.all_handlers_finished)
+        carry = EpisodeCarry(
+            run_index=self.run_index + 1, updates_before=self.updates_before + self.updates_this_run
+        )
+        if self.close_request is None and ledger_items(self.ledger) > self.spec.ledger_page_items:
+            carry.ledger_pages = await self._store_pages("handover")
+        else:
+            carry.ledger = self.ledger
+        # A close accepted while draining or while the pages were written would be lost by a
+        # continue-as-new (its Update has completed in this run): the episode finishes here instead.
         if self.close_request is not None:
             self.handing_over = False
             self._set_status("running")
             return
-        carry = EpisodeCarry(
-            run_index=self.run_index + 1, updates_before=self.updates_before + self.updates_this_run
-        )
-        if ledger_items(self.ledger) > self.spec.ledger_page_items:
-            carry.ledger_pages = await self._store_pages("handover")
-        else:
-            carry.ledger = self.ledger
         workflow.continue_as_new(self.spec.model_copy(update={"carry": carry}))
 
     async def _store_pages(self, purpose: str) -> list[str]:
+        """All page keys of the ledger: those written before, plus pages of what changed since."""
         eid = self.spec.episode_id
-        pages = split_pages(self.ledger, self.spec.ledger_page_items)
+        size = self.spec.ledger_page_items
+        pages = changed_pages(self.ledger, self.saved_contexts, self.saved_calls, size)
         keys = [page_key(eid, self.run_index, purpose, i) for i in range(len(pages))]
         writes = [LedgerPageInput(key=k, page=p) for k, p in zip(keys, pages, strict=True)]
         await asyncio.gather(*(_io("store_ledger_page", w, None) for w in writes))
-        return keys
+        return self.saved_pages + keys
 
     async def _restore_pages(self) -> None:
         carry = self.spec.carry
         assert carry is not None
         pages = await asyncio.gather(*(_io("load_ledger_page", k, LedgerPage) for k in carry.ledger_pages))
         self.ledger = join_pages(self.spec.episode_id, self.spec.group_id, pages)
+        self.saved_contexts = {k: v.model_copy(deep=True) for k, v in self.ledger.contexts.items()}
+        self.saved_calls = dict(self.ledger.calls)
         self.restored = True
 
     # ---------------------------------------------------------------------------------- calls

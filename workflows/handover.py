@@ -7,6 +7,11 @@ JSON); the workflow carries
 only the pages' keys. Page keys are deterministic per (episode, run, purpose, index), so a retried
 write finds its own bytes.
 
+Pages are incremental: a run writes only the contexts and calls that changed since the pages it was
+restored from (`changed_pages`), and a ledger is the pages of all runs joined in order, later pages
+overriding earlier ones (`join_pages`). Each run's history thus carries the calls of that run once
+on the way out; on the way in it still carries the whole ledger (the workflow holds it in memory).
+
 Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandbox).
 """
 
@@ -15,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from grove.contracts import LedgerPage
-from workflows.ledger import Ledger
+from grove.receipts import CallReceipt
+from workflows.ledger import ContextState, Ledger
 
 LEDGER_ROOT = "ledger"
 
@@ -34,9 +40,28 @@ def ledger_items(ledger: Ledger) -> int:
 
 def split_pages(ledger: Ledger, max_items: int) -> list[LedgerPage]:
     """Contexts then calls, in their (admission) order, cut into pages of at most `max_items`."""
+    return _paged(ledger.contexts, ledger.calls, max_items)
+
+
+def changed_pages(
+    ledger: Ledger,
+    saved_contexts: dict[str, ContextState],
+    saved_calls: dict[str, CallReceipt],
+    max_items: int,
+) -> list[LedgerPage]:
+    """Pages of what changed since `saved_*` (the state the pages already written hold); [] if nothing.
+
+    Calls compare by identity: the ledger replaces a receipt on every transition (model_copy), never
+    edits one in place. Contexts compare by value (a context's call list grows in place)."""
+    contexts = {k: v for k, v in ledger.contexts.items() if saved_contexts.get(k) != v}
+    calls = {k: v for k, v in ledger.calls.items() if saved_calls.get(k) is not v}
+    return _paged(contexts, calls, max_items) if contexts or calls else []
+
+
+def _paged(contexts: dict, calls: dict, max_items: int) -> list[LedgerPage]:
     pages: list[LedgerPage] = []
     page = LedgerPage()
-    for kind, items in (("contexts", ledger.contexts), ("calls", ledger.calls)):
+    for kind, items in (("contexts", contexts), ("calls", calls)):
         for key, value in items.items():
             if len(page.contexts) + len(page.calls) >= max_items:
                 pages.append(page)
@@ -47,7 +72,8 @@ def split_pages(ledger: Ledger, max_items: int) -> list[LedgerPage]:
 
 
 def join_pages(episode_id: str, group_id: str, pages: Iterable[LedgerPage], **state) -> Ledger:
-    """The ledger whose split_pages were `pages` (order kept: dicts keep insertion order)."""
+    """The ledger whose pages (split or changed, in writing order) are `pages`: a later page's entry
+    replaces an earlier one in place, so admission order is kept."""
     ledger = Ledger(episode_id=episode_id, group_id=group_id, **state)
     for page in pages:
         ledger.contexts.update(page.contexts)

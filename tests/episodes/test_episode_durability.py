@@ -45,6 +45,13 @@ async def _materialize_retrying(handle, at_least: int):
     return None
 
 
+async def _pending_retry(handle, activity: str, at_least: int = 2):
+    for info in await pending_activities(handle):
+        if info.activity_type.name == activity and info.attempt >= at_least and info.HasField("last_failure"):
+            return info
+    return None
+
+
 async def _refused_close(episodes: Episodes, episode_id: str, request: CloseRequest) -> str:
     with pytest.raises(EpisodeUpdateRejectedError) as refused:
         await episodes.close(episode_id, request)
@@ -178,3 +185,24 @@ async def test_long_episode_continues_as_new_with_its_ledger(
         f"\n{n} calls, {len(runs)} runs, HandingOver retries {episodes.handover_retries}, "
         f"events per run {[len(h.events) for h in runs]}"
     )
+
+
+async def test_a_close_during_a_blocked_hand_over_finishes_the_episode(
+    temporal_client: Client, grove_worker, e2e_store
+):
+    """The hand-over's ledger pages cannot be written (store outage) and the harness closes meanwhile: the
+    close must not be lost to the continue-as-new; the episode finishes in this run with every call."""
+    episodes = Episodes(temporal_client)
+    spec = episode_spec("close-in-handover", max_updates_per_run=6, ledger_page_items=4)
+    episode_id = await start(temporal_client, spec)
+    handle = temporal_client.get_workflow_handle(episode_id)
+    with unwritable(e2e_store.root / "ledger"):
+        # open_context + 5 calls = 6 Updates: the 5th call returns once the run has drained for its hand-over
+        await open_and_call(episodes, episode_id, 5)
+        blocked = "a retried ledger page write"
+        await wait_until(lambda: _pending_retry(handle, "store_ledger_page"), timeout=120, what=blocked)
+        await episodes.close(episode_id, CloseRequest(final_answer="done"))
+    result = await asyncio.wait_for(episodes.result(episode_id), 120)
+    assert result.status == "ok" and result.counts == {"selected": 5}, result
+    assert (await episodes.progress(episode_id)).run_index == 0  # finished in the run that took the close
+    assert e2e_store.list(ledger_prefix(episode_id)) == []

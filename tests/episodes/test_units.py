@@ -9,7 +9,7 @@ from gateway.claims import stash_prompt
 from grove.contracts import CallRequest, ChatPrompt, CloseRequest, PromptSpec, close_digest
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
 from storage.local import LocalStore
-from workflows.handover import join_pages, split_pages
+from workflows.handover import changed_pages, join_pages, split_pages
 from workflows.ledger import Ledger
 
 
@@ -36,6 +36,21 @@ def test_ledger_pages_hold_the_whole_ledger_in_order(n, per_page, pages):
     # the joined ledger goes on admitting where the old one stopped
     if n:
         joined.admit(f"parent.c{n}", "parent", extends="parent.c0", branch=True)
+
+
+def test_incremental_pages_carry_only_what_changed_and_join_to_the_ledger():
+    ledger = _ledger(10)
+    first = split_pages(ledger, 4)
+    restored = join_pages("e/1", "g", first)
+    saved_contexts = {k: v.model_copy(deep=True) for k, v in restored.contexts.items()}
+    saved_calls = dict(restored.calls)
+    assert changed_pages(restored, saved_contexts, saved_calls, 4) == []
+    restored.discard("parent.c3", "not used")  # an old call changes state
+    restored.admit("parent.c10", "parent", extends="parent.c0", branch=True)  # a new call
+    delta = changed_pages(restored, saved_contexts, saved_calls, 4)
+    assert [(list(p.contexts), list(p.calls)) for p in delta] == [(["parent"], ["parent.c3", "parent.c10"])]
+    rejoined = join_pages("e/1", "g", first + delta)
+    assert rejoined == restored and list(rejoined.calls) == list(restored.calls)
 
 
 def test_a_stashed_chat_prompt_comes_back_only_unchanged(tmp_path):
