@@ -25,7 +25,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from trainer.batch import MicroBatch
-from trainer.learner import BatchLoss, Learner, StepMetrics, prepare_batch, score_tokens
+from trainer.episodes import EpisodeRecord
+from trainer.learner import BatchLoss, Learner, StepMetrics, _rollout_counts, prepare_batch, score_tokens
 from trainer.loss import LossInputs, grpo_loss
 from trainer.rows import Row
 
@@ -57,9 +58,9 @@ class DistributedLearner(Learner):
 
         self.optimizer = build_optimizer(self.model, self.config, self.device)
 
-    def step(self, rows: Sequence[Row]) -> StepMetrics:
+    def step(self, rows: Sequence[Row], episodes: Sequence[EpisodeRecord] | None = None) -> StepMetrics:
         started = time.perf_counter()
-        batch = prepare_batch(rows, self.config, self.budget)
+        batch = prepare_batch(rows, self.config, episodes, budget=self.budget)
         self._check_rollouts(len(batch.advantages))
         rollouts = len(batch.advantages)
         lr = self.config.lr_at(self.rollouts_consumed + rollouts)
@@ -77,7 +78,7 @@ class DistributedLearner(Learner):
             step=self.step_count,
             rollouts=rollouts,
             rollouts_consumed=self.rollouts_consumed,
-            valid_rollouts=sum(a.valid for a in batch.advantages.values()),
+            **_rollout_counts(batch.advantages.values(), rows),
             rows=len(rows),
             micro_batches=len(batch.plan),
             loss_tokens=batch.denominator,

@@ -231,6 +231,7 @@ def prepare_batch(
     rows: Sequence[Row],
     config: LearnerConfig,
     episodes: Sequence[EpisodeRecord] | None = None,
+    *,
     budget: int | None = None,
 ) -> PreparedBatch:
     """Validate rows, compute episode advantages and the denominator, and plan the micro-batches.
@@ -309,7 +310,7 @@ class Learner:
         `rollouts_per_step` and the LR schedule count.
         """
         started = time.perf_counter()
-        batch = prepare_batch(rows, self.config, episodes, self.budget)
+        batch = prepare_batch(rows, self.config, episodes, budget=self.budget)
         self._check_rollouts(len(batch.advantages))
         rollouts = len(batch.advantages)
         lr = self.config.lr_at(self.rollouts_consumed + rollouts)
