@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio import activity
@@ -53,6 +54,9 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
 )
 # eng.EngineDiedError stays retryable: the episode treats it as a lost attempt and re-runs the call on
 # a live worker, while grove/worker.py takes this worker (and its dead engine) down.
+
+
+GRACEFUL_SHUTDOWN = timedelta(seconds=5)
 
 
 class DataConverterError(ValueError):
@@ -117,6 +121,10 @@ def build_inference_worker(
         task_queue=task_queue,
         activities=[acts.generate, acts.publish_weights],
         max_concurrent_activities=max_concurrent_activities,
+        # On shutdown (SIGTERM, or this worker's engine died) calls in flight get a moment to finish or
+        # report their own error (EngineDiedError: a lost attempt the episode re-runs) before they
+        # are cancelled.
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
     )
 
 
