@@ -20,6 +20,7 @@ from gateway.auth import (
     check_token,
     issue_token,
 )
+from gateway.capture import Capture, ResponsePendingError
 from gateway.chat_request import (
     InvalidChatRequestError,
     InvalidSamplingError,
@@ -33,6 +34,7 @@ from gateway.continuation import Move, UndeclaredDiscontinuityError, decide
 from gateway.episode_ref import InvalidEpisodeRefError, episode_id_of, episode_ref
 from gateway.identity import InvalidIdentityHeaderError, RewriteMode, Spawner, grove_identity
 from gateway.records import ChatRecord, CorruptChatRecordError, Usage, load_record, record_key, save_record
+from gateway.routes.errors import domain_error
 from gateway.routing import RoutingError, identify, route
 from gateway.settings import GatewaySettings, GatewaySettingsError
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
@@ -464,6 +466,26 @@ def test_chat_records_round_trip_and_refuse_foreign_objects(tmp_path):
     store.put(record_key("ep/1", "parent.0.c1"), store.get(record_key("ep/1", "parent.0.c0")))
     with pytest.raises(CorruptChatRecordError, match="not of call 'parent.0.c1'"):
         load_record(store, "ep/1", "parent.0.c1")
+
+
+def test_a_call_being_delivered_is_known_under_its_lost_attempt_ids_too(tmp_path):
+    """A request delivering call c0 may complete it as c0.r1 (a lost attempt was re-admitted): a racing
+    request that sees c0.r1 as the head must wait for it, and only for it."""
+    capture = Capture(None, LocalStore(tmp_path))  # no episode is reached
+    capture._delivering[("ep/1", "parent.0.c1")] += 1
+    assert capture.delivering("ep/1", "parent.0.c1") and capture.delivering("ep/1", "parent.0.c1.r2")
+    assert not capture.delivering("ep/1", "parent.0.c10") and not capture.delivering("ep/2", "parent.0.c1")
+    capture.release("ep/1", "parent.0.c1")
+    assert not capture.delivering("ep/1", "parent.0.c1.r2")
+
+
+async def test_a_response_pending_refusal_is_a_409_with_retry_after():
+    err = ResponsePendingError(
+        "call c0 is being delivered", episode_id="e", context_id="p.0", call_id="p.0.c0"
+    )
+    response = await domain_error(None, err)
+    assert (response.status_code, response.headers["retry-after"]) == (409, "1")
+    assert json.loads(response.body)["error"]["code"] == "ResponsePendingError"
 
 
 # ---------------------------------------------------------------------------------------------- settings
