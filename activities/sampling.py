@@ -33,7 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 LOGPROBS_MODE = "processed_logprobs"
 MIN_TEMPERATURE = 1e-2
-MAX_TEMPERATURE = 100.0
+# vLLM's SamplingParams refuses temperature > 2 (as OpenAI's API does): a config above it could only
+# fail at generation, after admission (issue 12: temperature 3.0 was admitted, then a 502).
+MAX_TEMPERATURE = 2.0
 
 # Engine parameters that reshape the sampled distribution in ways trainer/logprobs.py does not
 # reproduce. Naming one (at any value) in a SamplingConfig is refused rather than silently dropped.

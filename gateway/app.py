@@ -4,6 +4,10 @@
 converter) and the object store. Routers: OpenAI-compatible `/episodes/{ref}/v1/...`
 (gateway/routes/openai.py), management `/episodes/{ref}/close`, and `/healthz`. Serve it with
 `python -m gateway` (gateway/cli.py).
+
+Limits (gateway/limits.py): header count/bytes by middleware before any route; every body read by a
+dependency after the bearer token was checked, capped; the served model's tokenizer and context
+(gateway/context_window.py) loaded at startup so over-long prompts are refused before admission.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.capture import Capture
+from gateway.context_window import ContextWindow
 from gateway.episodes import Episodes
+from gateway.limits import HeaderLimitMiddleware
 from gateway.routes import health, manage, openai
 from gateway.routes.errors import install_error_handlers
 from gateway.settings import GatewaySettings
@@ -28,12 +34,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = await connect(settings.temporal_address, settings.namespace)
         store = await asyncio.to_thread(open_store, settings.store)
+        window = await asyncio.to_thread(
+            ContextWindow.load, settings.policy_model, settings.max_model_len, store
+        )
         app.state.episodes = Episodes(client)
-        app.state.capture = Capture(app.state.episodes, store)
+        app.state.capture = Capture(app.state.episodes, store, window)
         yield
 
     app = FastAPI(title="grove capture gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
+    app.add_middleware(HeaderLimitMiddleware, limits=settings.limits)
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(openai.router)

@@ -8,6 +8,9 @@ the context's head, admit it through the episode's Updates, and record what the 
                  head without one, whose request is gone, was never delivered: discard it, redo)
     decision  -> ROOT / CONTINUE / RETRY / REWRITE or 400 (gateway/continuation.py); nothing is
                  admitted for a refused request
+    fit       -> the call's prompt ids built as the generate activity will build them: a prompt that
+                 does not fit the served model's context is a 400 context_length_exceeded
+                 (gateway/context_window.py), before anything is opened, discarded or admitted
     act       -> open_context (new agent, or a rewrite), discard (retry), call -> CallResult
     record    -> written before the response leaves (gateway/records.py)
     delivery  -> `Delivery`: the route sends the response and settles it (gateway/delivery.py):
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 from activities.sampling import SamplingConfig
 from gateway.chat_request import ChatCompletionRequest, sampling_for
 from gateway.claims import stash_prompt
+from gateway.context_window import ContextWindow
 from gateway.continuation import Decision, Move, decide
 from gateway.episodes import EpisodeError, Episodes
 from gateway.identity import Identity
@@ -136,9 +140,10 @@ class Capture:
     """Captures chat requests into episode workflows; stateless (Temporal + object store), apart from
     knowing which of its own requests are still delivering a response."""
 
-    def __init__(self, episodes: Episodes, store: ObjectStore) -> None:
+    def __init__(self, episodes: Episodes, store: ObjectStore, window: ContextWindow | None = None) -> None:
         self.episodes = episodes
         self.store = store
+        self.window = window  # None: prompt lengths are not checked here (the engine refuses, 502)
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
 
     def release(self, episode_id: str, requested: str) -> None:
@@ -214,7 +219,7 @@ class Capture:
         for _ in range(MAX_RECOVERIES):
             plan = await self._plan(episode_id, request, headers)
             if plan is not None:
-                return await self._act(episode_id, request, plan, sampling)
+                return await self._act(episode_id, request, plan, sampling, sampling or spec.sampling)
         raise UndeliveredHeadsError(
             f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row had no chat record (responses the "
             "gateway never delivered); check the gateway's object store"
@@ -268,16 +273,26 @@ class Capture:
         return _REPLAN
 
     async def _act(
-        self, episode_id: str, request: ChatCompletionRequest, plan: Plan, sampling: SamplingConfig | None
+        self,
+        episode_id: str,
+        request: ChatCompletionRequest,
+        plan: Plan,
+        sampling: SamplingConfig | None,
+        effective: SamplingConfig,
     ) -> Delivery:
+        """Open / discard / call as the plan says; `sampling` is the request's (None: the episode's),
+        `effective` what the call samples with."""
         target, decision = plan.target, plan.decision
-        context_id, calls, base = target.context_id, _calls(target), decision.head
+        base = await self._base(episode_id, decision)
+        # Measured before anything is opened, discarded or admitted: a prompt that cannot fit is a 400.
+        await self._check_fits(episode_id, request, base, effective)
+        context_id, calls = target.context_id, _calls(target)
         if decision.move == Move.ROOT and target.opening is not None:
             await self._open(episode_id, target.opening)
         elif decision.move == Move.RETRY:
-            head = decision.head
-            await self.episodes.discard(episode_id, head.call_id, "the harness sent the same request again")
-            base = None if head.extends is None else await self._parent(episode_id, head)
+            await self.episodes.discard(
+                episode_id, decision.head.call_id, "the harness sent the same request again"
+            )
         elif decision.move == Move.REWRITE:
             rewrite = ContextRecord(
                 context_id=target.rewrite_id,
@@ -286,9 +301,7 @@ class Capture:
                 rewrite_of=target.context_id,
             )
             await self._open(episode_id, rewrite)
-            context_id, calls, base = rewrite.context_id, 0, None
-        elif decision.move == Move.ROOT:
-            base = None
+            context_id, calls = rewrite.context_id, 0
         call = _call_request(episode_id, f"{context_id}.c{calls}", context_id, request, plan, base, sampling)
         # Claim check: the messages go to the store, the Update carries their key and digest.
         call = await asyncio.to_thread(stash_prompt, self.store, episode_id, call)
@@ -303,6 +316,26 @@ class Capture:
             self.release(episode_id, call.call_id)
             raise
         return Delivery(self, record, call.call_id)
+
+    async def _base(self, episode_id: str, decision: Decision) -> ChatRecord | None:
+        """The call this request's call will extend (None: a root)."""
+        if decision.move == Move.CONTINUE:
+            return decision.head
+        if decision.move == Move.RETRY and decision.head.extends is not None:
+            return await self._parent(episode_id, decision.head)  # the retry extends what the head did
+        return None
+
+    async def _check_fits(
+        self,
+        episode_id: str,
+        request: ChatCompletionRequest,
+        base: ChatRecord | None,
+        sampling: SamplingConfig,
+    ) -> None:
+        if self.window is None:
+            return
+        prompt = _prompt_spec(episode_id, request, base)
+        await asyncio.to_thread(self.window.check, episode_id, prompt, sampling)
 
     async def _open(self, episode_id: str, record: ContextRecord) -> None:
         opened = await self.episodes.open_context(episode_id, record)
@@ -335,6 +368,17 @@ def _check_session(episode_id: str, identity: Identity, head: ChatRecord | None)
         )
 
 
+def _prompt_spec(episode_id: str, request: ChatCompletionRequest, base: ChatRecord | None) -> PromptSpec:
+    chat = ChatPrompt(
+        messages=request.messages, tools=request.tools, parent_messages=base.messages if base else None
+    )
+    return PromptSpec(
+        chat=chat,
+        parent_call_id=base.call_id if base else None,
+        parent_staging_key=staging_key(episode_id, base.call_id) if base else None,
+    )
+
+
 def _call_request(
     episode_id: str,
     call_id: str,
@@ -344,14 +388,7 @@ def _call_request(
     base: ChatRecord | None,
     sampling: SamplingConfig | None,
 ) -> CallRequest:
-    chat = ChatPrompt(
-        messages=request.messages, tools=request.tools, parent_messages=base.messages if base else None
-    )
-    prompt = PromptSpec(
-        chat=chat,
-        parent_call_id=base.call_id if base else None,
-        parent_staging_key=staging_key(episode_id, base.call_id) if base else None,
-    )
+    prompt = _prompt_spec(episode_id, request, base)
     return CallRequest(
         call_id=call_id,
         context_id=context_id,

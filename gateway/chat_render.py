@@ -36,6 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
+
+from gateway.content_tokens import ControlTextError, Shield
+from gateway.content_tokens import encode as encode_text
 from gateway.toolcalls import ParsedAssistant, parse_tool_calls
 
 NEW_MESSAGE_ROLES = frozenset({"user", "tool"})
@@ -61,6 +65,10 @@ class UndeclaredDiscontinuityError(ChatRenderError):
 
 class TemplateNotPrefixStableError(ChatRenderError):
     """The chat template renders earlier messages differently once later ones are added."""
+
+
+class ChatTemplateError(ChatRenderError):
+    """The chat template refused the messages (raise_exception, a missing field, ...) (HTTP 400)."""
 
 
 @dataclass(frozen=True)
@@ -250,30 +258,63 @@ def render_text(
             f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; chat requests need "
             "a model folder with chat_template.jinja (or use the token-in completions path)"
         )
-    return tokenizer.apply_chat_template(
-        template_messages(messages),
-        tools=list(tools) if tools else None,
-        add_generation_prompt=generation_prompt,
-        tokenize=False,
+    try:
+        return tokenizer.apply_chat_template(
+            template_messages(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=generation_prompt,
+            tokenize=False,
+        )
+    except (jinja2.TemplateError, TypeError) as err:  # TypeError: e.g. `'text' + none` in a template
+        raise ChatTemplateError(
+            f"the model's chat template cannot render these messages: {err}; send what the template "
+            "supports (e.g. string content)"
+        ) from None
+
+
+def encode(tokenizer: Any, text: str, shield: Shield | None = None) -> list[int]:
+    """Ids of rendered text: added tokens only where the template wrote them, content as plain text
+    (gateway/content_tokens.py). The template writes every special token itself (BOS included)."""
+    return encode_text(tokenizer, text, shield)
+
+
+def shielded_render(
+    tokenizer: Any, shield: Shield, messages: Sequence[dict[str, Any]], tools: Any, *, generation_prompt: bool
+) -> str:
+    """The template's text for the request with its added-token strings hidden (see content_tokens);
+    refuses a template that reads them (its shielded text would differ from the real one)."""
+    text = render_text(
+        tokenizer, shield.hide(list(messages)), shield.hide(tools), generation_prompt=generation_prompt
     )
-
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    # The template writes every special token itself (BOS included), so the tokenizer adds none.
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if shield.active and shield.restore(text) != render_text(
+        tokenizer, messages, tools, generation_prompt=generation_prompt
+    ):
+        raise ControlTextError(
+            f"the request's text contains control-token strings ({sorted(shield.placeholders)}) that the "
+            "chat template interprets, so they cannot be encoded as plain text; remove them"
+        )
+    return text
 
 
 def render_root(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any = None) -> list[int]:
     """Prompt ids of a fresh render (a context start or a declared rewrite)."""
-    return encode(tokenizer, render_text(tokenizer, messages, tools, generation_prompt=True))
-
-
-def _turn_parts(tokenizer: Any, prefix: Sequence[dict[str, Any]], tools: Any) -> tuple[str, str]:
-    """(opening, closing) text the template puts around an assistant turn's body after `prefix`."""
-    text = render_text(
-        tokenizer, [*prefix, {"role": "assistant", "content": _SENTINEL}], tools, generation_prompt=False
+    shield = Shield.of(tokenizer, messages, tools)
+    return encode(
+        tokenizer, shielded_render(tokenizer, shield, messages, tools, generation_prompt=True), shield
     )
-    at = text.find(_SENTINEL)
+
+
+def _turn_parts(
+    tokenizer: Any, prefix: Sequence[dict[str, Any]], tools: Any, shield: Shield | None = None
+) -> tuple[str, str]:
+    """(opening, closing) text the template puts around an assistant turn's body after `prefix`."""
+    sentinel = [*prefix, {"role": "assistant", "content": _SENTINEL}]
+    if shield is None:
+        text = render_text(tokenizer, sentinel, tools, generation_prompt=False)
+    else:
+        text = shielded_render(tokenizer, shield, sentinel, tools, generation_prompt=False)
+    # The last occurrence: earlier messages may hold the sentinel's text themselves (a user can send it).
+    at = text.rfind(_SENTINEL)
     if at < 0:
         raise TemplateNotPrefixStableError("the chat template does not render assistant content verbatim")
     return text[:at], text[at + len(_SENTINEL) :]
@@ -322,10 +363,11 @@ def _splice_suffix(
     tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, pred: Predecessor
 ) -> list[int]:
     k = len(pred.messages)
-    upto = render_text(tokenizer, messages[: k + 1], tools, generation_prompt=False)
-    full = render_text(tokenizer, messages, tools, generation_prompt=True)
-    before = render_text(tokenizer, messages[:k], tools, generation_prompt=True)
-    opening, closing = _turn_parts(tokenizer, messages[:k], tools)
+    shield = Shield.of(tokenizer, messages, tools)
+    upto = shielded_render(tokenizer, shield, messages[: k + 1], tools, generation_prompt=False)
+    full = shielded_render(tokenizer, shield, messages, tools, generation_prompt=True)
+    before = shielded_render(tokenizer, shield, messages[:k], tools, generation_prompt=True)
+    opening, closing = _turn_parts(tokenizer, messages[:k], tools, shield)
     if not full.startswith(upto) or opening != before or not upto.endswith(closing):
         raise TemplateNotPrefixStableError(
             f"the chat template is not prefix-stable at message {k} (the predecessor's response): rendering "
@@ -336,7 +378,7 @@ def _splice_suffix(
     if pred.completion_ids and _ends_turn(tokenizer, pred.completion_ids[-1], closing):
         # The sampled end-of-turn token already is the start of the closing text.
         covered = _atomic_text(tokenizer, pred.completion_ids[-1])
-    return encode(tokenizer, closing[len(covered) :] + full[len(upto) :])
+    return encode(tokenizer, closing[len(covered) :] + full[len(upto) :], shield)
 
 
 def render_chat(

@@ -70,6 +70,10 @@ class InvalidSamplingError(ChatRequestError):
     """Sampling values outside what grove samples with (e.g. temperature 0)."""
 
 
+class UnsupportedContentError(ChatRequestError):
+    """A content part the served (text-only) model cannot take: image, audio, file, ..."""
+
+
 class UnknownModelError(ChatRequestError):
     """A model name the gateway does not serve (HTTP 404)."""
 
@@ -126,6 +130,27 @@ def _check_messages(messages: list[dict[str, Any]]) -> None:
             raise InvalidChatRequestError(
                 f"messages[{i}].content must be a string, a list of parts or null",
                 param=f"messages[{i}].content",
+            )
+        if isinstance(content, list):
+            _check_parts(i, role, content)
+
+
+def _check_parts(i: int, role: str, parts: list[Any]) -> None:
+    """Only text parts: the served model reads text (an image part would fail in the chat template,
+    after admission)."""
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text":
+            raise UnsupportedContentError(
+                f"messages[{i}] ({role}) has a content part of type {kind!r} at content[{j}]; the grove "
+                "gateway serves a text-only model and accepts only 'text' parts. Send the text, or "
+                "describe the image/audio/file in words",
+                param=f"messages[{i}].content[{j}].type",
+            )
+        if not isinstance(part.get("text"), str):
+            raise InvalidChatRequestError(
+                f"messages[{i}].content[{j}] is a text part without a string 'text'",
+                param=f"messages[{i}].content[{j}].text",
             )
 
 

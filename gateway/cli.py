@@ -18,6 +18,14 @@ def gateway(
     model_name: str = typer.Option(
         None, help="Model id clients send (default $GROVE_GATEWAY_MODEL or 'grove')."
     ),
+    policy_model: str = typer.Option(
+        None,
+        help="The model the run's engines serve, as `grove worker --model` (default "
+        "$GROVE_GATEWAY_POLICY_MODEL or 'tiny'): its tokenizer measures every prompt.",
+    ),
+    max_model_len: int = typer.Option(
+        None, help="The engines' context in tokens (default $GROVE_GATEWAY_MAX_MODEL_LEN or 2048)."
+    ),
 ) -> None:
     """Serve the OpenAI-compatible capture gateway (secret from $GROVE_GATEWAY_SECRET)."""
     import uvicorn
@@ -26,7 +34,13 @@ def gateway(
     from gateway.settings import GatewaySettings
 
     settings = GatewaySettings.from_env(
-        temporal_address=address, store=store, model_name=model_name, host=host, port=port
+        temporal_address=address,
+        store=store,
+        model_name=model_name,
+        host=host,
+        port=port,
+        policy_model=policy_model,
+        max_model_len=max_model_len,
     )
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
 

@@ -7,17 +7,21 @@ checks the bearer token before anything talks to Temporal.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 from fastapi import Depends, Request
+from pydantic import ValidationError
 
 from gateway.auth import check_token
 from gateway.capture import Capture
-from gateway.chat_request import ChatCompletionRequest, InvalidChatRequestError, parse_chat_request
+from gateway.chat_request import ChatCompletionRequest, parse_chat_request
+from gateway.context_window import check_max_tokens
 from gateway.episode_ref import episode_id_of
 from gateway.episodes import Episodes
+from gateway.identity import check_headers
+from gateway.limits import InvalidBodyError, check_counts, parse_json, read_body
 from gateway.settings import GatewaySettings
+from grove.contracts import CloseRequest
 
 
 def get_settings(request: Request) -> GatewaySettings:
@@ -47,14 +51,32 @@ def authorized_episode(episode_ref: str, request: Request, settings: SettingsDep
 EpisodeIdDep = Annotated[str, Depends(authorized_episode)]
 
 
-async def chat_body(request: Request, settings: SettingsDep) -> ChatCompletionRequest:
-    """The request body as a validated chat-completions request (OpenAI-style 4xx otherwise)."""
-    raw = await request.body()
+async def chat_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> ChatCompletionRequest:
+    """The request body as a validated chat-completions request (OpenAI-style 4xx otherwise); read
+    only after the token was checked, and only up to the body cap (gateway/limits.py)."""
+    check_headers(request.headers)
+    limits = settings.limits
+    body = parse_json(await read_body(request, limits.max_body_bytes, "max_body_bytes"), limits)
+    if isinstance(body, dict):
+        check_counts(body, limits)
+    chat = parse_chat_request(body, settings.model_name)
+    check_max_tokens(chat, settings.max_model_len)
+    return chat
+
+
+async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> CloseRequest:
+    """The close request (an empty body is the default close); read after auth, capped."""
+    raw = await read_body(request, settings.limits.max_close_bytes, "max_close_bytes")
+    if not raw.strip():
+        return CloseRequest()
+    body = parse_json(raw, settings.limits)
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InvalidChatRequestError(f"the request body is not valid JSON: {err}") from None
-    return parse_chat_request(body, settings.model_name)
+        return CloseRequest.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidBodyError(f"invalid close request: {where}: {first['msg']}", param=where) from None
 
 
 ChatBodyDep = Annotated[ChatCompletionRequest, Depends(chat_body)]
+CloseBodyDep = Annotated[CloseRequest, Depends(close_body)]

@@ -29,6 +29,11 @@ from grove.receipts import CallKind
 DEFAULT_AGENT = "parent"
 AUX_SEPARATOR = "~"  # harness names cannot contain it, so `<agent>~aux` never collides with a harness agent
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+# Ids from headers become parts of object keys: the longest file name derived from a context id is
+# its call's staged receipt `{context}.c{n}.receipt-{sha256}.json` (id + ~90 characters), and file
+# systems allow 255 bytes per name (ENAMETOOLONG beyond). 128 characters keep every derived name
+# under 230 (a unit test writes the longest ones to a real store).
+MAX_ID_CHARS = 128
 _ID = re.compile(r"^[A-Za-z0-9_~-]{1,96}(\.[A-Za-z0-9_~-]{1,32}){0,4}$")
 
 AGENT_HEADER = "x-grove-agent"
@@ -83,6 +88,11 @@ def header_value(headers: Mapping[str, str], name: str, pattern: re.Pattern[str]
     if value is None:
         return None
     value = value.strip()
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidIdentityHeaderError(
+            f"header {name}: a value of {len(value)} characters is not accepted; ids become object keys "
+            f"and may have at most {MAX_ID_CHARS} characters (gateway.identity.MAX_ID_CHARS)"
+        )
     if not pattern.match(value):
         raise InvalidIdentityHeaderError(
             f"header {name}: {value!r} is not accepted; expected {pattern.pattern} (letters, digits, '_' "
@@ -107,6 +117,16 @@ def _kind(headers: Mapping[str, str]) -> CallKind:
             f"header {KIND_HEADER}: {value!r} is not a call kind; "
             f"expected one of {[k.value for k in CallKind]}"
         ) from None
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Validate grove's identity headers that are present (values, lengths) without deciding anything:
+    the routes call it before the request reaches Temporal, so a bad header costs nothing."""
+    header_value(headers, AGENT_HEADER)
+    for name in (CONTEXT_HEADER, SPAWNED_BY_HEADER, PARENT_CONTEXT_HEADER):
+        header_value(headers, name, _ID)
+    _flag(headers, REWRITE_HEADER)
+    _kind(headers)
 
 
 def grove_identity(headers: Mapping[str, str]) -> Identity:

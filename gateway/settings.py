@@ -7,11 +7,15 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from gateway.limits import RequestLimits
 from grove.client import DEFAULT_ADDRESS
 from storage.config import default_store_url
 
 SECRET_VAR = "GROVE_GATEWAY_SECRET"
 MIN_SECRET_LEN = 16
+# = activities.engine.EngineConfig's max_model_len default (a unit test keeps them equal): the context
+# `grove worker` engines serve unless told otherwise.
+DEFAULT_MAX_MODEL_LEN = 2048
 
 
 class GatewaySettingsError(ValueError):
@@ -28,6 +32,12 @@ class GatewaySettings(BaseModel):
     model_name: str = "grove"  # the model id clients send and /v1/models lists
     host: str = "127.0.0.1"
     port: int = Field(8400, ge=0, le=65535)
+    # The model the run's engines serve (a registry name or a folder, as `grove worker --model`) and
+    # their context (`max_model_len`): the gateway renders each prompt with that model's tokenizer and
+    # refuses one that does not fit (400 context_length_exceeded) before anything is admitted.
+    policy_model: str = "tiny"
+    max_model_len: int = Field(DEFAULT_MAX_MODEL_LEN, ge=16)
+    limits: RequestLimits = Field(default_factory=RequestLimits)
 
     @field_validator("secret")
     @classmethod
@@ -42,7 +52,8 @@ class GatewaySettings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> GatewaySettings:
         """Settings from GROVE_TEMPORAL_ADDRESS, GROVE_TEMPORAL_NAMESPACE, GROVE_STORE,
-        GROVE_GATEWAY_SECRET, GROVE_GATEWAY_MODEL, plus explicit overrides."""
+        GROVE_GATEWAY_SECRET, GROVE_GATEWAY_MODEL, GROVE_GATEWAY_POLICY_MODEL,
+        GROVE_GATEWAY_MAX_MODEL_LEN, GROVE_GATEWAY_MAX_BODY_BYTES, plus explicit overrides."""
         env = os.environ if environ is None else environ
         if SECRET_VAR not in env and "secret" not in overrides:
             raise GatewaySettingsError(
@@ -55,7 +66,11 @@ class GatewaySettings(BaseModel):
             "store": env.get("GROVE_STORE") or default_store_url(),
             "secret": env.get(SECRET_VAR),
             "model_name": env.get("GROVE_GATEWAY_MODEL", "grove"),
+            "policy_model": env.get("GROVE_GATEWAY_POLICY_MODEL", "tiny"),
+            "max_model_len": env.get("GROVE_GATEWAY_MAX_MODEL_LEN", DEFAULT_MAX_MODEL_LEN),
         }
+        if "GROVE_GATEWAY_MAX_BODY_BYTES" in env:
+            values["limits"] = {"max_body_bytes": env["GROVE_GATEWAY_MAX_BODY_BYTES"]}
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(values)

@@ -25,8 +25,13 @@ from gateway.capture import (
     ResponsePendingError,
     UndeliveredHeadsError,
 )
-from gateway.chat_render import UndeclaredDiscontinuityError
+from gateway.chat_render import (
+    ChatRenderError,
+    NoChatTemplateError,
+    UndeclaredDiscontinuityError,
+)
 from gateway.chat_request import ChatRequestError, UnknownModelError
+from gateway.content_tokens import ControlTextError, UnsupportedTokenizerError
 from gateway.episode_ref import InvalidEpisodeRefError
 from gateway.episodes import (
     EpisodeFailedError,
@@ -37,6 +42,7 @@ from gateway.episodes import (
     TemporalUnavailableError,
 )
 from gateway.identity import InvalidIdentityHeaderError
+from gateway.limits import HeadersTooLargeError, RequestTooLargeError
 from gateway.records import CorruptChatRecordError
 from gateway.routing import RoutingError
 from storage.base import StorageError
@@ -50,10 +56,18 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     MalformedTokenError: (401, "authentication_error"),
     WrongEpisodeTokenError: (403, "permission_error"),
     UnknownModelError: (404, "not_found_error"),
+    RequestTooLargeError: (413, "invalid_request_error"),
+    HeadersTooLargeError: (431, "invalid_request_error"),
     ChatRequestError: (400, "invalid_request_error"),
     InvalidIdentityHeaderError: (400, "invalid_request_error"),
     RoutingError: (400, "invalid_request_error"),
     UndeclaredDiscontinuityError: (400, "invalid_request_error"),
+    # The gateway renders each prompt before admission (gateway/context_window.py): a template that
+    # cannot render the messages, or control-token text it interprets, is the request's problem.
+    NoChatTemplateError: (500, "server_error"),
+    ChatRenderError: (400, "invalid_request_error"),
+    ControlTextError: (400, "invalid_request_error"),
+    UnsupportedTokenizerError: (500, "server_error"),
     ForeignSessionError: (400, "invalid_request_error"),
     HeadPendingError: (409, "conflict_error"),
     ResponsePendingError: (409, "conflict_error"),
@@ -111,7 +125,10 @@ def _param(exc: Exception) -> str | None:
 
 
 def _code(exc: Exception) -> str:
-    return exc.error_type if isinstance(exc, EpisodeUpdateRejectedError) else type(exc).__name__
+    if isinstance(exc, EpisodeUpdateRejectedError):
+        return exc.error_type
+    # A code clients know (OpenAI's `context_length_exceeded`: OpenCode compacts on it) wins.
+    return getattr(exc, "openai_code", None) or type(exc).__name__
 
 
 async def domain_error(request: Request, exc: Exception) -> JSONResponse:

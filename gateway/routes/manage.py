@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from gateway.deps import CaptureDep, EpisodeIdDep, EpisodesDep
-from grove.contracts import CloseRequest, EpisodeResult
+from gateway.deps import CaptureDep, CloseBodyDep, EpisodeIdDep, EpisodesDep
+from grove.contracts import EpisodeResult
 
 router = APIRouter(prefix="/episodes/{episode_ref}", tags=["manage"])
 
@@ -20,15 +20,17 @@ class CloseResponse(BaseModel):
 @router.post("/close")
 async def close_episode(
     episode_id: EpisodeIdDep,
+    body: CloseBodyDep,
     episodes: EpisodesDep,
     capture: CaptureDep,
-    body: CloseRequest | None = None,
     wait: bool = False,
 ) -> CloseResponse:
     """The harness is done: responses it never got whole are discarded (gateway/capture.py
-    settle_undelivered), then the workflow settles its calls, scores, materializes rows, cleans staging."""
+    settle_undelivered), then the workflow settles its calls, scores, materializes rows, cleans staging.
+    The body (a CloseRequest, optional) is read by a dependency after the token check and capped
+    (max_close_bytes): a body parameter here would make FastAPI read it whole before auth."""
     await episodes.spec(episode_id)  # only external episodes are closed from here
     await capture.settle_undelivered(episode_id)
-    await episodes.close(episode_id, body or CloseRequest())
+    await episodes.close(episode_id, body)
     result = await episodes.result(episode_id) if wait else None
     return CloseResponse(episode_id=episode_id, result=result)

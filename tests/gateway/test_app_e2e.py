@@ -12,6 +12,8 @@ import asyncio
 import json
 import socket
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import numpy as np
@@ -56,14 +58,12 @@ TOOLS = [
 # ---------------------------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-async def gateway_url(temporal_server, grove_worker, e2e_store):
-    settings = GatewaySettings(
-        temporal_address=temporal_server.address, store=str(e2e_store.root), secret=SECRET, model_name=MODEL
-    )
+@asynccontextmanager
+async def serving(app) -> AsyncIterator[str]:
+    """`app` served by uvicorn (lifespan on) on a free port; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     for _ in range(200):
         if server.started or task.done():
@@ -71,10 +71,27 @@ async def gateway_url(temporal_server, grove_worker, e2e_store):
         await asyncio.sleep(0.05)
     if task.done():
         task.result()  # surface a startup failure
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    await task
-    sock.close()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+def gateway_settings(temporal_server, e2e_store, tiny_model_dir, recording_engine) -> GatewaySettings:
+    """The gateway of these tests: the engine's model and context (so prompt lengths are its own)."""
+    return GatewaySettings(
+        temporal_address=temporal_server.address, store=str(e2e_store.root), secret=SECRET, model_name=MODEL,
+        policy_model=str(tiny_model_dir), max_model_len=recording_engine.config.max_model_len,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+async def gateway_url(temporal_server, grove_worker, e2e_store, tiny_model_dir, recording_engine):
+    settings = gateway_settings(temporal_server, e2e_store, tiny_model_dir, recording_engine)
+    async with serving(create_app(settings)) as url:
+        yield url
 
 
 async def start_episode(client, name: str) -> str:

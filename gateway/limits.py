@@ -1,0 +1,201 @@
+"""Size and shape limits of everything a client sends the gateway, enforced before anything is admitted.
+
+Every boundary has a limit (DESIGN.md section 10), and each refusal names it and its setting:
+
+- headers: count and total bytes (with the request target), checked by `HeaderLimitMiddleware` before
+  any route runs: 431 `HeadersTooLargeError`;
+- bodies: routes never let FastAPI read a body for them; `read_body` runs *after* the bearer token
+  was checked, refuses a declared Content-Length over the route's cap without reading a byte, and
+  streams the rest with a running count: 413 `RequestTooLargeError` at the first byte over the cap.
+  So an unauthenticated or oversized body costs the gateway at most one cap of memory;
+- JSON: nesting depth (a deep body fails in Temporal's converter, not here) and lone surrogates
+  (text that cannot be encoded as UTF-8, again failing later): 400 `InvalidJsonError` with the path.
+
+The numbers live in `RequestLimits` (gateway/settings.py holds one); docs/gateway.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.chat_request import ChatRequestError, InvalidChatRequestError
+
+MiB = 2**20
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class RequestLimits(BaseModel):
+    """What one request may hold. Defaults fit a long agent episode of a small-context model; each
+    refusal says which field to raise."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # A chat request travels (today) inside the `call` Update, whose payload Temporal caps at 2 MB.
+    max_body_bytes: int = Field(MiB, ge=1024)
+    max_close_bytes: int = Field(256 * 1024, ge=1024)  # final answer + agents' outputs, one Update
+    max_header_bytes: int = Field(32 * 1024, ge=1024)  # all header names + values + the request target
+    max_headers: int = Field(100, ge=8)
+    max_json_depth: int = Field(64, ge=4)  # OpenCode's deepest tool schema nests ~10 levels
+    max_messages: int = Field(4096, ge=1)
+    max_tools: int = Field(256, ge=0)
+
+
+class RequestTooLargeError(ChatRequestError):
+    """A body over its route's byte cap (HTTP 413)."""
+
+
+class HeadersTooLargeError(ChatRequestError):
+    """Too many headers, or too many header bytes (HTTP 431)."""
+
+
+class InvalidJsonError(ChatRequestError):
+    """A body that is JSON but not one the gateway can carry: too deep, or text with lone surrogates."""
+
+
+class InvalidBodyError(ChatRequestError):
+    """A management request body (close) that is not the model it must be."""
+
+
+class TooManyItemsError(ChatRequestError):
+    """More messages or tools than the gateway accepts in one request."""
+
+
+async def read_body(request: Request, limit: int, setting: str) -> bytes:
+    """The request's body, read only up to `limit` bytes (RequestTooLargeError beyond)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit, setting, declared=True)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit, setting, declared=False)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int, setting: str, *, declared: bool) -> RequestTooLargeError:
+    what = f"declares {size} bytes" if declared else f"has more than {limit} bytes (read {size})"
+    return RequestTooLargeError(
+        f"the request body {what}; this gateway accepts at most {limit} bytes here ({setting} = {limit}). "
+        "Send less (compact the history), or raise the gateway's limit",
+        param=setting,
+    )
+
+
+def parse_json(raw: bytes, limits: RequestLimits) -> Any:
+    """Decode a JSON body and check its depth and text (InvalidJsonError naming the first problem)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise _too_deep("", limits.max_json_depth) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidChatRequestError(f"the request body is not valid JSON: {err}") from None
+    check_json(value, limits.max_json_depth)
+    return value
+
+
+def _too_deep(path: str, limit: int) -> InvalidJsonError:
+    return InvalidJsonError(
+        f"the request body nests deeper than {limit} levels{f' at {path}' if path else ''} "
+        f"(max_json_depth = {limit}); no chat request needs that: flatten the value",
+        param=path or None,
+    )
+
+
+def check_json(value: Any, max_depth: int) -> None:
+    """Depth and text check of a decoded JSON value, iterative (a deep value must not recurse here)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item, path)
+        elif isinstance(item, dict | list):
+            if depth >= max_depth:
+                raise _too_deep(path, max_depth)
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in pairs:
+                if isinstance(key, str):
+                    _check_text(key, f"a key of {path or 'the body'}")
+                stack.append((child, _child_path(path, key), depth + 1))
+
+
+def _child_path(path: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def _check_text(text: str, path: str) -> None:
+    found = None if text.isascii() else _SURROGATE.search(text)
+    if found is not None:
+        raise InvalidJsonError(
+            f"{path or 'the body'} holds a lone UTF-16 surrogate (U+{ord(found.group()):04X} at character "
+            f"{found.start()}): it is not text and cannot be encoded as UTF-8; send valid Unicode (a "
+            "surrogate pair escapes one character above U+FFFF)",
+            param=path or None,
+        )
+
+
+def check_counts(body: dict[str, Any], limits: RequestLimits) -> None:
+    """Message and tool counts (before the request is validated field by field)."""
+    for field, limit, setting in (
+        ("messages", limits.max_messages, "max_messages"),
+        ("tools", limits.max_tools, "max_tools"),
+    ):
+        items = body.get(field)
+        if isinstance(items, list) and len(items) > limit:
+            raise TooManyItemsError(
+                f"the request has {len(items)} {field}; this gateway accepts at most {limit} ({setting} = "
+                f"{limit}). Compact the history or send fewer {field}",
+                param=field,
+            )
+
+
+class HeaderLimitMiddleware:
+    """431 for a request with too many headers or header bytes, before any route (pure ASGI)."""
+
+    def __init__(self, app: ASGIApp, limits: RequestLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            error = self._check(scope)
+            if error is not None:
+                body = {
+                    "error": {
+                        "message": str(error),
+                        "type": "invalid_request_error",
+                        "param": error.param,
+                        "code": type(error).__name__,
+                    }
+                }
+                await JSONResponse(body, status_code=431)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _check(self, scope: Scope) -> HeadersTooLargeError | None:
+        headers = scope.get("headers") or []
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+        size += sum(len(k) + len(v) for k, v in headers)
+        if len(headers) > self.limits.max_headers:
+            return HeadersTooLargeError(
+                f"the request has {len(headers)} headers; this gateway accepts at most "
+                f"{self.limits.max_headers} (max_headers = {self.limits.max_headers})",
+                param="max_headers",
+            )
+        if size > self.limits.max_header_bytes:
+            return HeadersTooLargeError(
+                f"the request's headers and target hold {size} bytes; this gateway accepts at most "
+                f"{self.limits.max_header_bytes} (max_header_bytes = {self.limits.max_header_bytes})",
+                param="max_header_bytes",
+            )
+        return None
