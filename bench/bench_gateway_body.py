@@ -1,5 +1,6 @@
 """Gateway memory on a 100 MB request body: peak RSS of a real uvicorn gateway process before and after
-it is sent a 100 MB `POST /close` without a token, then with a valid token (issue 12 section 6).
+it is sent a 100 MB `POST /close` without a token, then with a valid token, then a 100 MB chat request
+with a valid token (issue 12 section 6).
 
     PYTHONPATH=. python bench/bench_gateway_body.py [--mb 100]
 
@@ -72,8 +73,11 @@ def main() -> None:
     print(f"idle gateway: peak RSS {_peak_mb(proc.pid):.0f} MB")
     answer = _post(url, args.mb, {})
     print(f"{args.mb} MB close, no token: {answer}; peak RSS {_peak_mb(proc.pid):.0f} MB")
-    answer = _post(url, args.mb, {"authorization": f"Bearer {issue_token(SECRET, EPISODE)}"})
+    auth = {"authorization": f"Bearer {issue_token(SECRET, EPISODE)}"}
+    answer = _post(url, args.mb, auth)
     print(f"{args.mb} MB close, valid token: {answer}; peak RSS {_peak_mb(proc.pid):.0f} MB")
+    answer = _post(f"{base}/episodes/{episode_ref(EPISODE)}/v1/chat/completions", args.mb, auth)
+    print(f"{args.mb} MB chat request, valid token: {answer}; peak RSS {_peak_mb(proc.pid):.0f} MB")
     proc.kill()
 
 

@@ -9,6 +9,11 @@ The chat template is ChatML with hermes-style tool calls, written so that a conv
 *prefix-stably*: the rendering of messages[:k] is a prefix of the rendering of messages[:k+1]
 (each message renders on its own, independent of later messages), which the gateway's exact-prefix
 splice relies on. Every turn ends with `<|im_end|>` + newline; generation stops at `<|im_end|>`.
+
+The added tokens (control tokens and tool tags) are matched by the tokenizer anywhere in a string, so
+chat prompts are not tokenized as one string: the gateway and the generate activity encode only the
+template's own markers as added tokens and message content as plain text
+(gateway/content_tokens.py), so a user's literal `<|im_start|>` never becomes a control token.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ async def test_bad_input_is_a_4xx_and_admits_nothing(gateway, temporal_client):
         (body([user], temperature=3.0), {}, 400, "InvalidSamplingError"),
         (body([user]), {"x-grove-context": "a" * 96 + ".bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" * 4}, 400,
          "InvalidIdentityHeaderError"),
-        (body([{"role": "user", "content": "x" * (1 << 20)}]), {}, 413, "RequestTooLargeError"),
+        (body([{"role": "user", "content": "x" * (4 << 20)}]), {}, 413, "RequestTooLargeError"),
     ]  # fmt: skip
     async with http(url, eid) as c:
         for request, headers, status, code in cases:
