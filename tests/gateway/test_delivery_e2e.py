@@ -121,10 +121,11 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-async def gated_gateway(temporal_server, grove_worker, e2e_store):
+async def gated_gateway(temporal_server, grove_worker, e2e_store, tiny_model_dir, recording_engine):
     settings = GatewaySettings(
-        temporal_address=temporal_server.address, store=str(e2e_store.root), secret=SECRET, model_name=MODEL
-    )
+        temporal_address=temporal_server.address, store=str(e2e_store.root), secret=SECRET, model_name=MODEL,
+        policy_model=str(tiny_model_dir), max_model_len=recording_engine.config.max_model_len,
+    )  # fmt: skip
     app = create_app(settings)
     sends = SendGate(app)
     sock = socket.socket()
