@@ -50,6 +50,8 @@ pytestmark = pytest.mark.timeout(300)
 
 TASKS_PER_STEP, GROUP_SIZE = 1, 2
 KILL_STEP = 2
+# What train_step writes beside the checkpoint, before it (activities/training.py metrics_key, episodes_key)
+SIDECARS = ("metrics.json", "episodes.json")
 FIRST_CHECKPOINT_FILE = "model/config.json"  # save_checkpoint writes files in sorted order, COMMIT last
 
 
@@ -115,7 +117,7 @@ async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stac
     for step in (1, 2):
         manifest = check_committed(store, cfg.run_id, step)
         leftovers = set(store.list(step_prefix(cfg.run_id, step))) - {
-            step_prefix(cfg.run_id, step) + n for n in [*manifest, "COMMIT", "metrics.json"]
+            step_prefix(cfg.run_id, step) + n for n in [*manifest, "COMMIT", *SIDECARS]
         }
         assert not leftovers, leftovers
         assert run.history[step - 1].metrics["rollouts"] == GROUP_SIZE * TASKS_PER_STEP
