@@ -1,0 +1,161 @@
+"""Run configs as YAML files: examples validate, overrides apply before validation, bad input is named.
+
+Pure tests (no services): grove/runconfig.py and the `grove run schema|validate` commands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from grove.cli import app
+from grove.contracts import RunConfig, RunState
+from grove.run_cli import EXIT_INVALID_CONFIG
+from grove.runconfig import (
+    ConfigFileError,
+    ConfigValidationError,
+    OverrideError,
+    load_run_config,
+    schema_rows,
+)
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_validates_and_builds_its_first_step(path: Path):
+    from workflows.training_run import step_specs
+
+    cfg = load_run_config(path)
+    # the run workflow's own check: its tasks and episodes can be built
+    assert len(step_specs(RunState(config=cfg), 1)) == cfg.tasks_per_step * cfg.group_size
+
+
+def test_the_examples_cover_both_native_delegation_runs():
+    agents = {load_run_config(p).train_agents for p in EXAMPLES}
+    assert agents == {"all", "parent_only"}
+    for field in ("run_id", "inference_queue"):  # side by side: own workflow ids, own engines
+        values = [getattr(load_run_config(p), field) for p in EXAMPLES]
+        assert len(set(values)) == len(values)
+
+
+def test_overrides_are_yaml_values_at_dotted_paths(tmp_path):
+    path = write(tmp_path, "run_id: r\nlearner:\n  lr: 1.0e-3\n")
+    cfg = load_run_config(
+        path,
+        ["learner.lr=3e-4", "sampling.temperature=0.8", "learner.betas=[0.8, 0.95]", "steps=7",
+         "learner.grad_clip=null", "run_id='007'"],
+    )  # fmt: skip
+    assert cfg.learner.lr == 0.0003
+    assert cfg.sampling.temperature == 0.8
+    assert cfg.learner.betas == (0.8, 0.95)
+    assert cfg.steps == 7
+    assert cfg.learner.grad_clip is None
+    assert cfg.run_id == "007"
+    assert cfg.learner.clip_low == 0.2  # untouched fields keep their defaults
+
+
+def test_an_unknown_key_is_refused_with_the_allowed_ones(tmp_path):
+    path = write(tmp_path, "run_id: r\nlearner:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigValidationError) as err:
+        load_run_config(path)
+    msg = str(err.value)
+    assert "learner.lrr = 0.1: unknown field" in msg
+    assert "allowed here: lr, betas" in msg
+    with pytest.raises(ConfigValidationError, match=r"stepz = 3: unknown field; allowed here: run_id, model"):
+        load_run_config(write(tmp_path, "run_id: r\n"), ["stepz=3"])
+
+
+def test_a_bad_value_names_the_path_the_value_and_what_is_allowed(tmp_path):
+    path = write(tmp_path, "run_id: r\ntrain_agents: workers\n")
+    with pytest.raises(ConfigValidationError) as err:
+        load_run_config(path, ["learner.lr=-1", "sampling.max_tokens=many"])
+    issues = {p: (v, problem) for p, v, problem in err.value.issues}
+    assert issues["train_agents"][0] == "workers"
+    assert "'all' or 'parent_only'" in issues["train_agents"][1]
+    assert issues["learner.lr"][0] == -1 and "greater than 0" in issues["learner.lr"][1]
+    assert issues["sampling.max_tokens"][0] == "many" and "valid integer" in issues["sampling.max_tokens"][1]
+    assert str(path) in str(err.value) and "learner.lr=-1" in str(err.value)
+
+
+def test_a_missing_run_id_is_named(tmp_path):
+    with pytest.raises(ConfigValidationError, match=r"run_id = \(missing\): required field"):
+        load_run_config(write(tmp_path, "steps: 3\n"))
+
+
+def test_cross_field_rules_are_config_errors_too(tmp_path):
+    path = write(tmp_path, "run_id: r\nlearner:\n  lr_schedule: cosine\n")
+    with pytest.raises(ConfigValidationError, match="set total_rollouts"):
+        load_run_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("run_id: [unclosed\n", "not valid YAML"), ("- a\n- b\n", "must be a mapping")],
+)
+def test_unreadable_files_are_file_errors(tmp_path, text, match):
+    with pytest.raises(ConfigFileError, match=match):
+        load_run_config(write(tmp_path, text))
+    with pytest.raises(ConfigFileError, match="cannot read it"):
+        load_run_config(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [("learner.lr", "expected dotted.path=value"), ("learner..lr=1", "expected dotted.path=value"),
+     ("run_id.x=1", "run_id is 'r', not a mapping")],
+)  # fmt: skip
+def test_malformed_overrides_are_override_errors(tmp_path, override, match):
+    with pytest.raises(OverrideError, match=re.escape(match)):
+        load_run_config(write(tmp_path, "run_id: r\n"), [override])
+
+
+def test_the_readme_json_inputs_still_validate():
+    """README's `temporal workflow start --input` documents: extra='forbid' must not refuse them."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    blobs = re.findall(r"--input '(\{.*?\})'", readme, flags=re.S)
+    run_inputs = [json.loads(b) for b in blobs if b.startswith('{"config"')]
+    assert run_inputs
+    for blob in run_inputs:
+        RunState.model_validate(blob)
+
+
+def test_every_config_field_is_documented():
+    rows = schema_rows()
+    assert {r[0] for r in rows} >= {"run_id", "learner.lr", "sampling.temperature", "harness.program"}
+    assert [r[0] for r in rows if not r[3]] == []
+
+
+runner = CliRunner()
+
+
+def test_run_schema_prints_every_field_with_default_and_meaning():
+    result = runner.invoke(app, ["run", "schema"])
+    assert result.exit_code == 0
+    assert re.search(r"learner\.lr\s+float\s+\[default: 1e-06\]\n\s+peak learning rate", result.output)
+    for path, *_ in schema_rows():
+        assert path in result.output
+    js = json.loads(runner.invoke(app, ["run", "schema", "--json"]).output)
+    assert js["required"] == ["run_id"]
+    assert js["additionalProperties"] is False
+    assert all("description" in p for p in js["properties"].values())
+
+
+def test_run_validate_exits_with_the_invalid_config_code(tmp_path):
+    path = write(tmp_path, "run_id: r\n")
+    ok = runner.invoke(app, ["run", "validate", str(path), "steps=3", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.output)["steps"] == 3
+    bad = runner.invoke(app, ["run", "validate", str(path), "steps=0"])
+    assert bad.exit_code == EXIT_INVALID_CONFIG
+    assert "steps = 0: Input should be greater than or equal to 1" in bad.output
+    assert RunConfig.model_fields["steps"].description in bad.output
