@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -96,9 +98,21 @@ def _call(as_json: bool, work: Callable[[Any], Awaitable[tuple[Any, str, int]]],
         if as_json:
             typer.echo(json.dumps({"error": type(err).__name__, "message": str(err)}))
         typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code) from None
+        _exit_now(code)
     _emit(data, as_json, text)
-    raise typer.Exit(code)
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without interpreter finalization once the output is flushed.
+
+    The Temporal client's native runtime threads can still hold the GIL machinery while Python
+    finalizes, which aborts the process (SIGABRT, "PyGILState_Release ... finalizing") after the
+    command already did its work; a command's exit code must be its result, never that race.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @run_app.command("start")
