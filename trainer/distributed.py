@@ -26,7 +26,7 @@ from torch.distributed.fsdp import fully_shard
 
 from trainer.batch import MicroBatch
 from trainer.episodes import EpisodeRecord
-from trainer.learner import BatchLoss, Learner, StepMetrics, _rollout_counts, prepare_batch, score_tokens
+from trainer.learner import BatchLoss, Learner, StepMetrics, prepare_batch, score_tokens
 from trainer.loss import LossInputs, grpo_loss
 from trainer.rows import Row
 
@@ -71,32 +71,8 @@ class DistributedLearner(Learner):
             grad_norm = self._apply_update(lr)
         self.step_count += 1
         self.rollouts_consumed += rollouts
-        seconds = time.perf_counter() - started
-        denominator = max(batch.denominator, 1)
-        forwarded = sum(mb.real_tokens for mb in batch.plan)
-        return StepMetrics(
-            step=self.step_count,
-            rollouts=rollouts,
-            rollouts_consumed=self.rollouts_consumed,
-            **_rollout_counts(batch.advantages.values(), rows),
-            rows=len(rows),
-            micro_batches=len(batch.plan),
-            loss_tokens=batch.denominator,
-            forwarded_tokens=forwarded,
-            padded_tokens=sum(mb.padded_tokens for mb in batch.plan),
-            row_tokens=sum(mb.row_tokens for mb in batch.plan),
-            unique_tokens=batch.unique_tokens,
-            loss=total.loss,
-            pg_loss=total.pg_sum / denominator,
-            kl=0.0,
-            ratio_mean=total.ratio_sum / max(total.tokens, 1),
-            clip_frac=total.clipped / max(total.tokens, 1),
-            grad_norm=grad_norm,
-            lr=lr,
-            skipped=batch.denominator == 0,
-            seconds=seconds,
-            tokens_per_s=forwarded / seconds if seconds > 0 else 0.0,
-        )
+        # kl stays 0: this engine refuses kl_coef > 0, so total.kl_sum is never added to
+        return self._metrics(batch, rows, total, rollouts, grad_norm, lr, time.perf_counter() - started)
 
     def _accumulate(self, plan: Sequence[MicroBatch], denominator: int) -> BatchLoss:
         shares = split_micro_batches(plan, self.world)

@@ -324,9 +324,21 @@ class Learner:
         self.step_count += 1
         self.rollouts_consumed += rollouts
         self.last_advantages = batch.advantages
-        seconds = time.perf_counter() - started
-        forwarded = sum(mb.real_tokens for mb in batch.plan)
+        return self._metrics(batch, rows, total, rollouts, grad_norm, lr, time.perf_counter() - started)
+
+    def _metrics(
+        self,
+        batch: PreparedBatch,
+        rows: Sequence[Row],
+        total: BatchLoss,
+        rollouts: int,
+        grad_norm: float,
+        lr: float,
+        seconds: float,
+    ) -> StepMetrics:
+        """What this step did, from its prepared batch and accumulated loss (every learner engine)."""
         denominator = max(batch.denominator, 1)
+        forwarded = sum(mb.real_tokens for mb in batch.plan)
         return StepMetrics(
             step=self.step_count,
             rollouts=rollouts,
