@@ -10,6 +10,11 @@ The step's input lists every episode of the step as an EpisodeRecord (trainer/ep
 rows it produced: the rows of each record with a `rows_key` are loaded, and the records go to the
 learner, whose group baselines and rollout count are over them (an episode with zero rows still
 counts; a terminated child has no rows file and is an excluded infrastructure failure).
+
+`LearnerConfig.ranks > 1`: the step runs on that many FSDP2 rank processes started and supervised
+by this activity (activities/train_ranks.py); nothing stays in memory between steps (every attempt
+starts from the committed checkpoint), a dead rank fails the attempt with the retryable
+RankLostError before anything is written, and the checkpoint's optimizer state is sharded.
 """
 
 from __future__ import annotations
@@ -17,15 +22,33 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
+import torch
 from temporalio import activity
 
+from activities.train_ranks import (
+    ADVANTAGES_FILE,
+    CHECKPOINT_DIR,
+    METRICS_FILE,
+    OUT_DIR,
+    RankJob,
+    run_ranks,
+)
 from grove.contracts import TrainStepInput, TrainStepResult
 from models.registry import ensure_model
 from storage.base import ObjectStore
-from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    MODEL_DIR,
+    check_config,
+    commit_files,
+    download_checkpoint,
+    load_checkpoint,
+    local_checkpoint_files,
+    save_checkpoint,
+)
 from trainer.checkpoint_layout import commit_key, step_prefix
 from trainer.episodes import EpisodeRecord
 from trainer.learner import Learner
@@ -44,10 +67,19 @@ def episodes_key(run_id: str, step: int) -> str:
 
 
 class TrainerActivities:
-    def __init__(self, store: ObjectStore, work_dir: Path, device: str | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        work_dir: Path,
+        device: str | None = None,
+        *,
+        rank_threads: int | None = None,
+    ) -> None:
         self.store = store
         self.work_dir = Path(work_dir)
         self.device = device
+        # torch threads of each rank process (ranks > 1); default: this process's threads / ranks
+        self.rank_threads = rank_threads
         self.learner: Learner | None = None
         self.run_id: str | None = None
 
@@ -72,13 +104,19 @@ class TrainerActivities:
 
     def _batch(self, inp: TrainStepInput) -> tuple[list[Row], list[EpisodeRecord] | None]:
         """The step's rows and episode records (rows-only when the input names no records)."""
+        keys, records = self._batch_refs(inp)
+        return self._rows(keys), records
+
+    @staticmethod
+    def _batch_refs(inp: TrainStepInput) -> tuple[list[str], list[EpisodeRecord] | None]:
+        """The rows files to read and the episode records (None: rows-only)."""
         if not inp.episodes:
-            return self._rows(inp.row_keys), None
+            return list(inp.row_keys), None
         # Only an episode the learner trains or scores needs its rows: an excluded one's (if any) stay
         # unread, so a file that never got written (terminated child) is not an error.
         keys = sorted(e.rows_key for e in inp.episodes if e.rows_key is not None and e.in_baseline)
         records = [e if e.in_baseline else e.model_copy(update={"num_rows": None}) for e in inp.episodes]
-        return self._rows(keys), records
+        return keys, records
 
     def _train(self, inp: TrainStepInput) -> dict[str, float]:
         learner = self._learner_before(inp)
@@ -100,7 +138,11 @@ class TrainerActivities:
                 metrics=self._saved_metrics(inp),
             )
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        task = asyncio.create_task(asyncio.to_thread(self._train, inp))
+        if inp.learner.ranks > 1:
+            self.learner = None  # the ranks' weights live in the checkpoints, not in this process
+            task = asyncio.create_task(self._train_ranks(inp))
+        else:
+            task = asyncio.create_task(asyncio.to_thread(self._train, inp))
         while not task.done():  # heartbeat while the step runs in a thread (a dead worker times out)
             activity.heartbeat({"run": inp.run_id, "step": inp.step, "rows": len(inp.row_keys)})
             await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
@@ -112,3 +154,48 @@ class TrainerActivities:
     def _saved_metrics(self, inp: TrainStepInput) -> dict[str, float]:
         key = metrics_key(inp.run_id, inp.step)
         return json.loads(self.store.get(key)) if self.store.exists(key) else {}
+
+    # ------------------------------------------------------------------ ranks > 1 (train_ranks.py)
+
+    async def _train_ranks(self, inp: TrainStepInput) -> dict[str, float]:
+        """One attempt: prepare its folder, run the ranks, then upload and COMMIT (only if all succeeded)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        attempt = Path(tempfile.mkdtemp(prefix=f"step-{inp.step:06d}-ranks-", dir=self.work_dir))
+        try:
+            job = await asyncio.to_thread(self._rank_job, inp, attempt)
+            await run_ranks(attempt, job)
+            return await asyncio.to_thread(self._commit_ranks, inp, attempt / OUT_DIR)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, attempt, True)
+
+    def _rank_job(self, inp: TrainStepInput, attempt: Path) -> RankJob:
+        """The attempt's inputs on local disk: previous checkpoint (verified), rows, episode records."""
+        world = inp.learner.ranks
+        cuda = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        start_dir, model_dir = None, ensure_model(inp.model)
+        if inp.step > 1:
+            start = attempt / "start"
+            state = download_checkpoint(self.store, inp.run_id, inp.step - 1, start)
+            check_config(state, inp.learner, inp.run_id)
+            start_dir, model_dir = start, start / MODEL_DIR
+        rows_keys, records = self._batch_refs(inp)
+        rows = []
+        for i, key in enumerate(rows_keys):
+            path = attempt / "rows" / f"{i:05d}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(self.store.get(key))
+            rows.append(str(path))
+        threads = self.rank_threads or max(1, torch.get_num_threads() // world)
+        return RankJob(
+            run_id=inp.run_id, step=inp.step, world=world, backend="nccl" if cuda else "gloo",
+            device="cuda" if cuda else "cpu", threads=threads, config=inp.learner,
+            model_dir=str(model_dir), start_dir=None if start_dir is None else str(start_dir),
+            rows=rows, episodes=records,
+        )  # fmt: skip
+
+    def _commit_ranks(self, inp: TrainStepInput, out: Path) -> dict[str, float]:
+        metrics = json.loads((out / METRICS_FILE).read_text())
+        self.store.put(metrics_key(inp.run_id, inp.step), json.dumps(metrics, sort_keys=True).encode())
+        self.store.put(episodes_key(inp.run_id, inp.step), (out / ADVANTAGES_FILE).read_bytes())
+        commit_files(self.store, inp.run_id, inp.step, local_checkpoint_files(out / CHECKPOINT_DIR))
+        return metrics

@@ -17,8 +17,9 @@ Disarming a point (removing `armed/<point>`) releases everything held there and 
 pass. Keys are quoted into file names (`/` and other unsafe characters percent-encoded).
 
 Points used today: `generate` (activities/engine.py: a finished generation, before it is returned;
-key = request id `episode/call/attempt`) and `store_put` (grove/worker.py: after the trainer's
-store wrote an object; key = object key).
+key = request id `episode/call/attempt`), `store_put` (grove/worker.py: after the trainer's
+store wrote an object; key = object key) and `train_rank` (activities/train_ranks.py: a learner rank
+after each forward/backward pass; key = `run/step-NNNNNN/rank-R/pass-K`).
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ class GateControl:
         """Keys that reached `point` while it was armed (held now, or released since), sorted."""
         folder = self.root / "held" / point
         return sorted(unquote(p.name) for p in folder.iterdir()) if folder.is_dir() else []
+
+    def holder(self, point: str, key: str) -> int:
+        """The pid of the process that reached `point` with `key` (to signal that very process)."""
+        return int((self.root / "held" / point / _name(key)).read_text())
 
     def clear(self, point: str) -> None:
         """Forget what was held and released at `point` (between tests sharing one folder)."""

@@ -11,6 +11,13 @@ Layout (trainer/checkpoint_layout.py): under `checkpoints/{run}/step-{N:06d}/`
   numpy, torch, cuda when present) as JSON and base64;
 - `COMMIT`, written last: {"step": N, "files": {relative name: sha256}}.
 
+A step trained on N > 1 ranks (LearnerConfig.ranks, trainer/distributed.py) has `optimizer/`
+instead of `optimizer.pt`: the AdamW state as torch.distributed.checkpoint shards, one
+`__{rank}_0.distcp` per rank plus `.metadata` (keys are parameter names), and its trainer_state says
+`optimizer_format: sharded` and the rank count. The weights are always the full `model/` folder, so
+publication to vLLM never depends on the rank count. Either form resumes onto any rank count: DCP
+reshards the optimizer state, and a full `optimizer.pt` is loaded whole by every rank.
+
 A step without COMMIT does not exist for readers, so a crash mid-save leaves the previous
 checkpoint the latest. Saving a step that is already committed returns its manifest unchanged
 (idempotent trainer activity); saving over an uncommitted step overwrites its leftovers.
@@ -24,6 +31,7 @@ import json
 import random
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -31,10 +39,11 @@ from pydantic import BaseModel
 
 from storage.base import ObjectNotFoundError, ObjectStore, sha256_hex
 from trainer.checkpoint_layout import MODEL_DIR, commit_key, parse_step, run_prefix, step_prefix
-from trainer.config import LearnerConfig
+from trainer.config import NOT_FINGERPRINTED, LearnerConfig
 from trainer.learner import Learner
 
 OPTIMIZER_FILE = "optimizer.pt"
+SHARDS_DIR = "optimizer"  # torch.distributed.checkpoint files of a step trained on several ranks
 STATE_FILE = "trainer_state.json"
 # What a model folder needs besides save_pretrained's output; copied from the folder the learner loaded.
 TOKENIZER_FILES = (
@@ -87,6 +96,8 @@ class TrainerState(BaseModel):
     config_fingerprint: str
     config: dict
     rng: RngStates
+    ranks: int = 1  # processes that trained this step
+    optimizer_format: Literal["full", "sharded"] = "full"  # optimizer.pt, or optimizer/ DCP shards
 
 
 def capture_rng() -> RngStates:
@@ -119,9 +130,11 @@ def restore_rng(states: RngStates) -> None:
         torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in states.cuda])
 
 
-def _model_files(learner: Learner) -> dict[str, bytes]:
+def model_folder_files(learner: Learner, state_dict: dict | None = None) -> dict[str, bytes]:
+    """The `model/` files: save_pretrained output (of `state_dict` when given: the gathered weights of
+    a sharded model) plus the tokenizer files of the folder the learner loaded."""
     with tempfile.TemporaryDirectory(prefix="grove-ckpt-") as tmp:
-        learner.model.save_pretrained(tmp)
+        learner.model.save_pretrained(tmp, state_dict=state_dict)
         files = {f"{MODEL_DIR}/{p.name}": p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
     tokenizer = [name for name in TOKENIZER_FILES if (learner.model_dir / name).is_file()]
     if not any(name in tokenizer for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
@@ -134,6 +147,23 @@ def _model_files(learner: Learner) -> dict[str, bytes]:
     return files
 
 
+def trainer_state(
+    run_id: str, learner: Learner, *, ranks: int = 1, optimizer_format: str = "full"
+) -> TrainerState:
+    return TrainerState(
+        run_id=run_id,
+        step=learner.step_count,
+        data_cursor=learner.step_count,
+        policy_version=learner.step_count,
+        rollouts_consumed=learner.rollouts_consumed,
+        config_fingerprint=learner.config.fingerprint(),
+        config=learner.config.model_dump(mode="json"),
+        rng=capture_rng(),
+        ranks=ranks,
+        optimizer_format=optimizer_format,
+    )
+
+
 def _checkpoint_files(run_id: str, learner: Learner) -> dict[str, bytes]:
     buf = io.BytesIO()
     torch.save(
@@ -143,19 +173,9 @@ def _checkpoint_files(run_id: str, learner: Learner) -> dict[str, bytes]:
         },
         buf,
     )
-    state = TrainerState(
-        run_id=run_id,
-        step=learner.step_count,
-        data_cursor=learner.step_count,
-        policy_version=learner.step_count,
-        rollouts_consumed=learner.rollouts_consumed,
-        config_fingerprint=learner.config.fingerprint(),
-        config=learner.config.model_dump(mode="json"),
-        rng=capture_rng(),
-    )
-    files = _model_files(learner)
+    files = model_folder_files(learner)
     files[OPTIMIZER_FILE] = buf.getvalue()
-    files[STATE_FILE] = state.model_dump_json(indent=1).encode()
+    files[STATE_FILE] = trainer_state(run_id, learner).model_dump_json(indent=1).encode()
     return files
 
 
@@ -163,13 +183,37 @@ def save_checkpoint(store: ObjectStore, run_id: str, learner: Learner) -> dict[s
     """Write the learner's state as step `learner.step_count`; returns the COMMIT manifest {file: sha256}."""
     step = learner.step_count
     if store.exists(commit_key(run_id, step)):
-        return read_manifest(store, run_id, step)
-    files = _checkpoint_files(run_id, learner)
+        return verify_committed(store, run_id, step)
+    return commit_files(store, run_id, step, _checkpoint_files(run_id, learner))
+
+
+def commit_files(store: ObjectStore, run_id: str, step: int, files: dict[str, bytes]) -> dict[str, str]:
+    """Write a step's files in sorted order, then COMMIT with their sha256 (what makes them visible).
+
+    Overwrites the leftovers of a crashed, uncommitted attempt; a committed step is verified and its
+    manifest returned unchanged (a retried save never rewrites a visible checkpoint)."""
+    if store.exists(commit_key(run_id, step)):
+        return verify_committed(store, run_id, step)
     prefix = step_prefix(run_id, step)
     for name in sorted(files):
-        store.put(prefix + name, files[name])  # overwrite leftovers of a crashed, uncommitted attempt
+        store.put(prefix + name, files[name])
     manifest = {name: sha256_hex(data) for name, data in sorted(files.items())}
     store.put(commit_key(run_id, step), json.dumps({"step": step, "files": manifest}, indent=1).encode())
+    return manifest
+
+
+def local_checkpoint_files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` by its relative name (a checkpoint written to local disk by ranks)."""
+    folder = Path(folder)
+    paths = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in paths}
+
+
+def verify_committed(store: ObjectStore, run_id: str, step: int) -> dict[str, str]:
+    """The manifest of a committed step after checking every file it names (CheckpointCorruptError)."""
+    manifest = read_manifest(store, run_id, step)
+    for name in manifest:
+        _get_verified(store, run_id, step, name, manifest)
     return manifest
 
 
@@ -219,16 +263,29 @@ def download_model_folder(store: ObjectStore, run_id: str, step: int, dest_dir: 
     return dest_dir
 
 
+def download_checkpoint(store: ObjectStore, run_id: str, step: int, dest_dir: Path) -> TrainerState:
+    """Every committed file of `step` into `dest_dir` (sha256-verified); returns its trainer state."""
+    manifest = read_manifest(store, run_id, step)
+    dest_dir = Path(dest_dir)
+    for name in sorted(manifest):
+        path = dest_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_get_verified(store, run_id, step, name, manifest))
+    return TrainerState.model_validate_json((dest_dir / STATE_FILE).read_bytes())
+
+
 def read_trainer_state(store: ObjectStore, run_id: str, step: int) -> TrainerState:
     manifest = read_manifest(store, run_id, step)
     return TrainerState.model_validate_json(_get_verified(store, run_id, step, STATE_FILE, manifest))
 
 
-def _check_config(state: TrainerState, config: LearnerConfig, run_id: str) -> None:
+def check_config(state: TrainerState, config: LearnerConfig, run_id: str) -> None:
+    """CheckpointConfigMismatchError unless the checkpoint was written under `config` (ranks aside)."""
     if state.config_fingerprint == config.fingerprint():
         return
-    ours = config.model_dump(mode="json")
-    diff = {k: (state.config.get(k), ours.get(k)) for k in sorted(set(ours) | set(state.config))}
+    ours = config.model_dump(mode="json", exclude=NOT_FINGERPRINTED)
+    theirs = {k: v for k, v in state.config.items() if k not in NOT_FINGERPRINTED}
+    diff = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(ours) | set(theirs))}
     diff = {k: v for k, v in diff.items() if v[0] != v[1]}
     raise CheckpointConfigMismatchError(
         f"run {run_id!r} step {state.step}: checkpoint config fingerprint {state.config_fingerprint[:16]}… "
@@ -254,7 +311,7 @@ def load_checkpoint(
     """
     manifest = read_manifest(store, run_id, step)
     state = TrainerState.model_validate_json(_get_verified(store, run_id, step, STATE_FILE, manifest))
-    _check_config(state, config, run_id)
+    check_config(state, config, run_id)
     model_dir = download_model_folder(store, run_id, step, dest_dir)
     learner = Learner(
         model_dir,
@@ -264,6 +321,10 @@ def load_checkpoint(
         step_count=state.step,
         rollouts_consumed=state.rollouts_consumed,
     )
+    if state.optimizer_format == "sharded":
+        _load_shards(store, run_id, step, manifest, learner)
+        restore_rng(state.rng)
+        return learner
     saved = torch.load(
         io.BytesIO(_get_verified(store, run_id, step, OPTIMIZER_FILE, manifest)),
         map_location=learner.device,
@@ -283,6 +344,20 @@ def load_checkpoint(
         )
     restore_rng(state.rng)
     return learner
+
+
+def _load_shards(
+    store: ObjectStore, run_id: str, step: int, manifest: dict[str, str], learner: Learner
+) -> None:
+    """A step trained on several ranks, resumed in one process: DCP reads the shards (no process group)."""
+    from trainer.distributed import load_sharded_optimizer  # torch.distributed only when needed
+
+    with tempfile.TemporaryDirectory(prefix="grove-shards-") as tmp:
+        for name in sorted(n for n in manifest if n.startswith(SHARDS_DIR + "/")):
+            path = Path(tmp) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(_get_verified(store, run_id, step, name, manifest))
+        load_sharded_optimizer(learner.model, learner.optimizer, Path(tmp) / SHARDS_DIR)
 
 
 def open_learner(

@@ -20,6 +20,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Fields that say where a step runs, not what it computes; left out of the fingerprint (and so a config
+# written before they existed keeps its fingerprint).
+NOT_FINGERPRINTED = {"ranks"}
+
 
 class LearnerConfig(BaseModel):
     """GRPO learner settings (see trainer/learner.py for the algorithm)."""
@@ -97,6 +101,12 @@ class LearnerConfig(BaseModel):
 
     seed: int = Field(0, description="learner RNG seed")
 
+    # where a step runs, not what it computes (so not fingerprinted: a checkpoint resumes onto any
+    # rank count). 1: the Learner inside the trainer worker (the default and the tested CPU path);
+    # N > 1: the train_step activity launches N FSDP2 rank processes per step (activities/train_ranks.py,
+    # gloo on CPU, NCCL on CUDA) and the checkpoint's optimizer state is sharded per rank.
+    ranks: int = Field(1, ge=1, le=64, description="learner processes of one step (data parallel, FSDP2)")
+
     @model_validator(mode="after")
     def _schedule_needs_total(self) -> LearnerConfig:
         if self.lr_schedule != "constant" and self.total_rollouts is None:
@@ -111,8 +121,10 @@ class LearnerConfig(BaseModel):
         return self
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of every field: a checkpoint only resumes the same config."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical JSON of every field that changes what a step computes (all but
+        `ranks`): a checkpoint only resumes the same config, on any number of ranks."""
+        fields = self.model_dump(mode="json", exclude=NOT_FINGERPRINTED)
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def lr_at(self, rollouts_consumed: int) -> float:

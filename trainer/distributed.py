@@ -10,18 +10,29 @@ gradient whatever the split. FSDP collectives need the same number of forward/ba
 every rank, so a rank with fewer micro-batches runs a zero-weighted pass of one of its own (or the
 batch's first) micro-batches.
 
-Status: the engine and its equality test against the single-process learner (2 gloo ranks,
-tests/learner/test_distributed.py). Not done: wiring it into the train_step activity and sharded
-checkpoints (save/load go through trainer/checkpoint.py, single-process only).
+The train_step activity runs it when `LearnerConfig.ranks > 1` (activities/train_ranks.py launches
+and supervises the rank processes). State crosses steps through the checkpoint only: the weights as
+a full Hugging Face folder (what vLLM loads), the AdamW state sharded per rank with
+torch.distributed.checkpoint (`save_sharded_optimizer` / `load_optimizer`), which reshards onto
+another rank count; a single-process checkpoint's `optimizer.pt` loads onto N ranks too.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import fully_shard
 
 from trainer.batch import MicroBatch
@@ -57,6 +68,9 @@ class DistributedLearner(Learner):
         from trainer.learner import build_optimizer
 
         self.optimizer = build_optimizer(self.model, self.config, self.device)
+        # Called with the pass index after each forward/backward pass of a step (tests hold a rank
+        # there with a gate to kill it mid-step; None in production).
+        self.after_pass: Callable[[int], None] | None = None
 
     def step(self, rows: Sequence[Row], episodes: Sequence[EpisodeRecord] | None = None) -> StepMetrics:
         started = time.perf_counter()
@@ -71,6 +85,7 @@ class DistributedLearner(Learner):
             grad_norm = self._apply_update(lr)
         self.step_count += 1
         self.rollouts_consumed += rollouts
+        self.last_advantages = batch.advantages
         # kl stays 0: this engine refuses kl_coef > 0, so total.kl_sum is never added to
         return self._metrics(batch, rows, total, rollouts, grad_norm, lr, time.perf_counter() - started)
 
@@ -98,6 +113,8 @@ class DistributedLearner(Learner):
             # FSDP averages gradients over ranks; x world makes the reduction a sum. A padding pass
             # (weight 0) only keeps the collectives of all ranks in step.
             (out.loss * (self.world if real else 0.0)).backward()
+            if self.after_pass is not None:
+                self.after_pass(k)
             if real:
                 sums += torch.tensor(
                     [float(out.loss.detach()), out.pg_sum, out.ratio_sum, out.clipped, out.tokens],
@@ -110,3 +127,55 @@ class DistributedLearner(Learner):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters (every rank takes part; every rank gets them)."""
         return {k: v.full_tensor().detach().clone() for k, v in self.model.state_dict().items()}
+
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters on CPU (a collective: every rank calls it; every rank gets them)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+
+OPTIMIZER_KEY = "optimizer"  # the one entry of the DCP state dict
+
+
+def save_sharded_optimizer(learner: DistributedLearner, out_dir: Path) -> None:
+    """Each rank writes its shard of the AdamW state (`__{rank}_0.distcp`), rank 0 the `.metadata`.
+
+    Keys are parameter names (FQNs), so the files reshard onto any rank count, or one process.
+    """
+    state = get_optimizer_state_dict(learner.model, learner.optimizer)
+    dcp.save({OPTIMIZER_KEY: state}, checkpoint_id=str(out_dir))
+
+
+def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, shards_dir: Path) -> None:
+    """Load DCP optimizer shards into `optimizer` (sharded model under a process group, or a plain
+    model in one process: DCP reads each tensor's slices from whichever shards hold them)."""
+    state = get_optimizer_state_dict(model, optimizer)  # the layout to fill, in this run's sharding
+    dcp.load({OPTIMIZER_KEY: state}, checkpoint_id=str(shards_dir))
+    set_optimizer_state_dict(model, optimizer, state)
+
+
+def named_full_optimizer_state(saved: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """A single-process `optimizer.state_dict()` (keys: parameter indices in param-group order) with
+    parameter names as keys instead, the form `set_optimizer_state_dict` takes. Both learners build
+    their AdamW groups the same way (trainer/learner.py build_optimizer), so index i of group g is
+    the same parameter."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    index_to_name: dict[int, str] = {}
+    groups = []
+    for own, group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
+        if len(own["params"]) != len(group["params"]):
+            raise ValueError(
+                f"optimizer.pt has a param group of {len(group['params'])} parameters, this model "
+                f"{len(own['params'])}: it was saved for another model"
+            )
+        index_to_name.update({i: names[id(p)] for i, p in zip(group["params"], own["params"], strict=True)})
+        groups.append({**group, "params": [index_to_name[i] for i in group["params"]]})
+    return {"state": {index_to_name[i]: v for i, v in saved["state"].items()}, "param_groups": groups}
+
+
+def load_full_optimizer(learner: DistributedLearner, saved: dict) -> None:
+    """Load a single-process checkpoint's AdamW state (every rank holds the whole of it) into the shards."""
+    state = named_full_optimizer_state(saved, learner.model, learner.optimizer)
+    set_optimizer_state_dict(
+        learner.model, learner.optimizer, state, options=StateDictOptions(full_state_dict=True)
+    )

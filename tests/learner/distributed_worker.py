@@ -1,4 +1,4 @@
-"""torchrun worker for test_distributed.py: one DistributedLearner step, rank 0 saves the weights."""
+"""torchrun worker for test_distributed.py: DistributedLearner steps in memory, rank 0 saves the weights."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from trainer.config import LearnerConfig
 from trainer.distributed import DistributedLearner
 
 
-def main(model_dir: str, layout: str, out: str) -> None:
+def main(model_dir: str, layout: str, out: str, steps: str = "1") -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     cfg = LearnerConfig(lr=1e-3, layout=layout, micro_batch_tokens=64)
     learner = DistributedLearner(Path(model_dir), cfg, device="cpu")
-    metrics = learner.step(rows_of(controlled_batch(512)))
+    for _ in range(int(steps)):  # several steps in one process: the uninterrupted run
+        metrics = learner.step(rows_of(controlled_batch(512)))
     weights = learner.full_state_dict()
     if dist.get_rank() == 0:
         torch.save({"weights": weights, "metrics": metrics.model_dump()}, out)

@@ -1,0 +1,242 @@
+"""One optimizer step on N rank processes (`LearnerConfig.ranks > 1`): launched, supervised, committed.
+
+The train_step activity (activities/training.py) prepares an attempt folder: the job (RankJob), the
+step's rows (Parquet files, as stored) and episode records, and the previous committed checkpoint
+downloaded and sha256-verified (none at step 1: the base model). It then starts one process per rank
+(`python -m activities.train_ranks JOB RANK`, this module's `main`) and supervises them:
+
+- the ranks meet through a FileStore in the attempt folder (no port to pick, nothing shared with
+  another attempt), gloo on CPU, NCCL on CUDA (rank r on cuda:r);
+- every rank builds a DistributedLearner (trainer/distributed.py) from the previous checkpoint's
+  weights, loads its optimizer state (DCP shards resharded to this rank count, or a single-process
+  `optimizer.pt` whole), takes the step on the same batch (the split of micro-batches over ranks
+  is a pure function of the batch), and writes its optimizer shard; rank 0 writes the gathered
+  weights as a Hugging Face folder, trainer_state.json and the step's metrics;
+- the supervisor waits for the processes' exits (no polling). The first rank that exits non-zero
+  or is killed makes the attempt fail with RankLostError (retryable: Temporal runs the activity
+  again) after every other rank is SIGKILLed and reaped; cancellation of the activity does the same.
+  A rank also dies with the worker process (PR_SET_PDEATHSIG), so none outlives the activity;
+- only when every rank exited 0 does the activity upload the files and write COMMIT last
+  (trainer/checkpoint.py commit_files). A failed attempt has written nothing to the store, so the
+  retry starts from the same committed checkpoint and the step is trained exactly once.
+
+Test gate (grove/gates.py) `train_rank`: after each forward/backward pass, key
+`{run}/step-{N:06d}/rank-{r}/pass-{k}`, so a test can hold a rank mid-step and SIGKILL it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from trainer.config import LearnerConfig
+from trainer.episodes import EpisodeRecord
+
+RANK_GATE = "train_rank"
+JOB_FILE = "job.json"
+OUT_DIR = "out"
+CHECKPOINT_DIR = "checkpoint"  # under OUT_DIR: the files of the step's checkpoint, by relative name
+METRICS_FILE = "metrics.json"  # under OUT_DIR
+ADVANTAGES_FILE = "advantages.json"  # under OUT_DIR
+PARENT_ENV = "GROVE_RANK_PARENT"
+ROOT = Path(__file__).resolve().parents[1]
+LOG_TAIL_BYTES = 3000
+
+
+class RankLostError(RuntimeError):
+    """A rank process of a train_step attempt died or failed; the attempt is lost and retried."""
+
+
+class RankJob(BaseModel):
+    """What every rank of one attempt reads (job.json in the attempt folder)."""
+
+    run_id: str
+    step: int  # the step this attempt trains (weights of step - 1 in, step out)
+    world: int
+    backend: Literal["gloo", "nccl"]
+    device: Literal["cpu", "cuda"]
+    threads: int  # torch intra-op threads per rank
+    config: LearnerConfig
+    model_dir: str  # the weights to start from: the base model, or the previous checkpoint's model/
+    start_dir: str | None  # the previous committed checkpoint, downloaded; None at step 1
+    rows: list[str]  # Parquet files of the step's rows
+    episodes: list[EpisodeRecord] | None  # None: rows-only batch
+
+
+def rank_gate_key(run_id: str, step: int, rank: int, k: int) -> str:
+    return f"{run_id}/step-{step:06d}/rank-{rank}/pass-{k}"
+
+
+# ------------------------------------------------------------------------- supervisor (in the worker)
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return ""
+    return data[-LOG_TAIL_BYTES:].decode(errors="replace")
+
+
+def _exit_text(code: int) -> str:
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+
+
+async def run_ranks(attempt_dir: Path, job: RankJob) -> None:
+    """Start the job's ranks, wait for all of them; RankLostError as soon as one fails.
+
+    Whatever happens (a failed rank, cancellation), every rank started here is SIGKILLed if still
+    running and reaped before this returns or raises.
+    """
+    job_path = Path(attempt_dir) / JOB_FILE
+    job_path.write_text(job.model_dump_json())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env[PARENT_ENV] = str(os.getpid())
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        for rank in range(job.world):
+            with (Path(attempt_dir) / f"rank-{rank}.log").open("wb") as log:
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "activities.train_ranks", str(job_path), str(rank),
+                        stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                        env=env, cwd=str(ROOT),
+                    )
+                )  # fmt: skip
+        waits = {asyncio.ensure_future(p.wait()): rank for rank, p in enumerate(procs)}
+        pending = set(waits)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            failed = sorted((waits[t], t.result()) for t in done if t.result() != 0)
+            if failed:
+                rank, code = failed[0]
+                raise RankLostError(
+                    f"run {job.run_id!r} step {job.step}: rank {rank} of {job.world} {_exit_text(code)}; "
+                    "the attempt is lost (nothing was committed) and the other ranks were stopped. "
+                    f"Temporal retries the step from the last commit. Rank {rank}'s log ends:\n"
+                    f"{_tail(Path(attempt_dir) / f'rank-{rank}.log')}"
+                )
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+        for p in procs:
+            await p.wait()
+
+
+# ------------------------------------------------------------------------------- a rank (its process)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this rank when the process that started it dies (Linux), then check it is still there:
+    a worker killed before prctl ran would otherwise leave the rank orphaned."""
+    parent = int(os.environ[PARENT_ENV])
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
+    import torch
+
+    from grove.gates import Gates
+    from trainer.checkpoint import (
+        OPTIMIZER_FILE,
+        SHARDS_DIR,
+        STATE_FILE,
+        CheckpointCorruptError,
+        TrainerState,
+        model_folder_files,
+        restore_rng,
+        trainer_state,
+    )
+    from trainer.distributed import (
+        DistributedLearner,
+        load_full_optimizer,
+        load_sharded_optimizer,
+        save_sharded_optimizer,
+    )
+    from trainer.rows import rows_from_parquet
+
+    device = f"cuda:{rank}" if job.device == "cuda" else "cpu"
+    state = None
+    if job.start_dir is not None:
+        state = TrainerState.model_validate_json((Path(job.start_dir) / STATE_FILE).read_bytes())
+    learner = DistributedLearner(
+        Path(job.model_dir), job.config, device=device,
+        step_count=state.step if state else 0, rollouts_consumed=state.rollouts_consumed if state else 0,
+    )  # fmt: skip
+    if state is not None:
+        start = Path(job.start_dir)
+        if state.optimizer_format == "sharded":
+            load_sharded_optimizer(learner.model, learner.optimizer, start / SHARDS_DIR)
+        else:
+            saved = torch.load(start / OPTIMIZER_FILE, map_location=device, weights_only=True)
+            if saved["scheduler"]["rollouts_consumed"] != state.rollouts_consumed:
+                raise CheckpointCorruptError(
+                    f"{start}: optimizer.pt and trainer_state.json come from different saves"
+                )
+            load_full_optimizer(learner, saved["optimizer"])
+        restore_rng(state.rng)
+    gates = Gates.from_env()  # tests only: hold this rank mid-step
+    if gates is not None:
+        learner.after_pass = lambda k: gates.hold_sync(
+            RANK_GATE, rank_gate_key(job.run_id, job.step, rank, k)
+        )
+    rows = [row for path in job.rows for row in rows_from_parquet(Path(path).read_bytes())]
+    metrics = learner.step(rows, job.episodes)
+    if learner.step_count != job.step:
+        raise RuntimeError(f"rank {rank}: trained step {learner.step_count}, the job is step {job.step}")
+    out = attempt_dir / OUT_DIR
+    full = learner.full_model_state()  # collective: every rank gathers
+    save_sharded_optimizer(learner, out / CHECKPOINT_DIR / SHARDS_DIR)  # collective: one file per rank
+    if rank != 0:
+        return
+    state_out = trainer_state(job.run_id, learner, ranks=job.world, optimizer_format="sharded")
+    files = model_folder_files(learner, full)
+    files[STATE_FILE] = state_out.model_dump_json(indent=1).encode()
+    for name, data in files.items():
+        path = out / CHECKPOINT_DIR / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    values = {k: float(v) for k, v in metrics.model_dump().items() if isinstance(v, int | float)}
+    (out / METRICS_FILE).write_text(json.dumps(values, sort_keys=True))
+    advantages = {e: dataclasses.asdict(a) for e, a in learner.last_advantages.items()}
+    (out / ADVANTAGES_FILE).write_text(json.dumps(advantages, sort_keys=True))
+
+
+def main(job_path: str, rank_text: str) -> None:
+    _die_with_parent()
+    import torch
+    import torch.distributed as dist
+
+    job = RankJob.model_validate_json(Path(job_path).read_text())
+    rank = int(rank_text)
+    attempt_dir = Path(job_path).parent
+    torch.set_num_threads(job.threads)
+    if job.device == "cuda":
+        torch.cuda.set_device(rank)
+    rendezvous = (attempt_dir / "rendezvous").as_uri()
+    dist.init_process_group(job.backend, init_method=rendezvous, rank=rank, world_size=job.world)
+    try:
+        _train(job, rank, attempt_dir)
+        dist.barrier()  # rank 0's files are complete before any rank reports success
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

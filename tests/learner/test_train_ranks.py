@@ -1,0 +1,228 @@
+"""The train_step activity on N rank processes (LearnerConfig.ranks > 1, activities/train_ranks.py).
+
+Every step here goes through the activity's own code (`TrainerActivities._train_ranks`: download,
+launch, supervise, upload, COMMIT), with real rank processes (gloo, FSDP2) and a real LocalStore; only
+the Temporal activity context is absent (tests/durability/test_trainer_ranks.py runs it on real
+services). Rank processes are slow to start on the shared 2-core machine (~20 s of imports each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from activities.train_ranks import RANK_GATE, RankLostError, rank_gate_key
+from activities.training import TrainerActivities
+from grove.contracts import TrainStepInput
+from grove.gates import ENV, GateControl
+from storage.local import LocalStore
+from tests.durability.helpers import wait_exited
+from tests.learner.test_reference import controlled_batch, rows_of
+from trainer.checkpoint import (
+    CheckpointConfigMismatchError,
+    download_model_folder,
+    load_checkpoint,
+    read_manifest,
+    read_trainer_state,
+    save_checkpoint,
+)
+from trainer.checkpoint_layout import step_prefix
+from trainer.config import LearnerConfig
+from trainer.learner import Learner
+from trainer.rows import rows_to_parquet
+
+pytestmark = pytest.mark.timeout(900)
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS_KEY = "rows/batch.parquet"
+CFG = LearnerConfig(lr=1e-3, layout="packed", micro_batch_tokens=64, ranks=2)
+# Another split of the micro-batches over ranks sums the gradient in another float32 order; AdamW's
+# first steps divide by sqrt(v), which amplifies that noise on tiny entries: measured 0.5-1.5e-5 of
+# the distance trained after 2 steps. A double update or a lost micro-batch moves it by ~1.
+RANK_COUNT_TOLERANCE = 1e-4
+
+
+def batch_rows():
+    return rows_of(controlled_batch(512))
+
+
+def step_input(run_id: str, step: int, model: Path, cfg: LearnerConfig = CFG) -> TrainStepInput:
+    return TrainStepInput(run_id=run_id, step=step, model=str(model), row_keys=[ROWS_KEY], learner=cfg)
+
+
+def new_store(root: Path) -> LocalStore:
+    store = LocalStore(root / "store")
+    store.put(ROWS_KEY, rows_to_parquet(batch_rows()))
+    return store
+
+
+def copy_step(store: LocalStore, run_from: str, run_to: str, step: int) -> None:
+    """A committed step of one run as the same step of another (to branch a run onto other ranks)."""
+    for key in store.list(step_prefix(run_from, step)):
+        store.put(step_prefix(run_to, step) + key[len(step_prefix(run_from, step)) :], store.get(key))
+
+
+def saved_weights(store: LocalStore, run_id: str, step: int, dest: Path) -> dict[str, torch.Tensor]:
+    return load_file(download_model_folder(store, run_id, step, dest) / "model.safetensors")
+
+
+def relative_gap(
+    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], base: dict[str, torch.Tensor]
+) -> float:
+    """max over tensors of ||a - b|| / ||b - base||: the disagreement relative to how far training moved."""
+    return max(float((a[k] - b[k]).norm()) / max(float((b[k] - base[k]).norm()), 1e-30) for k in base)
+
+
+def single_process_weights(model: Path, steps: int) -> dict[str, torch.Tensor]:
+    learner = Learner(model, CFG.model_copy(update={"ranks": 1}), device="cpu")
+    for _ in range(steps):
+        learner.step(batch_rows())
+    return {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+
+
+def torchrun_weights(model: Path, steps: int, out: Path) -> dict[str, torch.Tensor]:
+    """Two ranks taking `steps` steps in one process each, never leaving memory (the uninterrupted run)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [
+        str(torchrun),
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "tests/learner/distributed_worker.py"),
+    ]
+    subprocess.run(
+        [*cmd, str(model), CFG.layout, str(out), str(steps)], check=True, env=env, cwd=ROOT, timeout=600
+    )
+    return torch.load(out, weights_only=False)["weights"]
+
+
+def optimizer_steps(store: LocalStore, run_id: str, step: int, dest: Path) -> set[float]:
+    """AdamW's per-parameter step counters of a committed step, read back in one process."""
+    learner = load_checkpoint(store, run_id, step, CFG.model_copy(update={"ranks": 1}), dest, device="cpu")
+    return {float(s["step"]) for s in learner.optimizer.state_dict()["state"].values()}
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory, learner_model_dir):
+    """Run "a": steps 1 and 2, each on 2 rank processes through the activity (resumed from step 1's
+    sharded checkpoint by construction: nothing stays in memory between steps)."""
+    root = tmp_path_factory.mktemp("ranks")
+    store = new_store(root)
+    acts = TrainerActivities(store, root / "work", device="cpu", rank_threads=1)
+    metrics = [asyncio.run(acts._train_ranks(step_input("a", s, learner_model_dir))) for s in (1, 2)]
+    return root, store, metrics
+
+
+def test_two_ranks_resumed_equal_uninterrupted_ranks_bit_for_bit_and_one_process(
+    two_rank_run, learner_model_dir
+):
+    root, store, metrics = two_rank_run
+    manifest = read_manifest(store, "a", 2)
+    assert {"optimizer/.metadata", "optimizer/__0_0.distcp", "optimizer/__1_0.distcp"} <= set(manifest)
+    assert "optimizer.pt" not in manifest
+    state = read_trainer_state(store, "a", 2)
+    assert (state.step, state.ranks, state.optimizer_format) == (2, 2, "sharded")
+    assert [m["step"] for m in metrics] == [1, 2]
+
+    got = saved_weights(store, "a", 2, root / "dl-a2")
+    base = load_file(learner_model_dir / "model.safetensors")
+    uninterrupted = torchrun_weights(learner_model_dir, 2, root / "torchrun.pt")
+    different = [k for k in got if not torch.equal(got[k], uninterrupted[k])]
+    assert not different, f"resumed 2-rank weights differ from the uninterrupted 2-rank run in {different}"
+    single = single_process_weights(learner_model_dir, 2)
+    assert relative_gap(got, single, base) <= RANK_COUNT_TOLERANCE
+    # each step updated the optimizer once: a second update would move AdamW's counters and weights
+    assert optimizer_steps(store, "a", 2, root / "opt-a2") == {2.0}
+
+    # the checkpoint is a model folder transformers (and so vLLM, which reads the same files) loads
+    folder = download_model_folder(store, "a", 2, root / "hf-a2")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    loaded = model.state_dict()
+    assert all(torch.equal(loaded[k], got[k]) for k in got)
+
+
+def test_sharded_checkpoint_resumes_onto_other_rank_counts(two_rank_run, learner_model_dir):
+    root, store, _ = two_rank_run
+    expected = saved_weights(store, "a", 2, root / "dl-x2")
+    base = load_file(learner_model_dir / "model.safetensors")
+    acts = TrainerActivities(store, root / "work-b", device="cpu", rank_threads=1)
+
+    # 2 ranks -> 3 ranks: DCP reshards the AdamW state
+    copy_step(store, "a", "b", 1)
+    asyncio.run(acts._train_ranks(step_input("b", 2, learner_model_dir, CFG.model_copy(update={"ranks": 3}))))
+    assert read_trainer_state(store, "b", 2).ranks == 3
+    assert relative_gap(saved_weights(store, "b", 2, root / "dl-b2"), expected, base) <= RANK_COUNT_TOLERANCE
+    assert optimizer_steps(store, "b", 2, root / "opt-b2") == {2.0}
+
+    # 2 ranks -> 1 process (the default engine): load_checkpoint reads the shards without a process group
+    one = load_checkpoint(store, "a", 1, CFG.model_copy(update={"ranks": 1}), root / "one", device="cpu")
+    one.step(batch_rows())
+    assert relative_gap(one.model.state_dict(), expected, base) <= RANK_COUNT_TOLERANCE
+
+    # 1 process -> 2 ranks: every rank loads the whole optimizer.pt into its shard
+    first = Learner(learner_model_dir, CFG.model_copy(update={"ranks": 1}), device="cpu")
+    first.step(batch_rows())
+    save_checkpoint(store, "c", first)
+    assert "optimizer.pt" in read_manifest(store, "c", 1)
+    asyncio.run(acts._train_ranks(step_input("c", 2, learner_model_dir)))
+    assert relative_gap(saved_weights(store, "c", 2, root / "dl-c2"), expected, base) <= RANK_COUNT_TOLERANCE
+    assert optimizer_steps(store, "c", 2, root / "opt-c2") == {2.0}
+
+    # another learner config is still refused, before any rank starts
+    with pytest.raises(CheckpointConfigMismatchError, match="lr"):
+        asyncio.run(
+            acts._train_ranks(step_input("a", 2, learner_model_dir, CFG.model_copy(update={"lr": 2e-3})))
+        )
+
+
+async def _wait_for_held(gates: GateControl, keys: list[str], task: asyncio.Task) -> None:
+    """Until every key is held at the rank gate (the ranks announce it; bounded by the test timeout)."""
+    while not set(keys) <= set(gates.held(RANK_GATE)):
+        if task.done():
+            task.result()  # an attempt that ended before reaching the gate: surface why
+            raise AssertionError(f"the attempt ended before {keys} were held")
+        await asyncio.sleep(0.05)
+
+
+def test_a_rank_killed_mid_step_loses_the_attempt_and_the_retry_trains_once(
+    two_rank_run, learner_model_dir, tmp_path, monkeypatch
+):
+    root, store_a, _ = two_rank_run
+    store = new_store(tmp_path)
+    gates = GateControl(tmp_path / "gates")
+    monkeypatch.setenv(ENV, str(gates.root))  # the rank processes inherit it
+    keys = [rank_gate_key("d", 1, rank, 0) for rank in (0, 1)]
+    gates.arm(RANK_GATE, r"^d/step-000001/rank-\d/pass-0$")
+    acts = TrainerActivities(store, tmp_path / "work", device="cpu", rank_threads=1)
+
+    async def attempt_with_a_dead_rank() -> tuple[list[int], str]:
+        task = asyncio.create_task(acts._train_ranks(step_input("d", 1, learner_model_dir)))
+        await _wait_for_held(gates, keys, task)  # both ranks hold after their first backward pass
+        pids = [gates.holder(RANK_GATE, key) for key in keys]
+        os.kill(pids[1], signal.SIGKILL)
+        gates.disarm(RANK_GATE)  # rank 0 goes on into a collective with a dead peer
+        with pytest.raises(RankLostError) as err:
+            await task
+        return pids, str(err.value)
+
+    pids, message = asyncio.run(attempt_with_a_dead_rank())
+    assert "rank 1 of 2 was killed by SIGKILL" in message
+    wait_exited(pids, timeout=5)  # raises if a rank outlived its failed attempt
+    assert store.list(step_prefix("d", 1)) == []  # nothing of the lost attempt reached the store
+
+    # the retry (what Temporal does next) trains the step exactly once
+    asyncio.run(acts._train_ranks(step_input("d", 1, learner_model_dir)))
+    assert optimizer_steps(store, "d", 1, tmp_path / "opt-d1") == {1.0}
+    once = saved_weights(store, "d", 1, tmp_path / "dl-d1")
+    reference = saved_weights(store_a, "a", 1, tmp_path / "dl-a1")  # an attempt nobody killed
+    assert all(torch.equal(once[k], reference[k]) for k in reference)
