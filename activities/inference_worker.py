@@ -25,8 +25,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities import engine as eng
+from activities.follow import PolicyNotCommittedError, RunFollower
 from activities.generate import ParentNotStagedError, PromptSpecError, StagedCallConflictError, run_generate
-from activities.publish import run_publish
 from gateway.chat_render import ChatRenderError
 from grove import queues
 from grove.contracts import GenerateInput, GenerateResult, PublishInput, PublishResult
@@ -43,6 +43,7 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
     DigestMismatchError,
     ChatRenderError,
     CheckpointError,
+    PolicyNotCommittedError,
     eng.EmptyPromptError,
     eng.PromptTooLongError,
     eng.TokenIdOutOfRangeError,
@@ -76,10 +77,13 @@ class InferenceActivities:
         self.engine = engine
         self.store = store
         self.weights_root = Path(weights_root or tempfile.mkdtemp(prefix="grove-weights-"))
+        self.follower = RunFollower(engine, store, self.weights_root)
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         try:
+            if inp.policy is not None:  # serve the run's latest committed policy (activities/follow.py)
+                await self.follower.follow(inp.policy)
             return await run_generate(inp, self.engine, self.store)
         except NON_RETRYABLE as exc:
             raise _non_retryable(exc, f"generate call {inp.call_id} of episode {inp.episode_id}") from exc
@@ -87,7 +91,7 @@ class InferenceActivities:
     @activity.defn(name="publish_weights")
     async def publish_weights(self, inp: PublishInput) -> PublishResult:
         try:
-            result, report = await run_publish(inp, self.engine, self.store, self.weights_root)
+            result, report = await self.follower.publish(inp)
         except NON_RETRYABLE as exc:
             raise _non_retryable(exc, f"publish_weights {inp.run_id} version {inp.version}") from exc
         activity.logger.info(

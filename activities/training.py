@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.train_ranks import (
     ADVANTAGES_FILE,
@@ -52,6 +53,7 @@ from trainer.checkpoint import (
 from trainer.checkpoint_layout import commit_key, step_prefix
 from trainer.episodes import EpisodeRecord
 from trainer.learner import Learner
+from trainer.off_policy import PolicyLagError, check_policy_lag, lag_metrics
 from trainer.rows import Row, rows_from_parquet
 
 HEARTBEAT_EVERY_S = 10.0
@@ -120,8 +122,13 @@ class TrainerActivities:
 
     def _train(self, inp: TrainStepInput) -> dict[str, float]:
         learner = self._learner_before(inp)
-        metrics = learner.step(*self._batch(inp))
+        rows, records = self._batch(inp)
+        if inp.max_policy_lag is not None:  # the run's staleness bound (trainer/off_policy.py)
+            check_policy_lag(rows, inp.step - 1, inp.max_policy_lag)
+        learner.is_cap = inp.off_policy_is_cap
+        metrics = learner.step(rows, records)
         values = {k: float(v) for k, v in metrics.model_dump().items() if isinstance(v, int | float)}
+        values.update(lag_metrics(rows, inp.step - 1))
         self.store.put(metrics_key(inp.run_id, inp.step), json.dumps(values, sort_keys=True).encode())
         episodes = {e: dataclasses.asdict(a) for e, a in learner.last_advantages.items()}
         self.store.put(episodes_key(inp.run_id, inp.step), json.dumps(episodes, sort_keys=True).encode())
@@ -146,7 +153,12 @@ class TrainerActivities:
         while not task.done():  # heartbeat while the step runs in a thread (a dead worker times out)
             activity.heartbeat({"run": inp.run_id, "step": inp.step, "rows": len(inp.row_keys)})
             await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
-        metrics = task.result()
+        try:
+            metrics = task.result()
+        except PolicyLagError as exc:  # the same rows would fail again: fail the step, name the call
+            raise ApplicationError(
+                f"train_step {inp.run_id} step {inp.step}: {exc}", type="PolicyLagError", non_retryable=True
+            ) from exc
         return TrainStepResult(
             step=inp.step, policy_version=inp.step, reused_checkpoint=False, metrics=metrics
         )

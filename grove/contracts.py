@@ -144,6 +144,21 @@ def close_digest(req: CloseRequest) -> str:
 # ------------------------------------------------------------------------------------------ episode
 
 
+class PolicyRef(BaseModel):
+    """The policy a call must be served with: the run's lineage and the oldest version it allows.
+
+    An engine serving the call first loads the run's latest committed checkpoint when it serves another
+    run, or a version older than `min_version`, or when a newer checkpoint of the run is committed
+    (activities/follow.py). None on a call: served by whatever the engine holds (callers before it).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    min_version: int = Field(ge=0)  # the run's step S allows versions >= S - 1 - max_policy_lag
+    base_model: str = "tiny"  # what version 0 is: the run's base model (name or folder)
+
+
 class EpisodeSpec(BaseModel):
     run_id: str
     step: int = Field(ge=0)
@@ -167,6 +182,7 @@ class EpisodeSpec(BaseModel):
     ledger_page_items: int = Field(1000, ge=1, le=2000)
     keep_failed_staging: bool = False  # keep a failed episode's staged arrays (debugging)
     carry: EpisodeCarry | None = None  # set by the episode itself when it continues-as-new
+    policy: PolicyRef | None = None  # the policy its calls need (None: whatever the engine serves)
 
 
 class LedgerPage(BaseModel):
@@ -251,6 +267,7 @@ class GenerateInput(BaseModel):
     call_id: str
     prompt: PromptSpec
     sampling: SamplingConfig
+    policy: PolicyRef | None = None  # the engine follows this run first (activities/follow.py)
 
 
 class GenerateResult(BaseModel):
@@ -317,6 +334,10 @@ class TrainStepInput(BaseModel):
     model: str  # base model name or folder (the learner starts from it at step 0)
     row_keys: list[str]
     learner: LearnerConfig
+    # Off-policy bounds of the run (RunConfig): a loss token sampled by a version older than
+    # step - 1 - max_policy_lag is refused; older-than-current tokens get truncated IS (trainer/loss.py).
+    max_policy_lag: int | None = None  # None: not checked (callers before it)
+    off_policy_is_cap: float = 2.0
     # One record per episode of the step, rows or not (trainer/episodes.py); the learner's baseline,
     # rollout count and rollouts_per_step are over these. Empty: rows-only (older callers).
     episodes: list[EpisodeRecord] = Field(default_factory=list)
@@ -411,6 +432,24 @@ class RunConfig(BaseModel):
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the GRPO learner")
     continue_as_new_every: int = Field(
         5, ge=1, description="the run workflow continues as new every this many steps (bounds history)"
+    )
+    # Asynchronous GRPO (docs/rollout-scale.md): episodes of step S may start once version S - 1 - k is
+    # committed, so later steps roll out while the learner trains; every trained token was sampled at
+    # most k versions before the weights its step updates. 0: synchronous, exactly as before.
+    max_policy_lag: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="bounded staleness k: step S's episodes start once version S-1-k is committed and "
+        "may be sampled by versions S-1-k .. S-1; 0 = synchronous (each step rolls out on the previous "
+        "step's weights, exactly reproducible)",
+    )
+    off_policy_is_cap: float = Field(
+        2.0,
+        ge=1.0,
+        description="truncated importance sampling cap C for tokens sampled by an older version than the "
+        "weights being updated: their surrogate is weighted by min(pi_learner / pi_behaviour, C) "
+        "(trainer/loss.py); unused at max_policy_lag 0",
     )
     # One engine holds one policy: runs that train at the same time need their own inference queues.
     inference_queue: str = Field(

@@ -181,6 +181,7 @@ class MicroBatch:
     attention: SegmentPlan | None = None  # packed layouts: which keys each query sees
     logit_positions: Tensor | None = None  # int64 [K]: compute logits only here (packed layouts)
     row_tokens: int = 0  # tokens of the rows (= real_tokens unless a tree merged shared prefixes)
+    policy_version: Tensor | None = None  # int64 [N], the version that sampled each loss token
 
     @property
     def padded_tokens(self) -> int:
@@ -199,15 +200,18 @@ def token_columns(row: Row, advantage: float) -> dict[str, np.ndarray]:
     t = len(row.input_ids)
     temp = np.ones(t, dtype=np.float64)
     top_p = np.ones(t, dtype=np.float64)
+    version = np.full(t, -1, dtype=np.int64)
     for s in row.spans:
         if s.owned and s.eligible:  # exactly the loss tokens (validate_rows checked the mask)
             temp[s.start : s.end] = s.temperature
             top_p[s.start : s.end] = s.top_p
+            version[s.start : s.end] = s.policy_version
     return {
         "behavior_logprobs": np.asarray(row.behavior_logprobs, dtype=np.float32),
         "advantages": np.full(t, advantage, dtype=np.float64),
         "temperature": temp,
         "top_p": top_p,
+        "policy_version": version,
     }
 
 

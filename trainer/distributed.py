@@ -37,8 +37,9 @@ from torch.distributed.fsdp import fully_shard
 
 from trainer.batch import MicroBatch
 from trainer.episodes import EpisodeRecord
-from trainer.learner import BatchLoss, Learner, StepMetrics, prepare_batch, score_tokens
+from trainer.learner import BatchLoss, Learner, StepMetrics, _on, prepare_batch, score_tokens
 from trainer.loss import LossInputs, grpo_loss
+from trainer.off_policy import stale_mask
 from trainer.rows import Row
 
 
@@ -105,10 +106,12 @@ class DistributedLearner(Learner):
                     advantages=mb.advantages.to(self.device, logprobs.dtype),
                     ref_logprobs=None,
                     denominator=denominator,
+                    stale=_on(stale_mask(mb, self.step_count), self.device),
                 ),
                 clip_low=self.config.clip_low,
                 clip_high=self.config.clip_high,
                 kl_coef=0.0,
+                is_cap=self.is_cap,
             )
             # FSDP averages gradients over ranks; x world makes the reduction a sum. A padding pass
             # (weight 0) only keeps the collectives of all ranks in step.

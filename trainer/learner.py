@@ -49,6 +49,7 @@ from trainer.episodes import FAILURE_KINDS, EpisodeRecord
 from trainer.logprobs import processed_logprobs
 from trainer.loss import LossInputs, grpo_loss
 from trainer.memory import enable_activation_checkpointing, token_budget
+from trainer.off_policy import stale_mask
 from trainer.packing import plan_packed_micro_batches, unique_prefix_tokens
 from trainer.rows import Row
 
@@ -184,8 +185,14 @@ def accumulate_gradients(
     config: LearnerConfig,
     device: torch.device,
     reference: nn.Module | None = None,
+    *,
+    version: int | None = None,
+    is_cap: float = 2.0,
 ) -> BatchLoss:
-    """Backward every micro-batch's share of the logical batch loss into `.grad` (accumulating)."""
+    """Backward every micro-batch's share of the logical batch loss into `.grad` (accumulating).
+
+    `version`: the policy version of the weights being updated; tokens sampled by an older one are
+    trained with truncated IS capped at `is_cap` (trainer/loss.py). None: every token as today."""
     total = BatchLoss()
     for mb in micro_batches:
         ref = None
@@ -200,10 +207,12 @@ def accumulate_gradients(
                 advantages=mb.advantages.to(device, logprobs.dtype),
                 ref_logprobs=ref,
                 denominator=denominator,
+                stale=_on(stale_mask(mb, version), device),
             ),
             clip_low=config.clip_low,
             clip_high=config.clip_high,
             kl_coef=config.kl_coef,
+            is_cap=is_cap,
         )
         out.loss.backward()
         value = float(out.loss.detach())
@@ -293,6 +302,7 @@ class Learner:
         self.step_count = step_count  # = policy version of the current weights
         self.rollouts_consumed = rollouts_consumed
         self.last_advantages: dict[str, EpisodeAdvantage] = {}  # per episode, of the last step taken
+        self.is_cap = 2.0  # truncated IS cap of stale tokens (RunConfig.off_policy_is_cap, trainer/loss.py)
 
     def _check_rollouts(self, episodes: int) -> None:
         want = self.config.rollouts_per_step
@@ -318,8 +328,9 @@ class Learner:
         total, grad_norm = BatchLoss(), 0.0
         if batch.denominator > 0:
             total = accumulate_gradients(
-                self.model, batch.plan, batch.denominator, self.config, self.device, self.reference
-            )
+                self.model, batch.plan, batch.denominator, self.config, self.device, self.reference,
+                version=self.step_count, is_cap=self.is_cap,
+            )  # fmt: skip
             grad_norm = self._apply_update(lr)
         self.step_count += 1
         self.rollouts_consumed += rollouts
@@ -380,6 +391,10 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+
+def _on(t: Tensor | None, device: torch.device) -> Tensor | None:
+    return None if t is None else t.to(device)
 
 
 def _rollout_counts(advantages: Iterable[EpisodeAdvantage], rows: Sequence[Row]) -> dict[str, int]:

@@ -428,6 +428,7 @@ class EpisodeWorkflow:
             call_id=call_id,
             prompt=req.prompt,
             sampling=req.sampling or self.spec.sampling,
+            policy=self.spec.policy,
         )
         # One attempt per call id: a retry after a crash is a new admission (see the module docstring).
         return await workflow.execute_activity(

@@ -16,7 +16,7 @@ contaminated score.
 
 from __future__ import annotations
 
-from grove.contracts import EpisodeResult, EpisodeSpec, EvalRecord, RunConfig
+from grove.contracts import EpisodeResult, EpisodeSpec, EvalRecord, PolicyRef, RunConfig
 from harnesses.programs import family
 
 
@@ -60,6 +60,8 @@ def eval_specs(cfg: RunConfig, step: int) -> list[EpisodeSpec]:
                 sampling=cfg.eval_sampling or cfg.sampling,
                 train_agents=cfg.train_agents,
                 inference_queue=cfg.inference_queue,
+                # the policy this evaluation is of (an overlapped run may have committed a newer one)
+                policy=PolicyRef(run_id=cfg.run_id, min_version=step, base_model=cfg.model),
             )  # fmt: skip
         )
     return specs

@@ -30,7 +30,7 @@ own behaviour returns normally with status "failed" and kind "policy" (workflows
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -42,8 +42,10 @@ with workflow.unsafe.imports_passed_through():
         EpisodeResult,
         EpisodeSpec,
         EvalRecord,
+        PolicyRef,
         PublishInput,
         PublishResult,
+        RunConfig,
         RunResult,
         RunState,
         StepRecord,
@@ -98,9 +100,18 @@ def step_specs(state: RunState, step: int) -> list[EpisodeSpec]:
                     sampling=cfg.sampling,
                     train_agents=cfg.train_agents,
                     inference_queue=cfg.inference_queue,
+                    policy=PolicyRef(
+                        run_id=cfg.run_id, min_version=min_version(cfg, step), base_model=cfg.model
+                    ),
                 )  # fmt: skip
             )
     return specs
+
+
+def min_version(cfg: RunConfig, step: int) -> int:
+    """The oldest policy version step `step` may sample with: its update starts from version step - 1,
+    and no trained token may be sampled more than max_policy_lag versions before that."""
+    return max(0, step - 1 - cfg.max_policy_lag)
 
 
 @workflow.defn
@@ -109,6 +120,11 @@ class TrainingRunWorkflow:
         self.state: RunState | None = None
         self.current_step = 0
         self.cancel_requested = False
+        # overlapped runs (max_policy_lag > 0): what the progress query shows
+        self.committed = 0  # newest committed policy version of the run
+        self.next_launch = 0  # the next step whose episodes are not started
+        self.training_step: int | None = None  # the step the learner trains now
+        self.draining = False
 
     @workflow.run
     async def run(self, state: RunState) -> RunResult:
@@ -118,6 +134,19 @@ class TrainingRunWorkflow:
         workflow.upsert_search_attributes([RUN.value_set(cfg.run_id), STATUS.value_set("running")])
         # The engine may serve another run's policy, or restarted with the base weights: load ours.
         await self._publish(state.next_step - 1)
+        if cfg.max_policy_lag == 0:
+            await self._run_synchronous(state)
+        else:
+            await self._run_overlapped(state)
+        cancelled = state.next_step <= cfg.steps  # stopped early: only a cancel request does that
+        workflow.upsert_search_attributes([STATUS.value_set("cancelled" if cancelled else "completed")])
+        return RunResult(
+            run_id=cfg.run_id, steps=len(state.history), history=state.history, cancelled=cancelled
+        )
+
+    async def _run_synchronous(self, state: RunState) -> None:
+        """max_policy_lag 0: each step rolls out on the previous step's weights, then trains."""
+        cfg = state.config
         while state.next_step <= cfg.steps and not self.cancel_requested:
             step = self.current_step = state.next_step
             workflow.upsert_search_attributes([STEP.value_set(step)])
@@ -142,11 +171,62 @@ class TrainingRunWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self.cancel_requested:  # a cancel that came while waiting must not be lost
                     workflow.continue_as_new(state)
-        cancelled = state.next_step <= cfg.steps  # stopped early: only a cancel request does that
-        workflow.upsert_search_attributes([STATUS.value_set("cancelled" if cancelled else "completed")])
-        return RunResult(
-            run_id=cfg.run_id, steps=len(state.history), history=state.history, cancelled=cancelled
-        )
+
+    async def _run_overlapped(self, state: RunState) -> None:
+        """max_policy_lag k > 0: step S's episodes start as soon as version S-1-k is committed, so later
+        steps roll out while the learner trains. Steps still train one by one, in order, each on all
+        of its groups. Launches stop at the workflow run's continue-as-new boundary (every
+        `continue_as_new_every` steps): the pipeline drains there, so no child outlives its parent run."""
+        cfg = state.config
+        k = cfg.max_policy_lag
+        every = cfg.continue_as_new_every
+        boundary = min(cfg.steps, ((state.next_step - 1) // every + 1) * every)
+        pending: dict[int, asyncio.Task[list[EpisodeResult]]] = {}
+        started: dict[int, datetime] = {}
+        self.next_launch = state.next_step
+
+        def launch() -> None:
+            limit = min(boundary, self.committed + 1 + k)
+            while self.next_launch <= limit and not self.cancel_requested and not self.draining:
+                started[self.next_launch] = workflow.now()
+                pending[self.next_launch] = asyncio.create_task(self._episodes(self.next_launch))
+                self.next_launch += 1
+
+        self.committed = state.next_step - 1
+        last_end: datetime | None = None
+        launch()
+        while state.next_step in pending:
+            step = self.current_step = state.next_step
+            workflow.upsert_search_attributes([STEP.value_set(step)])
+            results = await pending.pop(step)
+            t1 = workflow.now()
+            self.training_step = step
+            train = await self._train(step, results)
+            self.training_step = None
+            self.committed = train.policy_version
+            launch()  # later steps start now; their engines load the new version by themselves
+            t2 = workflow.now()
+            await self._publish(train.policy_version)
+            record = _record(step, results, train)
+            record.rollout = rollout_metrics(results)
+            t3 = workflow.now()
+            record.eval = await self._evaluate(step, train.policy_version)
+            # step_s: since the previous step was recorded (steps overlap: their rollouts are not serial)
+            record.timings = _seconds(
+                rollout_s=t1 - started.pop(step), train_s=t2 - t1, step_s=t3 - (last_end or t1),
+                eval_s=workflow.now() - t3,
+            )  # fmt: skip
+            last_end = t3
+            await self._track(record)
+            state.history.append(record)
+            state.next_step += 1
+            if workflow.info().is_continue_as_new_suggested():
+                self.draining = True  # launch nothing more; continue as new once the pipeline is empty
+            more = state.next_step <= cfg.steps and not self.cancel_requested
+            if more and not pending and (step == boundary or self.draining):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if not self.cancel_requested:
+                    workflow.continue_as_new(state)
 
     async def _episodes(self, step: int) -> list[EpisodeResult]:
         assert self.state is not None
@@ -230,6 +310,7 @@ class TrainingRunWorkflow:
             run_id=cfg.run_id, step=step, model=cfg.model,
             row_keys=sorted(r.rows_key for r in results if r.failure_kind != "infrastructure"),
             learner=cfg.learner, episodes=[r.record() for r in results],
+            max_policy_lag=cfg.max_policy_lag, off_policy_is_cap=cfg.off_policy_is_cap,
         )  # fmt: skip
         return await workflow.execute_activity(
             "train_step", inp, task_queue=queues.TRAINER, start_to_close_timeout=TRAIN_TIMEOUT,
