@@ -21,6 +21,11 @@ so its ratios are speed ratios.
 (each length in a fresh subprocess; peak RSS of the second step over the RSS before it, Linux
 /proc/self/clear_refs resets the high-water mark in between).
 
+`--ranks N`: the learner on 1 process vs N gloo ranks (trainer/distributed.py, FSDP2, each rank
+`--threads` threads) on the same (a) and (b) batches, side by side: step wall seconds (median of
+`--reps` after a warm-up, barrier before and after on the ranks), forwarded tokens/s in total and per
+rank, and the loss (the same up to float32 summation order). Each engine runs in fresh processes.
+
 `--hf`: the learner (padded) vs HF `model(input_ids, labels=input_ids).loss.backward()` + the same
 AdamW step over the same padded tensors (goal ratio >= 0.95). On CUDA also an MFU estimate.
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -159,6 +165,81 @@ def run_memory(model: str, lengths: list[int]) -> None:
               f"{peaks[1]['step_mb']:10.0f}", flush=True)  # fmt: skip
 
 
+def scenario_rows(model_dir: Path, name: str, parent_tokens: int) -> list[Row]:
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if name == "a":
+        episodes = delegation_batch(tok)
+    else:
+        rng = np.random.default_rng(0)
+        half = parent_tokens // 2
+        episodes = [
+            long_prefix_episode(
+                rng, "long", "g", 1.0, vocab=len(tok), parent_tokens=parent_tokens, worker_tokens=half
+            )
+        ]
+    return [r for ep in episodes for r in rows_from_calls(ep)]
+
+
+def rank_probe(model_dir: Path, scenario: str, cfg: LearnerConfig, reps: int, parent_tokens: int) -> None:
+    """One engine's step times on a scenario: the single-process Learner, or (under torchrun) one rank
+    of the DistributedLearner; rank 0 prints one JSON line."""
+    import torch.distributed as dist
+
+    rows = scenario_rows(model_dir, scenario, parent_tokens)
+    ranked = "WORLD_SIZE" in os.environ
+    if ranked:
+        from trainer.distributed import DistributedLearner
+
+        dist.init_process_group("gloo")
+        learner = DistributedLearner(model_dir, cfg, device="cpu")
+    else:
+        learner = Learner(model_dir, cfg, device="cpu")
+    sync = dist.barrier if ranked else (lambda: None)
+    times, metrics = [], None
+    for rep in range(reps + 1):
+        sync()
+        t = time.perf_counter()
+        m = learner.step(rows)
+        sync()
+        if rep:  # the first is a warm-up
+            times.append(time.perf_counter() - t)
+        metrics = metrics or m
+    world = dist.get_world_size() if ranked else 1
+    if not ranked or dist.get_rank() == 0:
+        out = {"world": world, "seconds": statistics.median(times), "forwarded": metrics.forwarded_tokens}
+        print(json.dumps({**out, "loss": metrics.loss}))
+    if ranked:
+        dist.destroy_process_group()
+
+
+def run_ranks(a, ranks: int) -> None:
+    print(
+        f"\n1 process vs {ranks} gloo ranks (FSDP2), layout {a.ranks_layout}, micro-batch {a.ranks_budget} "
+        f"tokens, {a.threads} thread(s) per process, wall s per step (median of {a.reps}); "
+        f"{os.cpu_count()} cores on this machine"
+    )
+    head = (
+        f"{'scenario':9s} {'engine':10s} {'forwarded':>9s} {'wall s':>8s} {'tok/s':>8s} {'tok/s/rank':>10s}"
+    )
+    print(head + f" {'speedup':>7s} {'loss':>12s}")
+    probe = ["--model", a.model, "--threads", str(a.threads), "--reps", str(a.reps)]
+    probe += ["--ranks-layout", a.ranks_layout, "--micro-batch-tokens", str(a.ranks_budget)]
+    probe += ["--parent-tokens", str(a.parent_tokens)]
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node"]
+    for scenario in ("a", "b"):
+        base = None
+        for world in (1, ranks):
+            launch = [sys.executable] if world == 1 else [*torchrun, str(world)]
+            cmd = [*launch, __file__, *probe, "--rank-probe", scenario]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            base = base or r["seconds"]
+            tps = r["forwarded"] / r["seconds"]
+            engine = "1 process" if world == 1 else f"{world} ranks"
+            row = f"{scenario:9s} {engine:10s} {r['forwarded']:9d} {r['seconds']:8.2f} {tps:8.0f}"
+            print(row + f" {tps / world:10.0f} {base / r['seconds']:6.2f}x {r['loss']:12.8f}", flush=True)
+
+
 def hf_step(model, plan, optimizer, *, with_optimizer: bool, device) -> None:
     for mb in plan:
         ids = mb.input_ids.to(device)
@@ -219,6 +300,10 @@ def main() -> None:
     p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--hf", action="store_true", help="also compare the learner with plain HF")
     p.add_argument("--skip-layouts", action="store_true")
+    p.add_argument("--ranks", type=int, default=0, help="also compare 1 process with this many gloo ranks")
+    p.add_argument("--ranks-layout", default="packed")
+    p.add_argument("--ranks-budget", type=int, default=1024, help="micro-batch tokens of the ranks section")
+    p.add_argument("--rank-probe", default="", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cpu")
     a = p.parse_args()
     if a.threads:
@@ -226,6 +311,10 @@ def main() -> None:
     model_dir = ensure_model(a.model)
     if a.memory_probe:
         print(json.dumps(memory_probe(model_dir, a.memory_probe, a.checkpointing)))
+        return
+    if a.rank_probe:
+        cfg = LearnerConfig(lr=1e-6, layout=a.ranks_layout, micro_batch_tokens=a.micro_batch_tokens)
+        rank_probe(model_dir, a.rank_probe, cfg, a.reps, a.parent_tokens)
         return
     print(f"model {a.model}, threads {torch.get_num_threads()}")
     if not a.skip_layouts:
@@ -239,6 +328,8 @@ def main() -> None:
         run_layouts(title, long, model_dir, a.reps_long, a.micro_batch_tokens)
     if a.memory:
         run_memory(a.model, [int(x) for x in a.memory.split(",")])
+    if a.ranks:
+        run_ranks(a, a.ranks)
     if a.hf:
         run_hf(a.model, 8, a.reps, a.device)
 
