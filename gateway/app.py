@@ -26,14 +26,20 @@ from gateway.routes import health, manage, openai
 from gateway.routes.errors import install_error_handlers
 from gateway.settings import GatewaySettings
 from grove.client import connect
+from storage.base import ObjectStore
 from storage.config import open_store
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+def create_app(settings: GatewaySettings, store: ObjectStore | None = None) -> FastAPI:
+    """The gateway app; `store`: an opened object store to use instead of opening `settings.store`
+    (a gateway embedded in a worker shares the worker's)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = await connect(settings.temporal_address, settings.namespace)
-        store = await asyncio.to_thread(open_store, settings.store)
+        nonlocal store
+        if store is None:
+            store = await asyncio.to_thread(open_store, settings.store)
         window = await asyncio.to_thread(
             ContextWindow.load, settings.policy_model, settings.max_model_len, store
         )

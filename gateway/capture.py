@@ -6,7 +6,7 @@ the context's head, admit it through the episode's Updates, and record what the 
     head      -> still generating: 409 HeadPendingError; still being delivered by a request of this
                  gateway: 409 ResponsePendingError (Retry-After); else its chat record (a completed
                  head without one, whose request is gone, was never delivered: discard it, redo)
-    decision  -> ROOT / CONTINUE / RETRY / REWRITE or 400 (gateway/continuation.py); nothing is
+    decision  -> ROOT / CONTINUE / RETRY / SKIP_EMPTY / REWRITE or 400 (gateway/continuation.py); nothing is
                  admitted for a refused request
     fit       -> the call's prompt ids built as the generate activity will build them: a prompt that
                  does not fit the served model's context is a 400 context_length_exceeded
@@ -35,16 +35,29 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from activities.sampling import SamplingConfig
+from gateway import opencode
 from gateway.chat_request import ChatCompletionRequest, sampling_for
 from gateway.claims import stash_prompt
 from gateway.context_window import ContextWindow
 from gateway.continuation import Decision, Move, decide
 from gateway.episodes import EpisodeError, Episodes
-from gateway.identity import Identity
+from gateway.identity import DEFAULT_AGENT, Identity
 from gateway.records import ChatRecord, Usage, is_delivered, load_record, mark_delivered, save_record
+from gateway.replay import (
+    SessionAlias,
+    agent_fits,
+    base_agent,
+    claimed_agents,
+    index_call,
+    indexed_calls,
+    launch_of,
+    load_aliases,
+    prompt_digest,
+    save_alias,
+)
 from gateway.routing import Target, identify, route
 from grove.contracts import CallRequest, CallResult, ChatPrompt, PromptSpec
 from grove.receipts import ContextOrigin, ContextRecord
@@ -53,6 +66,7 @@ from trainer.staging_format import staging_key
 
 log = logging.getLogger("grove.gateway")
 
+LIVE_STATES = frozenset({"completed", "selected", "auxiliary"})  # calls a relaunch may be answered from
 MAX_RECOVERIES = 3  # undelivered heads discarded before giving up on one request
 _REPLAN = object()  # _head's answer after discarding an undelivered head
 
@@ -111,6 +125,7 @@ class Delivery:
     capture: Capture
     record: ChatRecord
     requested: str  # the call id the request asked for (the record's may carry a lost-attempt suffix)
+    replayed: bool = False  # answered from an earlier launch's record (gateway/replay.py): nothing to settle
     _settled: bool = field(default=False, repr=False)
 
     async def commit(self) -> None:
@@ -125,6 +140,8 @@ class Delivery:
         if self._settled:
             return
         self._settled = True
+        if self.replayed:  # the call belongs to the ledger already; a relaunch that died replays it again
+            return
         try:
             if not delivered:
                 await self.capture.discard_quietly(
@@ -145,6 +162,7 @@ class Capture:
         self.store = store
         self.window = window  # None: prompt lengths are not checked here (the engine refuses, 502)
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
+        self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
 
     def release(self, episode_id: str, requested: str) -> None:
         key = (episode_id, requested)
@@ -216,17 +234,23 @@ class Capture:
         was sent (or not)."""
         spec = await self.episodes.spec(episode_id)
         sampling = sampling_for(request, spec.sampling)
+        launch = launch_of(headers)
+        if launch is not None and launch > 1:
+            async with self._replay_lock(episode_id):
+                replayed = await self._replay(episode_id, request, headers, launch)
+            if replayed is not None:
+                return replayed
         for _ in range(MAX_RECOVERIES):
-            plan = await self._plan(episode_id, request, headers)
+            plan = await self._plan(episode_id, request, headers, launch)
             if plan is not None:
-                return await self._act(episode_id, request, plan, sampling, sampling or spec.sampling)
+                return await self._act(episode_id, request, plan, sampling, sampling or spec.sampling, launch)
         raise UndeliveredHeadsError(
             f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row had no chat record (responses the "
             "gateway never delivered); check the gateway's object store"
         )
 
     async def _plan(
-        self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str]
+        self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str], launch: int | None
     ) -> Plan | None:
         """The plan for this request; None after discarding an undelivered head (plan again)."""
         summary = await self.episodes.summary(episode_id)
@@ -235,13 +259,87 @@ class Capture:
                 f"episode {episode_id!r} is closed (its ledger is settled); no more calls. Start a new "
                 "episode for a new attempt"
             )
-        identity = identify(headers, request.messages, request.tools, summary)
+        relaunch = launch is not None and launch > 1
+        aliases = await asyncio.to_thread(load_aliases, self.store, episode_id, launch) if relaunch else {}
+        names = {s: a.agent for s, a in aliases.items()}
+        identity = identify(headers, request.messages, request.tools, summary, names)
+        if relaunch and identity.root_session and identity.session_id:
+            # A relaunch's root session is the episode's parent, even where nothing could be replayed.
+            alias = SessionAlias(agent=identity.agent or DEFAULT_AGENT)
+            await asyncio.to_thread(save_alias, self.store, episode_id, launch, identity.session_id, alias)
+            aliases[identity.session_id] = alias
+            identity = replace(identity, root_session=False)
         target = route(summary, identity)
         head = await self._head(episode_id, target)
         if head is _REPLAN:
             return None
+        alias = aliases.get(identity.session_id or "")
+        if relaunch and alias is not None and isinstance(head, ChatRecord):
+            head, forced = await self._diverge(episode_id, head, alias, launch)
+            if forced is not None:
+                return Plan(target, identity, forced)
         _check_session(episode_id, identity, head)
         return Plan(target, identity, decide(request.messages, request.tools, head, identity.rewrite))
+
+    # ------------------------------------------------------------------------------------ relaunch
+
+    def _replay_lock(self, episode_id: str) -> asyncio.Lock:
+        return self._replay_locks.setdefault(episode_id, asyncio.Lock())
+
+    async def _replay(
+        self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str], launch: int
+    ) -> Delivery | None:
+        """A relaunched harness's request answered from a live record of an earlier launch, or None
+        (gateway/replay.py)."""
+        session = headers.get(opencode.SESSION_HEADER)
+        if session is None:
+            return None
+        digest = prompt_digest(request.messages, request.tools)
+        ids = await asyncio.to_thread(indexed_calls, self.store, episode_id, digest)
+        records = [r for r in [await self._record(episode_id, c) for c in ids] if r is not None]
+        records = [r for r in records if r.launch is not None and r.launch < launch]
+        if not records:
+            return None
+        states = await self.episodes.call_states(episode_id, [r.call_id for r in records])
+        aliases = await asyncio.to_thread(load_aliases, self.store, episode_id, launch)
+        mine, taken = aliases.get(session), claimed_agents(aliases, session)
+        child = opencode.PARENT_SESSION_HEADER in headers
+        for record in records:
+            agent = base_agent(record.agent)
+            if states.get(record.call_id) not in LIVE_STATES:
+                continue
+            if mine is not None and agent != mine.agent:
+                continue
+            if mine is None and (agent in taken or not agent_fits(record.agent, child)):
+                continue
+            last = record.call_id if record.agent == agent else (mine.last_replayed if mine else None)
+            alias = SessionAlias(agent=agent, last_replayed=last)
+            await asyncio.to_thread(save_alias, self.store, episode_id, launch, session, alias)
+            log.info("episode %r launch %d: %s answered from %s", episode_id, launch, session, record.call_id)
+            return Delivery(self, record, record.call_id, replayed=True)
+        return None
+
+    async def _diverge(
+        self, episode_id: str, head: ChatRecord, alias: SessionAlias, launch: int
+    ) -> tuple[ChatRecord | None, Decision | None]:
+        """A relaunched session's first new request: calls of earlier launches after the last one replayed
+        to it were never seen by this harness; discard them (newest first) so the request continues what
+        it saw. Returns (the head to decide against, None), or (head, a forced REWRITE) when one of them
+        cannot be discarded (it spawned a worker or is extended)."""
+        current = head
+        while current is not None and current.call_id != alias.last_replayed:
+            if current.launch is None or current.launch >= launch:
+                return current, None  # made by this launch: an ordinary head
+            try:
+                await self.episodes.discard(
+                    episode_id, current.call_id,
+                    f"abandoned: launch {launch} of the harness diverged before it (never saw it)",
+                )  # fmt: skip
+            except EpisodeError as err:
+                log.warning("episode %r: %s kept (%s); relaunch rewrites", episode_id, current.call_id, err)
+                return current, Decision(Move.REWRITE, current)
+            current = await self._record(episode_id, current.extends) if current.extends else None
+        return current, None
 
     async def _head(self, episode_id: str, target: Target) -> ChatRecord | None | object:
         """The head's record (None: no head); _REPLAN after discarding an undelivered head."""
@@ -279,6 +377,7 @@ class Capture:
         plan: Plan,
         sampling: SamplingConfig | None,
         effective: SamplingConfig,
+        launch: int | None = None,
     ) -> Delivery:
         """Open / discard / call as the plan says; `sampling` is the request's (None: the episode's),
         `effective` what the call samples with."""
@@ -293,6 +392,11 @@ class Capture:
             await self.episodes.discard(
                 episode_id, decision.head.call_id, "the harness sent the same request again"
             )
+        elif decision.move == Move.SKIP_EMPTY:
+            await self.episodes.discard(
+                episode_id, decision.head.call_id,
+                "empty response left out of the harness's next request (EOS-only reply): never trained",
+            )  # fmt: skip
         elif decision.move == Move.REWRITE:
             rewrite = ContextRecord(
                 context_id=target.rewrite_id,
@@ -310,8 +414,10 @@ class Capture:
         self._delivering[(episode_id, call.call_id)] += 1
         try:
             result = await self.episodes.call(episode_id, call)
-            record = _record_of(episode_id, call, result, request, plan)
+            record = _record_of(episode_id, call, result, request, plan, launch)
             await asyncio.to_thread(save_record, self.store, record)
+            digest = prompt_digest(request.messages, request.tools)
+            await asyncio.to_thread(index_call, self.store, episode_id, digest, record.call_id)
         except BaseException:
             self.release(episode_id, call.call_id)
             raise
@@ -321,8 +427,9 @@ class Capture:
         """The call this request's call will extend (None: a root)."""
         if decision.move == Move.CONTINUE:
             return decision.head
-        if decision.move == Move.RETRY and decision.head.extends is not None:
-            return await self._parent(episode_id, decision.head)  # the retry extends what the head did
+        skips = decision.move in (Move.RETRY, Move.SKIP_EMPTY)
+        if skips and decision.head.extends is not None:
+            return await self._parent(episode_id, decision.head)  # extends what the head extended
         return None
 
     async def _check_fits(
@@ -400,7 +507,12 @@ def _call_request(
 
 
 def _record_of(
-    episode_id: str, call: CallRequest, result: CallResult, request: ChatCompletionRequest, plan: Plan
+    episode_id: str,
+    call: CallRequest,
+    result: CallResult,
+    request: ChatCompletionRequest,
+    plan: Plan,
+    launch: int | None,
 ) -> ChatRecord:
     return ChatRecord(
         episode_id=episode_id,
@@ -416,4 +528,5 @@ def _record_of(
         usage=Usage(prompt_tokens=result.digests.prompt_len, completion_tokens=result.digests.completion_len),
         policy_version=result.policy_version,
         session_id=plan.identity.session_id,
+        launch=launch,
     )

@@ -14,9 +14,16 @@ and the identity's rewrite mode, in this order:
 3. a rewrite the harness declared (x-grove-rewrite)              -> REWRITE (new context, a root);
 4. messages == head's messages + head's response + only new user/tool messages, compared
    semantically and type-strictly (gateway/chat_render.check_extension) -> CONTINUE (extends the head);
-5. an adapter recognised a rewrite (OpenCode's post-compaction request, an auxiliary context)
+5. the head's response was empty (the model ended its turn at once: EOS only) and the request is the
+   head's messages + only new user/tool messages, without that empty assistant turn: harnesses leave
+   an empty reply out of the history they send next (OpenCode does)  -> SKIP_EMPTY (discard the head:
+                                                                    accounted, never trained; extend
+                                                                    what the head extended, whose
+                                                                    messages + response + the head's
+                                                                    new messages start this request);
+6. an adapter recognised a rewrite (OpenCode's post-compaction request, an auxiliary context)
                                                                  -> REWRITE;
-6. otherwise chat_render.UndeclaredDiscontinuityError naming the first differing message index and
+7. otherwise chat_render.UndeclaredDiscontinuityError naming the first differing message index and
    field; nothing is admitted.
 
 Pure module.
@@ -30,6 +37,7 @@ from enum import StrEnum
 from typing import Any
 
 from gateway.chat_render import (
+    NEW_MESSAGE_ROLES,
     Predecessor,
     UndeclaredDiscontinuityError,
     check_extension,
@@ -39,7 +47,15 @@ from gateway.chat_render import (
 from gateway.identity import RewriteMode
 from gateway.records import ChatRecord
 
-__all__ = ["Decision", "Move", "UndeclaredDiscontinuityError", "decide", "same_prompt"]
+__all__ = [
+    "Decision",
+    "Move",
+    "UndeclaredDiscontinuityError",
+    "decide",
+    "is_empty_response",
+    "omits_empty_response",
+    "same_prompt",
+]
 
 
 class Move(StrEnum):
@@ -47,6 +63,7 @@ class Move(StrEnum):
     CONTINUE = "continue"
     RETRY = "retry"
     REWRITE = "rewrite"
+    SKIP_EMPTY = "skip_empty"  # the harness left the head's empty response out: discard it, extend its parent
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,28 @@ def same_prompt(messages: Sequence[dict[str, Any]], tools: Any, record: ChatReco
     )
 
 
+def is_empty_response(response: dict[str, Any]) -> bool:
+    """An assistant message with no text (or only whitespace) and no tool calls: an EOS-only reply."""
+    content = response.get("content")
+    text = content if isinstance(content, str) else "" if content is None else None
+    if isinstance(content, list):
+        text = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return text is not None and not text.strip() and not response.get("tool_calls")
+
+
+def omits_empty_response(messages: Sequence[dict[str, Any]], tools: Any, head: ChatRecord) -> bool:
+    """The request is `head.messages` + only new user/tool messages, and the head's response (left out)
+    was empty: the harness dropped an empty reply from its history (rule 5)."""
+    k = len(head.messages)
+    return (
+        is_empty_response(head.response)
+        and len(messages) > k
+        and same_tools(tools, head.tools)
+        and all(same_message(a, b) for a, b in zip(messages[:k], head.messages, strict=True))
+        and all(m.get("role") in NEW_MESSAGE_ROLES for m in messages[k:])
+    )
+
+
 def decide(
     messages: Sequence[dict[str, Any]], tools: Any, head: ChatRecord | None, rewrite: RewriteMode
 ) -> Decision:
@@ -78,6 +117,8 @@ def decide(
     try:
         check_extension(messages, tools, predecessor, head.response)
     except UndeclaredDiscontinuityError:
+        if omits_empty_response(messages, tools, head):
+            return Decision(Move.SKIP_EMPTY, head)
         if rewrite == RewriteMode.IF_NOT_EXTENSION:
             return Decision(Move.REWRITE, head)
         raise

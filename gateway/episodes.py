@@ -130,7 +130,7 @@ class Episodes:
         return self.client.get_workflow_handle(episode_id)
 
     async def spec(self, episode_id: str) -> EpisodeSpec:
-        """The episode's EpisodeSpec (its start input); NotExternalEpisodeError unless harness external."""
+        """The episode's EpisodeSpec (its start input); NotExternalEpisodeError for a native harness."""
         started = None
         async with temporal_errors(episode_id, "reading the start event"):
             async for event in self._handle(episode_id).fetch_history_events(page_size=1):
@@ -142,10 +142,11 @@ class Episodes:
         if kind != EPISODE_WORKFLOW:
             raise NotExternalEpisodeError(f"workflow {episode_id!r} is a {kind}, not an {EPISODE_WORKFLOW}")
         [spec] = await self.client.data_converter.decode(started.input.payloads, [EpisodeSpec])
-        if spec.harness.kind != "external":
+        if spec.harness.kind == "native":  # external: hand-run; opencode: launched by the harness runner
             raise NotExternalEpisodeError(
                 f"episode {episode_id!r} is driven by its {spec.harness.kind} harness "
-                f"({spec.harness.program!r}); the gateway serves only episodes with harness kind 'external'"
+                f"({spec.harness.program!r}); the gateway serves only episodes of external harnesses "
+                "(harness kind 'external' or 'opencode')"
             )
         return spec
 
@@ -175,6 +176,11 @@ class Episodes:
     async def summary(self, episode_id: str) -> LedgerSummary:
         async with temporal_errors(episode_id, "the summary query"):
             return await self._handle(episode_id).query("summary", result_type=LedgerSummary)
+
+    async def call_states(self, episode_id: str, call_ids: list[str]) -> dict[str, str]:
+        """The ledger state of each call id (absent: never admitted)."""
+        async with temporal_errors(episode_id, "the call_states query"):
+            return await self._handle(episode_id).query("call_states", call_ids, result_type=dict)
 
     async def open_context(self, episode_id: str, record: ContextRecord) -> ContextRecord:
         # The update id makes concurrent openings of the same context one Update (Temporal dedups by id).

@@ -8,8 +8,9 @@ auxiliary calls and compaction rewrite (shared/research/harnesses.md).
   `<agent>~title` / `<agent>~summary`, contexts of their own. A subagent's summary call lacks
   `x-parent-session-id`; it is still the worker's, because `worker-S` is already known.
 - After a compaction the session's next request is `[system..., user "What did we do so far?",
-  assistant <summary>, user "Continue if you have next steps..."]`: a rewrite the adapter declares
-  (a new context for the agent), unless it extends or repeats the current head.
+  assistant <summary>, user "Continue if you have next steps..."]` (without the assistant message when
+  the summary was empty): a rewrite the adapter declares (a new context for the agent), unless it
+  extends or repeats the current head.
 
 Pure module.
 """
@@ -69,13 +70,14 @@ def auxiliary_purpose(messages: Sequence[dict[str, Any]], tools: Sequence[Any] |
 
 
 def is_post_compaction(messages: Sequence[dict[str, Any]]) -> bool:
-    """The first request of a session after OpenCode compacted it."""
+    """The first request of a session after OpenCode compacted it; an empty summary is left out of it
+    (OpenCode drops empty assistant messages), so `[user Q, user Continue]` is one too."""
     rest = messages[_leading_systems(messages) :]
+    roles = [m.get("role") for m in rest]
     return (
-        len(rest) == 3
-        and [m.get("role") for m in rest] == ["user", "assistant", "user"]
+        roles in (["user", "assistant", "user"], ["user", "user"])
         and text_of(rest[0].get("content")).strip() == COMPACTION_QUESTION
-        and text_of(rest[2].get("content")).lstrip().startswith(COMPACTION_CONTINUE)
+        and text_of(rest[-1].get("content")).lstrip().startswith(COMPACTION_CONTINUE)
     )
 
 
@@ -83,8 +85,13 @@ def worker_agent(session_id: str) -> str:
     return f"worker-{session_id}"
 
 
-def session_agent(session_id: str, has_parent: bool, known_agents: Collection[str]) -> str:
-    """The agent of an OpenCode session: a child session's worker, else the root agent."""
+def session_agent(
+    session_id: str, has_parent: bool, known_agents: Collection[str], aliases: Mapping[str, str] | None = None
+) -> str:
+    """The agent of an OpenCode session: the recorded agent a relaunched session replays
+    (gateway/replay.py), a child session's worker, else the root agent."""
+    if aliases and session_id in aliases:
+        return aliases[session_id]
     worker = worker_agent(session_id)
     return worker if has_parent or worker in known_agents else DEFAULT_AGENT
 
@@ -94,11 +101,12 @@ def identify(
     messages: Sequence[dict[str, Any]],
     tools: Sequence[Any] | None,
     known_agents: Collection[str],
+    aliases: Mapping[str, str] | None = None,
 ) -> Identity:
     session = header_value(headers, SESSION_HEADER, _SESSION)
     parent_session = header_value(headers, PARENT_SESSION_HEADER, _SESSION)
     assert session is not None  # identity.identify dispatches here only when the header is present
-    agent = session_agent(session, parent_session is not None, known_agents)
+    agent = session_agent(session, parent_session is not None, known_agents, aliases)
     purpose = auxiliary_purpose(messages, tools)
     if purpose is not None:
         return Identity(
@@ -109,11 +117,12 @@ def identify(
         )
     spawner = None
     if parent_session is not None:
-        spawner = Spawner(agent=session_agent(parent_session, False, known_agents))
+        spawner = Spawner(agent=session_agent(parent_session, False, known_agents, aliases))
     return Identity(
         agent=agent,
         spawner=spawner,
         rewrite=RewriteMode.IF_NOT_EXTENSION if is_post_compaction(messages) else RewriteMode.NONE,
         session_id=session,
-        root_session=agent == DEFAULT_AGENT,
+        # a relaunch's root session replays the episode's parent (gateway/replay.py): no foreign-session check
+        root_session=agent == DEFAULT_AGENT and not (aliases and session in aliases),
     )

@@ -54,6 +54,7 @@ class ChatRecord(BaseModel):
     usage: Usage
     policy_version: int
     session_id: str | None = None  # the harness's session (OpenCode)
+    launch: int | None = None  # which launch of a runner-launched harness made it (x-grove-launch)
 
 
 def record_key(episode_id: str, call_id: str) -> str:

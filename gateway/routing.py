@@ -41,13 +41,18 @@ class Target:
 
 
 def identify(
-    headers: Mapping[str, str], messages: Sequence[dict[str, Any]], tools: Any, summary: LedgerSummary
+    headers: Mapping[str, str],
+    messages: Sequence[dict[str, Any]],
+    tools: Any,
+    summary: LedgerSummary,
+    aliases: Mapping[str, str] | None = None,
 ) -> Identity:
     """grove's headers when an agent/context header is present, else OpenCode's session headers when
-    present, else the default identity (agent "parent")."""
+    present (`aliases`: sessions of a relaunched harness -> the recorded agents they replay), else the
+    default identity (agent "parent")."""
     has_grove = any(h in headers for h in (AGENT_HEADER, CONTEXT_HEADER))
     if not has_grove and opencode.SESSION_HEADER in headers:
-        return opencode.identify(headers, messages, tools, {c.agent for c in summary.contexts})
+        return opencode.identify(headers, messages, tools, {c.agent for c in summary.contexts}, aliases)
     return grove_identity(headers)
 
 

@@ -14,9 +14,11 @@ app.add_typer(model_app, name="model")
 
 
 def _register_runs() -> None:
+    from grove.episode_cli import episode_app
     from grove.run_cli import run_app
 
     app.add_typer(run_app, name="run")
+    app.add_typer(episode_app, name="episode")
 
 
 _register_runs()
@@ -83,6 +85,17 @@ def worker(
     inference_queue: str = typer.Option(
         "inference", help="Task queue name of this worker's engine (one per concurrently training run)."
     ),
+    gateway_url: str = typer.Option(
+        None,
+        help="harness queue: the capture gateway the launched harnesses talk to (secret from "
+        "$GROVE_GATEWAY_SECRET); default: serve an embedded gateway in this worker.",
+    ),
+    harness_dir: str = typer.Option(
+        None, help="harness queue: folder of the launched harnesses' episode folders (default: a temp dir)."
+    ),
+    keep_harness_dirs: bool = typer.Option(
+        False, help="harness queue: keep finished episodes' folders (events.jsonl, stderr.log)."
+    ),
 ) -> None:
     """Serve grove's task queues (one process can serve all of them on a single machine)."""
     import asyncio
@@ -100,9 +113,16 @@ def worker(
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         client = await connect(address)
         typer.echo(f"worker: queues {names} on {client.service_client.config.target_host}")
+        from activities.harness import HarnessWorkerOptions
+
         await run_worker(
-            client, names, store=store_from_env(), model=model, device=device, inference_queue=inference_queue
-        )
+            client, names, store=store_from_env(), model=model, device=device,
+            inference_queue=inference_queue,
+            harness=HarnessWorkerOptions(
+                gateway_url=gateway_url, policy_model=model, keep_dirs=keep_harness_dirs,
+                root=Path(harness_dir) if harness_dir else None,
+            ),
+        )  # fmt: skip
 
     try:
         asyncio.run(main())

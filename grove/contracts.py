@@ -36,20 +36,73 @@ class TaskSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-class HarnessSpec(BaseModel):
-    """Who drives the episode: a native program inside the workflow, or an external harness (gateway)."""
+HarnessKind = Literal["native", "external", "opencode"]
+# Kinds whose process the run owns: a `run_harness` activity on the harness queue launches it per episode
+# (activities/harness.py); it talks to the episode through the gateway like a hand-run external harness.
+RUNNER_KINDS: frozenset[str] = frozenset({"opencode"})
+
+
+class OpenCodeOptions(BaseModel):
+    """How the harness runner sets OpenCode up for each episode (harnesses/opencode.py writes its
+    `opencode.json`). Agents and the first message come from the task family unless given here."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["native", "external"] = Field(
+    version: str = Field("1.18.33", description="opencode-ai npm version (infra/opencode.sh installs it)")
+    agents: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description="opencode.json `agent` section (e.g. a restricted primary agent with only the `task` "
+        "tool and a `worker` subagent); null: the task family's (harnesses/opencode.py TASK_SETUPS)",
+    )
+    default_agent: str | None = Field(None, description="opencode.json `default_agent`; null: the family's")
+    message: str | None = Field(None, description="the first user message; null: the task family's")
+    context_limit: int = Field(
+        2048,
+        ge=256,
+        description="`limit.context` declared to OpenCode: it compacts a session when the usage grove "
+        "reports reaches it minus min(20000, output limit); keep it well above OpenCode's fixed prompt "
+        "or it loops",
+    )
+    output_limit: int | None = Field(
+        None, ge=1, description="`limit.output` (OpenCode's max_tokens); null: the run's sampling.max_tokens"
+    )
+
+
+class HarnessSpec(BaseModel):
+    """Who drives the episode: a native program inside the workflow, an external harness (gateway), or
+    a harness process the run launches per episode (`opencode`, activities/harness.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: HarnessKind = Field(
         "native",
         description="native: a program run inside the episode workflow (harnesses/programs.py); "
-        "external: a harness process that talks to the episode through the gateway",
+        "external: a harness process that talks to the episode through the gateway, started by someone "
+        "else (`grove episode start --external`); opencode: the run launches stock OpenCode per episode "
+        "on the harness queue (activities/harness.py), talking through the gateway",
     )
     program: str = Field(
         "delegation", description="native: the program's name in harnesses.programs.PROGRAMS"
     )
     max_turns: int = Field(4, ge=1, description="most model turns the parent agent may take")
+    opencode: OpenCodeOptions = Field(
+        default_factory=OpenCodeOptions, description="opencode: how each episode's OpenCode is configured"
+    )
+    deadline_s: float = Field(
+        900.0,
+        gt=0,
+        description="launched harnesses: wall-clock limit of one launch (then its process group "
+        "is killed and the episode closes as failed)",
+    )
+    heartbeat_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="launched harnesses: a runner silent this long is presumed dead; the launch "
+        "is retried (relaunched, answered from the recorded calls while its requests match them)",
+    )
+    max_launches: int = Field(
+        3, ge=1, description="launched harnesses: launches per episode (the first + relaunches)"
+    )
 
 
 # ------------------------------------------------------------------------------------------ calls
@@ -229,6 +282,34 @@ class HarnessOutcome(BaseModel):
     outputs: dict[str, list[str]] = Field(default_factory=dict)  # agent -> selected completions' texts
     failure: str | None = None
     failure_kind: FailureKind | None = None  # who is to blame for `failure` (trainer/episodes.py)
+
+
+class HarnessRunInput(BaseModel):
+    """The `run_harness` activity's input: the episode it drives (small: ids, task, harness options)."""
+
+    spec: EpisodeSpec
+
+
+class HarnessRunResult(BaseModel):
+    """What one launch of a harness process did (the episode's outcome went to the gateway's close)."""
+
+    launch: int  # 1 for the first launch, n for the (n-1)th relaunch after a lost runner
+    exit_code: int | None  # None: killed at its deadline
+    wall_s: float
+    events: int  # harness events read from its stdout (OpenCode `--format json`)
+    failure: str | None = None  # what the close reported, if the launch failed
+    already_closed: bool = False  # the episode was closed before this launch (nothing launched)
+
+
+class HarnessHeartbeat(BaseModel):
+    """The runner's heartbeat details (Temporal UI: pending activity): process, calls so far, last request."""
+
+    launch: int
+    pid: int | None
+    elapsed_s: float
+    calls: int  # calls the episode's ledger admitted so far (all agents)
+    last_request: str | None  # ISO time (workflow clock) of the episode's last Update
+    last_event: str | None  # the harness's last event type (OpenCode: step_start, tool_use, text, ...)
 
 
 class EpisodeResult(BaseModel):

@@ -10,6 +10,7 @@ serve a run while weights are published through one `publish_weights` activity p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 from asyncio import FIRST_COMPLETED
 from collections.abc import Sequence
@@ -95,9 +96,12 @@ async def run_worker(
     engine_config: dict | None = None,
     engine=None,
     inference_queue: str = queues.INFERENCE,
+    harness=None,
 ) -> None:
     """Serve `queue_names` until cancelled; the inference queue starts a vLLM engine first
-    (or uses `engine`, a started PolicyEngine the caller owns and shuts down)."""
+    (or uses `engine`, a started PolicyEngine the caller owns and shuts down); the harness queue runs
+    harness processes (activities/harness.py; `harness`: its HarnessWorkerOptions, default an embedded
+    gateway)."""
     work_dir = Path(work_dir or tempfile.mkdtemp(prefix="grove-worker-"))
     workers: list[Worker] = []
     owned_engine = None
@@ -122,7 +126,14 @@ async def run_worker(
             )
         )
     try:
-        await _serve(workers, engine)
+        async with contextlib.AsyncExitStack() as stack:
+            if queues.HARNESS in names:
+                from activities.harness import HarnessWorkerOptions, build_harness_worker, harness_runner
+
+                options = harness or HarnessWorkerOptions(policy_model=model)
+                runner = await stack.enter_async_context(harness_runner(client, store, options, work_dir))
+                workers.append(build_harness_worker(client, runner))
+            await _serve(workers, engine)
     finally:
         if owned_engine is not None:
             await owned_engine.shutdown()

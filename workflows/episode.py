@@ -51,6 +51,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 with workflow.unsafe.imports_passed_through():
     from grove import queues
     from grove.contracts import (
+        RUNNER_KINDS,
         CallRequest,
         CallResult,
         CleanStagingInput,
@@ -63,6 +64,8 @@ with workflow.unsafe.imports_passed_through():
         GenerateInput,
         GenerateResult,
         HarnessOutcome,
+        HarnessRunInput,
+        HarnessRunResult,
         LedgerPage,
         LedgerPageInput,
         MaterializeInput,
@@ -107,6 +110,9 @@ def _ledger_failure(err: LedgerError) -> ApplicationError:
     # ApplicationError fails only this Update / call; any other exception would retry the workflow task
     return ApplicationError(str(err), type=type(err).__name__, non_retryable=True)
 
+
+# The harness runner's refusals of a spec it can never launch: retrying (relaunching) cannot help.
+RUNNER_CONFIG_ERRORS = ("HarnessConfigError", "OpenCodeSetupError", "OpenCodeInstallError")
 
 # Failures that say the worker's engine died under the call (activities/engine.py EngineDiedError; the
 # worker then exits): the attempt is lost like a crashed worker's, not a wrong answer.
@@ -215,17 +221,58 @@ class EpisodeWorkflow:
                 return await run_program(self.spec, self, PROGRAMS)
             except (NativeHarnessError, ApplicationError, LedgerError) as err:
                 return failure_outcome(err)
-        await self._await_close()
+        if self.spec.harness.kind in RUNNER_KINDS:
+            await self._run_harness()
+        else:
+            await self._await_close()
         assert self.close_request is not None
         req = self.close_request
         # A harness that reported a failure ran the policy and gave up: the policy's. An idle timeout
         # (the harness went silent: crashed, lost, hung) cannot be blamed on the policy.
         kind = None
         if req.failure is not None:
-            kind = "infrastructure" if self.closed_by == "idle timeout" else "policy"
+            lost = ("idle timeout", "harness runner")
+            kind = "infrastructure" if self.closed_by in lost else "policy"
         return HarnessOutcome(
             final_answer=req.final_answer, outputs=req.outputs, failure=req.failure, failure_kind=kind
         )
+
+    async def _run_harness(self) -> None:
+        """Launch the harness process on the harness queue (activities/harness.py) and wait for its close.
+
+        The runner closes the episode through the gateway when its process ends; a lost runner (worker
+        killed: heartbeat timeout) is retried by Temporal, which relaunches the harness. A runner that
+        failed for good closes the episode as failed with the runner's error (the infrastructure's)."""
+        harness = self.spec.harness
+        runner = asyncio.ensure_future(
+            workflow.execute_activity(
+                "run_harness", HarnessRunInput(spec=self.spec), task_queue=queues.HARNESS,
+                start_to_close_timeout=timedelta(seconds=harness.deadline_s + 300),
+                heartbeat_timeout=timedelta(seconds=harness.heartbeat_timeout_s),
+                retry_policy=RetryPolicy(
+                    maximum_attempts=harness.max_launches, initial_interval=timedelta(seconds=1),
+                    non_retryable_error_types=list(RUNNER_CONFIG_ERRORS),
+                ),
+                result_type=HarnessRunResult,
+            )
+        )  # fmt: skip
+        closed = asyncio.ensure_future(self._await_close())
+        await workflow.wait([runner, closed], return_when=asyncio.FIRST_COMPLETED)
+        if closed.done():
+            if not runner.done():
+                runner.cancel()  # the close is final; the process has ended or is no longer needed
+            with contextlib.suppress(BaseException):
+                await runner
+            return
+        try:
+            runner.result()
+        except ActivityError as err:
+            self._record_close(
+                CloseRequest(failure=f"harness runner failed: {_failure_text(err)}"), "harness runner"
+            )
+            closed.cancel()
+            return
+        await closed  # the runner returned after its close reached the gateway; the Update follows
 
     async def _await_close(self) -> None:
         """Until a close: hand over when the run is full, close as failed when the harness went idle.
@@ -325,6 +372,7 @@ class EpisodeWorkflow:
     # ---------------------------------------------------------------------------------- hand-over
 
     def _hand_over_due(self) -> bool:
+        # Only hand-run external harnesses: a runner's activity would be lost with this run (not built yet).
         if self.handing_over or self.close_request is not None or self.spec.harness.kind != "external":
             return False
         full = self.updates_this_run >= self.spec.max_updates_per_run
@@ -522,6 +570,11 @@ class EpisodeWorkflow:
     @workflow.query(name="summary")
     def summary(self) -> LedgerSummary:
         return self.ledger.summary()
+
+    @workflow.query(name="call_states")
+    def call_states(self, call_ids: list[str]) -> dict[str, str]:
+        """Each named call's state (admitted, completed, selected, ...); unknown ids are left out."""
+        return {c: self.ledger.calls[c].state.value for c in call_ids if c in self.ledger.calls}
 
     @workflow.query(name="status")
     def status_query(self) -> str:

@@ -44,6 +44,7 @@ from gateway.episodes import (
 from gateway.identity import InvalidIdentityHeaderError
 from gateway.limits import HeadersTooLargeError, RequestTooLargeError
 from gateway.records import CorruptChatRecordError
+from gateway.replay import InvalidLaunchHeaderError
 from gateway.routing import RoutingError
 from storage.base import StorageError
 
@@ -61,6 +62,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     ChatRequestError: (400, "invalid_request_error"),
     InvalidIdentityHeaderError: (400, "invalid_request_error"),
     RoutingError: (400, "invalid_request_error"),
+    InvalidLaunchHeaderError: (400, "invalid_request_error"),
     UndeclaredDiscontinuityError: (400, "invalid_request_error"),
     # The gateway renders each prompt before admission (gateway/context_window.py): a template that
     # cannot render the messages, or control-token text it interprets, is the request's problem.

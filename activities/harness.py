@@ -1,0 +1,363 @@
+"""The harness runner: one external harness process per episode, owned by the run (DESIGN.md section 10).
+
+    EpisodeWorkflow (harness.kind "opencode")
+        -> run_harness(HarnessRunInput) on the `harness` task queue (this module)
+             mint the episode's token, write opencode.json (provider = the episode's gateway URL),
+             launch `opencode run --pure --format json <message>` in the episode's own folder,
+             heartbeat HarnessHeartbeat {launch, pid, elapsed_s, calls, last_request, last_event},
+             wait (deadline: HarnessSpec.deadline_s), read its events
+        -> POST {gateway}/episodes/{ref}/close  (final answer, each agent's last output, or the failure
+             with the last stderr lines); the gateway settles undelivered responses and closes the ledger
+        <- HarnessRunResult (launch, exit code, wall time, events)
+
+Interface for task families (harnesses/opencode.py): `TASK_SETUPS[family] = fn(task) -> OpenCodeSetup`
+gives the first message and the `agent` section; `RunConfig.harness = {kind: opencode, opencode: {...}}`
+(grove/contracts.py OpenCodeOptions: context/output limits, overrides) selects the runner for a run. The
+worker that serves the `harness` queue is built by `harness_worker` (grove/worker.py, `grove worker
+--queues harness [--gateway-url URL]`); without a URL the worker serves an embedded gateway itself.
+
+Isolation: each episode gets `<root>/<sha256(episode id)[:16]>/{project,home}`, wiped at every launch,
+with the whole process environment built from scratch (harnesses/opencode.opencode_env): own HOME and
+XDG folders, OpenCode's offline switches, only its own token. The project folder's path is the same at
+every launch, because OpenCode writes it into its system prompt: a relaunch then sends the same requests.
+
+Process lifetime: the process leads its own process group and gets SIGKILL when the worker thread that
+started it dies (PR_SET_PDEATHSIG), so a killed worker leaves no harness behind; at the deadline, on
+cancellation (the workflow's, or a heartbeat the server refused) and after a normal exit the whole group is
+killed. A runner that died is noticed by its heartbeat timeout; Temporal retries the activity, which
+relaunches the harness (launch n+1): the gateway answers its requests from the calls recorded in the
+episode while they match (gateway/replay.py), so nothing is generated or admitted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from gateway.auth import issue_token
+from gateway.episode_ref import episode_ref
+from grove.contracts import CloseRequest, HarnessHeartbeat, HarnessRunInput, HarnessRunResult
+from grove.gates import Gates
+from harnesses.opencode import (
+    OpenCodeSetupError,
+    opencode_argv,
+    opencode_config,
+    opencode_env,
+    outcome_of_events,
+    parse_events,
+    setup_for,
+)
+from harnesses.opencode_install import OpenCodeInstallError, opencode_binary
+
+HEARTBEAT_EVERY_S = 2.0
+STDERR_LINES = 30  # the last stderr lines kept for failure messages
+CLOSE_TIMEOUT_S = 120.0
+_PR_SET_PDEATHSIG = 1
+
+
+class HarnessConfigError(ValueError):
+    """A harness spec the runner cannot launch (unknown kind, no first message, no binary)."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Where the runner's harnesses reach the gateway, and where their folders live."""
+
+    gateway_url: str  # e.g. http://127.0.0.1:8400 (the harness gets {gateway_url}/episodes/<ref>/v1)
+    secret: str  # the gateway's token secret (GROVE_GATEWAY_SECRET)
+    root: Path  # launch folders: <root>/<episode hash>/{project,home}
+    keep_dirs: bool = False  # keep finished launch folders (events.jsonl, stderr.log); failed ones stay
+
+
+def episode_folder(root: Path, episode_id: str) -> Path:
+    return root / hashlib.sha256(episode_id.encode()).hexdigest()[:16]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the thread that forked it dies (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group `pid` leads (the harness and whatever it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class HarnessRunner:
+    """Activities of the `harness` queue; `client` answers the heartbeat's ledger questions."""
+
+    def __init__(self, config: RunnerConfig, client: Client | None = None) -> None:
+        self.config = config
+        self.client = client
+        self._gates = Gates.from_env()  # tests only (grove/gates.py): hold after the harness exited
+
+    @activity.defn(name="run_harness")
+    async def run_harness(self, inp: HarnessRunInput) -> HarnessRunResult:
+        spec = inp.spec
+        launch = activity.info().attempt
+        if spec.harness.kind != "opencode":
+            raise ApplicationError(
+                f"episode {spec.episode_id!r}: the harness runner launches kind 'opencode', not "
+                f"{spec.harness.kind!r}",
+                type="HarnessConfigError",
+                non_retryable=True,
+            )
+        try:
+            setup = setup_for(spec.task, spec.harness.opencode)
+            binary = await asyncio.to_thread(opencode_binary, spec.harness.opencode.version)
+        except (OpenCodeSetupError, OpenCodeInstallError) as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
+        project, home = self._prepare(spec.episode_id)
+        token = issue_token(self.config.secret, spec.episode_id)
+        base_url = f"{self.config.gateway_url.rstrip('/')}/episodes/{episode_ref(spec.episode_id)}/v1"
+        options = spec.harness.opencode
+        config = opencode_config(
+            setup, base_url, token, launch=launch, context_limit=options.context_limit,
+            output_limit=options.output_limit or spec.sampling.max_tokens,
+        )  # fmt: skip
+        (project / "opencode.json").write_text(json.dumps(config, indent=2))
+        activity.logger.info("episode %s: OpenCode launch %d in %s", spec.episode_id, launch, project)
+        run = _Launch(binary, setup.message, project, home)
+        started = time.monotonic()
+        exit_code = await self._supervise(run, spec.episode_id, launch, spec.harness.deadline_s)
+        wall = time.monotonic() - started
+        if self._gates is not None:  # tests: the process has ended, its episode is not closed yet
+            await self._gates.hold("harness_exited", spec.episode_id)
+        close = self._close_request(run, exit_code, spec.harness.deadline_s)
+        activity.heartbeat(run.beat(launch, last_event="closing"))
+        await self._close(spec.episode_id, token, close)
+        if close.failure is None and not self.config.keep_dirs:
+            shutil.rmtree(episode_folder(self.config.root, spec.episode_id), ignore_errors=True)
+        return HarnessRunResult(
+            launch=launch, exit_code=exit_code, wall_s=wall, events=len(run.events), failure=close.failure
+        )
+
+    def _prepare(self, episode_id: str) -> tuple[Path, Path]:
+        folder = episode_folder(self.config.root, episode_id)
+        shutil.rmtree(folder, ignore_errors=True)  # a relaunch starts from nothing the last launch left
+        project, home = folder / "project", folder / "home"
+        for path in (project, home, home / "tmp"):
+            path.mkdir(parents=True, exist_ok=True)
+        return project, home
+
+    async def _supervise(self, run: _Launch, episode_id: str, launch: int, deadline_s: float) -> int | None:
+        """Run the process to its end (exit code), its deadline (None) or a cancellation (re-raised)."""
+        await run.start()
+        beat = asyncio.create_task(self._heartbeats(run, episode_id, launch))
+        try:
+            return await asyncio.wait_for(run.wait(), timeout=deadline_s)
+        except TimeoutError:
+            return None
+        finally:
+            beat.cancel()
+            run.kill()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await beat
+            await run.drain()
+
+    async def _heartbeats(self, run: _Launch, episode_id: str, launch: int) -> None:
+        while True:
+            calls, last = await self._ledger_progress(episode_id)
+            activity.heartbeat(
+                HarnessHeartbeat(
+                    launch=launch,
+                    pid=run.pid,
+                    elapsed_s=round(run.elapsed(), 1),
+                    calls=calls,
+                    last_request=last,
+                    last_event=run.last_event,
+                )  # fmt: skip
+            )
+            await asyncio.sleep(HEARTBEAT_EVERY_S)
+
+    async def _ledger_progress(self, episode_id: str) -> tuple[int, str | None]:
+        """(calls admitted so far, time of the last request) from the episode's queries; best effort."""
+        if self.client is None:
+            return 0, None
+        from workflows.accounting import LedgerSummary
+
+        handle = self.client.get_workflow_handle(episode_id)
+        try:
+            summary = await handle.query("summary", result_type=LedgerSummary)
+            progress = await handle.query("progress", result_type=dict)
+        except Exception:  # noqa: BLE001 - a heartbeat must never fail the launch
+            return 0, None
+        return sum(summary.totals.values()), progress.get("last_activity")
+
+    def _close_request(self, run: _Launch, exit_code: int | None, deadline_s: float) -> CloseRequest:
+        outcome = outcome_of_events(run.events)
+        failure = outcome.failure
+        if exit_code is None:
+            failure = f"HarnessDeadline: OpenCode ran past its deadline ({deadline_s:g} s) and was killed"
+        elif exit_code != 0:
+            failure = f"HarnessExit: OpenCode exited with {exit_code}" + (f" ({failure})" if failure else "")
+        if failure is not None:
+            tail = "\n".join(run.stderr_tail)
+            failure = f"{failure}; last stderr lines:\n{tail}" if tail else failure
+        return CloseRequest(final_answer=outcome.final_answer, outputs=outcome.outputs, failure=failure)
+
+    async def _close(self, episode_id: str, token: str, close: CloseRequest) -> None:
+        url = f"{self.config.gateway_url.rstrip('/')}/episodes/{episode_ref(episode_id)}/close"
+        async with httpx.AsyncClient(timeout=CLOSE_TIMEOUT_S) as http:
+            response = await http.post(
+                url, json=close.model_dump(mode="json"), headers={"authorization": f"Bearer {token}"}
+            )
+        if response.status_code == 409 and "AlreadyClosed" in response.text:
+            activity.logger.warning("episode %s was already closed: %s", episode_id, response.text[:300])
+            return
+        if response.status_code >= 400:
+            # retryable: the relaunch is answered from the recorded calls and closes again
+            raise ApplicationError(
+                f"episode {episode_id!r}: the gateway refused the close ({response.status_code}): "
+                f"{response.text[:1000]}",
+                type="HarnessCloseError",
+            )
+
+
+class _Launch:
+    """One harness process: its events (stdout JSON lines), the tail of its stderr, its process group."""
+
+    def __init__(self, binary: Path, message: str, project: Path, home: Path) -> None:
+        self.argv = opencode_argv(str(binary), message)
+        self.project, self.home = project, home
+        self.proc: asyncio.subprocess.Process | None = None
+        self.events: list[dict] = []
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES)
+        self.last_event: str | None = None
+        self.calls, self.last_request = 0, None  # the episode's, as of the last heartbeat
+        self._readers: list[asyncio.Task] = []
+        self._t0 = time.monotonic()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def beat(self, launch: int, last_event: str | None = None) -> HarnessHeartbeat:
+        return HarnessHeartbeat(
+            launch=launch, pid=self.pid, elapsed_s=round(self.elapsed(), 1), calls=self.calls,
+            last_request=self.last_request, last_event=last_event or self.last_event,
+        )  # fmt: skip
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, cwd=self.project, env=opencode_env(str(self.home)), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            preexec_fn=_die_with_parent, limit=16 * 1024 * 1024,
+        )  # fmt: skip
+        self._readers = [asyncio.create_task(self._stdout()), asyncio.create_task(self._stderr())]
+
+    async def _stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        log = (self.home / "events.jsonl").open("w")
+        async for raw in self.proc.stdout:
+            line = raw.decode(errors="replace")
+            log.write(line)
+            for event in parse_events([line]):
+                self.events.append(event)
+                self.last_event = str(event.get("type"))
+        log.close()
+
+    async def _stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        log = (self.home / "stderr.log").open("w")
+        async for raw in self.proc.stderr:
+            line = raw.decode(errors="replace")
+            log.write(line)
+            if line.strip():
+                self.stderr_tail.append(line.rstrip()[:500])
+        log.close()
+
+    async def wait(self) -> int:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        await self.drain()
+        return code
+
+    async def drain(self) -> None:
+        """Wait for the readers (the pipes close once the group is gone)."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*self._readers, return_exceptions=True), timeout=10)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+
+
+# ------------------------------------------------------------------------------------------ the worker
+
+
+@dataclass(frozen=True)
+class HarnessWorkerOptions:
+    """How `grove worker` serves the harness queue."""
+
+    gateway_url: str | None = None  # a running gateway; None: serve an embedded one in this process
+    secret: str | None = None  # the gateway's token secret; default $GROVE_GATEWAY_SECRET (embedded: random)
+    root: Path | None = None  # launch folders; default <worker dir>/harness
+    policy_model: str = "tiny"  # embedded gateway: the served model (its tokenizer measures prompts)
+    max_model_len: int | None = None  # embedded gateway: the engines' context (default: the gateway's)
+    temporal_address: str | None = None  # embedded gateway: default the worker client's
+    keep_dirs: bool = False  # keep finished launch folders (debugging, tests)
+
+
+@contextlib.asynccontextmanager
+async def harness_runner(client: Client, store, options: HarnessWorkerOptions, work_dir: Path):
+    """The runner of this worker, with its embedded gateway served while the context is open."""
+    import secrets
+
+    from gateway.settings import SECRET_VAR, GatewaySettings
+
+    root = Path(options.root or work_dir / "harness")
+    root.mkdir(parents=True, exist_ok=True)
+    secret = options.secret or os.environ.get(SECRET_VAR)
+    if options.gateway_url is not None:
+        if not secret:
+            raise HarnessConfigError(
+                f"the harness worker needs the gateway's token secret to reach {options.gateway_url}: set "
+                f"{SECRET_VAR} as for `grove gateway`"
+            )
+        yield HarnessRunner(RunnerConfig(options.gateway_url, secret, root, options.keep_dirs), client)
+        return
+    from gateway.embedded import serve_gateway
+
+    settings = GatewaySettings(
+        temporal_address=options.temporal_address or client.service_client.config.target_host,
+        namespace=client.namespace, store="embedded", secret=secret or secrets.token_hex(32),
+        policy_model=options.policy_model, port=0,
+        **({"max_model_len": options.max_model_len} if options.max_model_len else {}),
+    )  # fmt: skip
+    async with serve_gateway(settings, store) as url:
+        activity_log = f"harness worker: embedded gateway at {url}"
+        print(activity_log, flush=True)
+        config = RunnerConfig(url, settings.secret.get_secret_value(), root, options.keep_dirs)
+        yield HarnessRunner(config, client)
+
+
+def build_harness_worker(client: Client, runner: HarnessRunner):
+    from temporalio.worker import Worker
+
+    from grove import queues
+
+    # Each launch is a process plus a few coroutines; the engine, not this worker, bounds throughput.
+    return Worker(
+        client, task_queue=queues.HARNESS, activities=[runner.run_harness], max_concurrent_activities=64
+    )

@@ -1,0 +1,221 @@
+"""Stock OpenCode as an episode's harness: its `opencode.json`, its environment, its first message, and
+what its `opencode run --format json` events say the agents answered.
+
+The harness runner (activities/harness.py) launches one `opencode run` per episode; this module is the
+pure part of it (no I/O): everything here is a function of the episode and the gateway's address.
+
+- Config: a provider `grove` (`@ai-sdk/openai-compatible`, bundled in the binary) whose `baseURL` is the
+  episode's gateway URL and whose `apiKey` is the episode's token, one model `grove/policy` with
+  `tool_call: true` and `limit: {context, output}` (OpenCode compacts on the usage the gateway reports
+  against `limit.context`), `x-grove-launch: <n>` on every request (which launch of the episode sent
+  it), sharing/autoupdate/LSP off, and the agents the task family defines (`TASK_SETUPS`; a restricted
+  primary agent with only the `task` tool keeps the fixed prompt ~1,800 tokens in grove's tokenizer).
+- Environment: only what OpenCode needs: PATH, its own HOME and XDG folders under the launch's folder,
+  and its offline switches (shared/research/harnesses.md). Nothing of the worker's environment (secrets,
+  other episodes' tokens) reaches it.
+- Outcome (`outcome_of_events`): the parent's final answer is the text of the root session's last
+  message with text; each `task` tool call's result (`<task id="ses_..."><task_result>...`) is a worker's
+  last output. Workers are numbered in the order the parent called them (`worker-1`, `worker-2`, ...),
+  the names the task families' scorers use (the gateway's ledger names them `worker-<session id>`).
+
+A task family plugs in with `TASK_SETUPS[family] = fn(task) -> OpenCodeSetup`; `HarnessSpec.opencode`
+(grove/contracts.py OpenCodeOptions) overrides any part of it per run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
+
+PROVIDER = "grove"
+MODEL = "policy"
+LAUNCH_HEADER = "x-grove-launch"
+OFFLINE_ENV = {
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+    "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+}
+_TASK_RESULT = re.compile(
+    r'<task id="(?P<session>[^"]*)"[^>]*>\s*<task_result>\n?(?P<text>.*?)\n?</task_result>', re.DOTALL
+)
+
+
+class OpenCodeSetupError(ValueError):
+    """A task the runner cannot set OpenCode up for (no first message, no agents)."""
+
+
+@dataclass(frozen=True)
+class OpenCodeSetup:
+    """What a task family gives OpenCode: the first user message and the `agent` section."""
+
+    message: str
+    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    default_agent: str | None = None
+
+
+def delegation_setup(task: TaskSpec) -> OpenCodeSetup:
+    """The `delegation` family through OpenCode: a restricted lead (only the `task` tool) hands each word
+    to a `worker` subagent; the workers answer with their word; the lead answers with both."""
+    words = task.params["words"]
+    return OpenCodeSetup(
+        message="Words:\n" + "\n".join(words),
+        agents=restricted_agents(
+            lead="You are the lead. Give each word to a worker with the task tool, then answer with both "
+            "words.",
+            worker="You are a worker. Answer with the word you are given.",
+            worker_description="Repeats the word it is given.",
+        ),
+        default_agent="lead",
+    )
+
+
+def restricted_agents(lead: str, worker: str, worker_description: str) -> dict[str, dict[str, Any]]:
+    """A primary `lead` with only the `task` tool and a tool-less `worker` subagent; OpenCode's own
+    `explore`/`general` subagents and its title agent off (shared/research/harnesses.md: 1,835 tokens)."""
+    return {
+        "lead": {"mode": "primary", "prompt": lead, "tools": {"*": False, "task": True}},
+        "worker": {
+            "mode": "subagent",
+            "description": worker_description,
+            "prompt": worker,
+            "tools": {"*": False},
+        },
+        "explore": {"disable": True},
+        "general": {"disable": True},
+        "title": {"disable": True},
+    }
+
+
+TASK_SETUPS: dict[str, Callable[[TaskSpec], OpenCodeSetup]] = {"delegation": delegation_setup}
+
+
+def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:
+    """The task family's setup with the run's overrides; a family without one needs `message` (in the
+    options or as the task's `params["message"]`)."""
+    base = TASK_SETUPS[task.family](task) if task.family in TASK_SETUPS else None
+    message = options.message or (base.message if base else task.params.get("message"))
+    if not message:
+        raise OpenCodeSetupError(
+            f"task {task.task_id!r} of family {task.family!r}: no first message for OpenCode; register "
+            f"harnesses.opencode.TASK_SETUPS[{task.family!r}], give the task a params['message'], or set "
+            "harness.opencode.message"
+        )
+    agents = options.agents if options.agents is not None else (base.agents if base else {})
+    default = options.default_agent or (base.default_agent if base else None)
+    return OpenCodeSetup(message=str(message), agents=agents, default_agent=default)
+
+
+def opencode_config(
+    setup: OpenCodeSetup, base_url: str, token: str, *, launch: int, context_limit: int, output_limit: int
+) -> dict[str, Any]:
+    """The `opencode.json` of one launch (see the module docstring)."""
+    config: dict[str, Any] = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            PROVIDER: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "grove",
+                "options": {"baseURL": base_url, "apiKey": token, "headers": {LAUNCH_HEADER: str(launch)}},
+                "models": {
+                    MODEL: {
+                        "name": MODEL,
+                        "tool_call": True,
+                        "limit": {"context": context_limit, "output": output_limit},
+                    }
+                },
+            }
+        },
+        "model": f"{PROVIDER}/{MODEL}",
+        "small_model": f"{PROVIDER}/{MODEL}",
+        "share": "disabled",
+        "autoupdate": False,
+        "lsp": False,
+        "agent": setup.agents,
+    }
+    if setup.default_agent:
+        config["default_agent"] = setup.default_agent
+    return config
+
+
+def opencode_env(home: str, path: str = "/usr/local/bin:/usr/bin:/bin") -> dict[str, str]:
+    """The whole environment of an OpenCode process: its own HOME/XDG folders and offline switches."""
+    return {
+        "PATH": path,
+        "HOME": home,
+        "XDG_CONFIG_HOME": f"{home}/.config",
+        "XDG_DATA_HOME": f"{home}/.local/share",
+        "XDG_CACHE_HOME": f"{home}/.cache",
+        "XDG_STATE_HOME": f"{home}/.local/state",
+        "TMPDIR": f"{home}/tmp",
+        "LANG": "C.UTF-8",
+        **OFFLINE_ENV,
+    }
+
+
+def opencode_argv(binary: str, message: str) -> list[str]:
+    """`opencode run --pure --format json <message>`: one run, no external plugins, JSON events."""
+    return [binary, "run", "--pure", "--format", "json", message]
+
+
+def parse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON events among OpenCode's stdout lines (anything else it prints is skipped)."""
+    events = []
+    for line in lines:
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+    return events
+
+
+def _error_text(event: Mapping[str, Any]) -> str:
+    err = event.get("error") or event.get("part", {}).get("error") or event
+    if isinstance(err, dict):
+        data = err.get("data") if isinstance(err.get("data"), dict) else {}
+        return str(data.get("message") or err.get("message") or err.get("name") or json.dumps(err)[:500])
+    return str(err)[:500]
+
+
+def outcome_of_events(events: list[dict[str, Any]]) -> HarnessOutcome:
+    """Final answer, each agent's last output and any error OpenCode reported (module docstring)."""
+    root = next((e.get("sessionID") for e in events if e.get("sessionID")), None)
+    texts: dict[str, list[str]] = {}  # message id -> its text parts, root session only
+    order: list[str] = []
+    workers: list[str] = []
+    errors: list[str] = []
+    for event in events:
+        part = event.get("part") or {}
+        kind = event.get("type")
+        if kind == "error":
+            errors.append(_error_text(event))
+        if event.get("sessionID") != root:
+            continue
+        if kind == "text" and part.get("text") is not None:
+            mid = part.get("messageID", "")
+            if mid not in texts:
+                texts[mid] = []
+                order.append(mid)
+            texts[mid].append(part["text"])
+        elif kind == "tool_use" and part.get("tool") == "task":
+            state = part.get("state") or {}
+            match = _TASK_RESULT.search(str(state.get("output") or ""))
+            if state.get("status") == "completed" and match:
+                workers.append(match.group("text"))
+    final = "".join(texts[order[-1]]) if order else ""
+    outputs: dict[str, list[str]] = {"parent": [final]} if order else {}
+    for i, text in enumerate(workers, start=1):
+        outputs[f"worker-{i}"] = [text]
+    failure = f"OpenCode reported: {errors[-1]}" if errors else None
+    return HarnessOutcome(final_answer=final, outputs=outputs, failure=failure)

@@ -1,0 +1,96 @@
+"""The pure part of the OpenCode harness (harnesses/opencode.py): its config, environment and the outcome
+read from `opencode run --format json` events.
+
+`fixtures/opencode-run-two-tasks.events.jsonl` is the stdout of a real `opencode run --pure --format json`
+(opencode-ai 1.18.33, the restricted `lead` agent) against a scripted OpenAI-compatible server that made
+the lead call `task` twice ("Say apple", "Say pear"), answered each worker "reply to <prompt>", then
+answered the lead "apple pear".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from grove.contracts import OpenCodeOptions, TaskSpec
+from harnesses import delegation
+from harnesses.opencode import (
+    OpenCodeSetupError,
+    opencode_config,
+    opencode_env,
+    outcome_of_events,
+    parse_events,
+    setup_for,
+)
+
+EVENTS = Path(__file__).parent / "fixtures" / "opencode-run-two-tasks.events.jsonl"
+
+
+def test_outcome_of_a_real_run_with_two_task_calls():
+    outcome = outcome_of_events(parse_events(EVENTS.read_text().splitlines()))
+    assert outcome.final_answer == "apple pear"
+    assert outcome.outputs == {
+        "parent": ["apple pear"],
+        "worker-1": ["reply to Say apple"],
+        "worker-2": ["reply to Say pear"],
+    }
+    assert outcome.failure is None
+
+
+def test_an_error_event_is_the_failure_and_noise_lines_are_skipped():
+    lines = [
+        "some log line",
+        '{"type":"error","sessionID":"ses_a",'
+        '"error":{"name":"APIError","data":{"message":"Bad Request: x"}}}',
+        "{not json",
+    ]
+    outcome = outcome_of_events(parse_events(lines))
+    assert outcome.failure == "OpenCode reported: Bad Request: x"
+    assert outcome.final_answer == "" and outcome.outputs == {}
+
+
+def test_delegation_setup_and_overrides():
+    task = delegation.make_task(3)
+    setup = setup_for(task, OpenCodeOptions())
+    assert setup.message == "Words:\n" + "\n".join(task.params["words"])
+    assert setup.default_agent == "lead"
+    assert setup.agents["lead"]["tools"] == {"*": False, "task": True}
+    assert setup.agents["general"] == {"disable": True}
+    custom = setup_for(task, OpenCodeOptions(message="hi", agents={"solo": {"mode": "primary"}}))
+    assert (custom.message, custom.agents, custom.default_agent) == (
+        "hi",
+        {"solo": {"mode": "primary"}},
+        "lead",
+    )
+    with pytest.raises(OpenCodeSetupError, match="no first message"):
+        setup_for(TaskSpec(family="unknown", task_id="u-0"), OpenCodeOptions())
+    plain = setup_for(
+        TaskSpec(family="unknown", task_id="u-1", params={"message": "do it"}), OpenCodeOptions()
+    )
+    assert plain.message == "do it" and plain.agents == {}
+
+
+def test_config_points_the_provider_at_the_episode_and_env_is_built_from_scratch():
+    setup = setup_for(delegation.make_task(0), OpenCodeOptions())
+    config = opencode_config(
+        setup,
+        "http://127.0.0.1:1/episodes/abc/v1",
+        "grove-tok",
+        launch=2,
+        context_limit=2048,
+        output_limit=64,
+    )
+    provider = config["provider"]["grove"]
+    assert provider["options"] == {
+        "baseURL": "http://127.0.0.1:1/episodes/abc/v1",
+        "apiKey": "grove-tok",
+        "headers": {"x-grove-launch": "2"},
+    }
+    assert provider["models"]["policy"]["limit"] == {"context": 2048, "output": 64}
+    assert config["model"] == config["small_model"] == "grove/policy"
+    assert config["default_agent"] == "lead" and config["share"] == "disabled"
+    env = opencode_env("/h")
+    assert env["HOME"] == "/h" and env["XDG_DATA_HOME"] == "/h/.local/share"
+    assert env["OPENCODE_DISABLE_AUTOUPDATE"] == "1"
+    assert not any("SECRET" in k or "GROVE" in k for k in env)  # nothing of the worker's environment
