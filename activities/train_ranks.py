@@ -71,6 +71,7 @@ class RankJob(BaseModel):
     start_dir: str | None  # the previous committed checkpoint, downloaded; None at step 1
     rows: list[str]  # Parquet files of the step's rows
     episodes: list[EpisodeRecord] | None  # None: rows-only batch
+    is_cap: float = 2.0  # truncated IS cap of stale tokens (RunConfig.off_policy_is_cap)
 
 
 def rank_gate_key(run_id: str, step: int, rank: int, k: int) -> str:
@@ -191,6 +192,7 @@ def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
                 )
             load_full_optimizer(learner, saved["optimizer"])
         restore_rng(state.rng)
+    learner.is_cap = job.is_cap
     gates = Gates.from_env()  # tests only: hold this rank mid-step
     if gates is not None:
         learner.after_pass = lambda k: gates.hold_sync(

@@ -174,14 +174,15 @@ class TrainerActivities:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         attempt = Path(tempfile.mkdtemp(prefix=f"step-{inp.step:06d}-ranks-", dir=self.work_dir))
         try:
-            job = await asyncio.to_thread(self._rank_job, inp, attempt)
+            job, lag = await asyncio.to_thread(self._rank_job, inp, attempt)
             await run_ranks(attempt, job)
-            return await asyncio.to_thread(self._commit_ranks, inp, attempt / OUT_DIR)
+            return await asyncio.to_thread(self._commit_ranks, inp, attempt / OUT_DIR, lag)
         finally:
             await asyncio.to_thread(shutil.rmtree, attempt, True)
 
-    def _rank_job(self, inp: TrainStepInput, attempt: Path) -> RankJob:
-        """The attempt's inputs on local disk: previous checkpoint (verified), rows, episode records."""
+    def _rank_job(self, inp: TrainStepInput, attempt: Path) -> tuple[RankJob, dict[str, float]]:
+        """The attempt's inputs on local disk (previous checkpoint, verified; rows; episode records),
+        and the batch's policy-lag metrics. PolicyLagError before any rank starts, as in one process."""
         world = inp.learner.ranks
         cuda = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
         start_dir, model_dir = None, ensure_model(inp.model)
@@ -191,22 +192,26 @@ class TrainerActivities:
             check_config(state, inp.learner, inp.run_id)
             start_dir, model_dir = start, start / MODEL_DIR
         rows_keys, records = self._batch_refs(inp)
-        rows = []
+        files, rows = [], []
         for i, key in enumerate(rows_keys):
             path = attempt / "rows" / f"{i:05d}.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(self.store.get(key))
-            rows.append(str(path))
+            data = self.store.get(key)
+            path.write_bytes(data)
+            files.append(str(path))
+            rows += rows_from_parquet(data)
+        if inp.max_policy_lag is not None:  # the run's staleness bound (trainer/off_policy.py)
+            check_policy_lag(rows, inp.step - 1, inp.max_policy_lag)
         threads = self.rank_threads or max(1, torch.get_num_threads() // world)
         return RankJob(
             run_id=inp.run_id, step=inp.step, world=world, backend="nccl" if cuda else "gloo",
             device="cuda" if cuda else "cpu", threads=threads, config=inp.learner,
             model_dir=str(model_dir), start_dir=None if start_dir is None else str(start_dir),
-            rows=rows, episodes=records,
-        )  # fmt: skip
+            rows=files, episodes=records, is_cap=inp.off_policy_is_cap,
+        ), lag_metrics(rows, inp.step - 1)  # fmt: skip
 
-    def _commit_ranks(self, inp: TrainStepInput, out: Path) -> dict[str, float]:
-        metrics = json.loads((out / METRICS_FILE).read_text())
+    def _commit_ranks(self, inp: TrainStepInput, out: Path, lag: dict[str, float]) -> dict[str, float]:
+        metrics = {**json.loads((out / METRICS_FILE).read_text()), **lag}
         self.store.put(metrics_key(inp.run_id, inp.step), json.dumps(metrics, sort_keys=True).encode())
         self.store.put(episodes_key(inp.run_id, inp.step), (out / ADVANTAGES_FILE).read_bytes())
         commit_files(self.store, inp.run_id, inp.step, local_checkpoint_files(out / CHECKPOINT_DIR))
