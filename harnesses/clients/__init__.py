@@ -1,0 +1,155 @@
+"""Harness-side helpers: identity for external harnesses without boilerplate.
+
+A harness program talks to grove's capture gateway as to any OpenAI-compatible server, with one
+episode's base URL and token. These modules add what grove needs on top, from what the harness
+framework already knows, so user code stays the agent program itself:
+
+    harnesses.clients            the episode binding (`Episode`): URL, token, identity headers, the
+                                 last call of each agent (read from `x-grove-call-id`), `close`
+    harnesses.clients.langgraph  LangChain / LangGraph: a chat model that names the agent from
+                                 LangGraph's run config, spawn links from the parent's last call,
+                                 SummarizationMiddleware's summary (auxiliary) and rewrite
+    harnesses.clients.agents_sdk OpenAI Agents SDK: a ModelProvider (agent from `agent.name`, spawner
+                                 from the tool-call context); also the model of Temporal-native runs
+                                 (`temporalio.contrib.openai_agents`)
+
+Light on purpose: nothing here imports torch, vLLM, Temporal or the rest of grove, so a harness process
+(or a user's virtualenv with only `httpx` and its framework) can import it. The header names repeat
+gateway/identity.py's; a unit test keeps them equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+AGENT_HEADER = "x-grove-agent"
+CONTEXT_HEADER = "x-grove-context"
+SPAWNED_BY_HEADER = "x-grove-spawned-by"
+PARENT_CONTEXT_HEADER = "x-grove-parent-context"
+REWRITE_HEADER = "x-grove-rewrite"
+KIND_HEADER = "x-grove-call-kind"
+CALL_ID_HEADER = "x-grove-call-id"  # response: the call this request became
+AUXILIARY = "auxiliary"
+ROOT_AGENT = "parent"  # the gateway's default agent; parent-only baselines train this one
+
+BASE_URL_ENV = "GROVE_BASE_URL"  # http://host/episodes/<ref>/v1, set by whoever starts the harness
+API_KEY_ENV = "GROVE_API_KEY"  # the episode's bearer token
+_FALLBACK_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY")  # an unmodified OpenAI program's variables
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+MAX_AGENT_CHARS = 64  # the gateway takes 96; room for suffixes such as `~aux`
+
+
+class EpisodeConfigError(ValueError):
+    """No episode to talk to: base URL or token missing or malformed."""
+
+
+def header_safe(name: str) -> str:
+    """An agent name the gateway accepts (letters, digits, '_', '-'; at most MAX_AGENT_CHARS), made from
+    any framework name ("Research agent", "billing.v2"). Names that had to change get a short digest of
+    the original, so two different names never collapse into one agent."""
+    safe = _UNSAFE.sub("_", name.strip()).strip("_") or "agent"
+    if safe == name and len(name) <= MAX_AGENT_CHARS:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+    return f"{safe[: MAX_AGENT_CHARS - 7]}-{digest}"
+
+
+@dataclass
+class Episode:
+    """One episode as a harness sees it: where to send requests, with which token, and what it learned
+    from the responses (each agent's last call id). Thread-safe: LangGraph runs sync nodes in threads."""
+
+    base_url: str
+    api_key: str
+    _last_call: dict[str, str] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")
+        if not self.base_url.endswith("/v1") or "/episodes/" not in self.base_url:
+            raise EpisodeConfigError(
+                f"base URL {self.base_url!r} is not an episode's OpenAI base URL; expected "
+                "http://HOST/episodes/<episode ref>/v1 (what grove gives the harness in $GROVE_BASE_URL)"
+            )
+        if not self.api_key:
+            raise EpisodeConfigError("the episode's token is empty; pass it or set $GROVE_API_KEY")
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Episode:
+        """The episode from $GROVE_BASE_URL / $GROVE_API_KEY (else $OPENAI_BASE_URL / $OPENAI_API_KEY)."""
+        env = os.environ if env is None else env
+        base_url = env.get(BASE_URL_ENV) or env.get(_FALLBACK_ENV[0])
+        api_key = env.get(API_KEY_ENV) or env.get(_FALLBACK_ENV[1])
+        if not base_url or not api_key:
+            raise EpisodeConfigError(
+                f"no episode: set ${BASE_URL_ENV} and ${API_KEY_ENV} (the episode's base URL and token), "
+                "or pass them to Episode(base_url, api_key)"
+            )
+        return cls(base_url, api_key)
+
+    @property
+    def close_url(self) -> str:
+        return self.base_url.removesuffix("/v1") + "/close"
+
+    def record(self, headers: Any) -> str | None:
+        """Remember the call a response names (`x-grove-call-id`, `x-grove-agent`); returns its id."""
+        call_id, agent = headers.get(CALL_ID_HEADER), headers.get(AGENT_HEADER)
+        if call_id and agent:
+            with self._lock:
+                self._last_call[agent] = call_id
+        return call_id
+
+    def last_call(self, agent: str) -> str | None:
+        with self._lock:
+            return self._last_call.get(agent)
+
+    def close(
+        self,
+        final_answer: str = "",
+        *,
+        outputs: dict[str, list[str]] | None = None,
+        failure: str | None = None,
+        wait: bool = False,
+        timeout: float = 600.0,
+    ) -> dict:
+        """End the harness's part of the episode (POST .../close). Idempotent for the same close."""
+        import httpx  # only here: the identity helpers need no HTTP client of their own
+
+        body = {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure}
+        r = httpx.post(
+            self.close_url,
+            params={"wait": str(wait).lower()},
+            json=body,
+            headers={"authorization": f"Bearer {self.api_key}"},
+            timeout=timeout,
+        )
+        r.raise_for_status()
+        return r.json()
+
+    async def aclose(
+        self,
+        final_answer: str = "",
+        *,
+        outputs: dict[str, list[str]] | None = None,
+        failure: str | None = None,
+        wait: bool = False,
+        timeout: float = 600.0,
+    ) -> dict:
+        import httpx
+
+        body = {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure}
+        async with httpx.AsyncClient(timeout=timeout) as c:
+            r = await c.post(
+                self.close_url,
+                params={"wait": str(wait).lower()},
+                json=body,
+                headers={"authorization": f"Bearer {self.api_key}"},
+            )
+        r.raise_for_status()
+        return r.json()

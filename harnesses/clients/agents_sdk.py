@@ -1,0 +1,292 @@
+"""The OpenAI Agents SDK on grove: a ModelProvider bound to an episode that names agents by itself.
+
+    provider = GroveModelProvider(Episode.from_env())
+    result = await Runner.run(lead, task, run_config=provider.run_config())
+    await provider.episode.aclose(final_answer=str(result.final_output))
+
+- Chat completions, always: the SDK's default Responses API is not what the gateway serves.
+- agent: the run's starting agent is the root agent `parent` (parent-only baselines train it); an agent
+  run as a tool (`agent.as_tool`) is `{agent.name}-{tool call id}` made header-safe, one agent per
+  invocation, so two concurrent calls of the same worker tool never share a context; a handoff target
+  is its own header-safe name.
+- spawn link: a worker's requests name the call whose response held its tool call. This provider's
+  model stamps each response's items with the grove call id (`x-grove-call-id`); the SDK hands that
+  item to the tool as `ToolContext.tool_call`, which is where the spawner is read from (by a wrapper
+  the filter puts around each `as_tool` tool: it passes the invocation to the nested run).
+- How the identity reaches the request: `run_config()` installs a `call_model_input_filter` (it sees
+  the agent and the tool-call context of every model call). In a plain process it passes the headers
+  to the model through a context variable; inside a Temporal workflow (temporalio.contrib.openai_agents)
+  the model runs in an activity, so the filter puts them into the agent's model settings, which travel
+  with the activity's input (`extra_args["grove_identity"]`, removed before the request is sent).
+
+Temporal-native runs (the integration's runner replaces every agent's model with a stub that calls a
+`ModelProvider` in an activity): give the worker `OpenAIAgentsPlugin(model_provider=
+GroveModelProvider())` and run agents in the workflow with `run_config=grove_run_config(base_url,
+api_key)`; the episode's URL and token travel in `extra_args["grove_episode"]`. An activity retry re-sends
+the same request, which the gateway recognises as a retry (the earlier call is discarded, the new one
+extends what the earlier one extended): nothing is trained twice. Streaming (`Runner.run_streamed`) is
+not supported here: the SDK fixes model settings before the filter runs on that path.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from typing import Any
+
+import httpx
+from agents import (
+    Model,
+    ModelProvider,
+    ModelResponse,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    RunConfig,
+)
+from agents.run_config import CallModelData, ModelInputData
+from openai import AsyncOpenAI
+
+from harnesses.clients import (
+    AGENT_HEADER,
+    CALL_ID_HEADER,
+    ROOT_AGENT,
+    SPAWNED_BY_HEADER,
+    Episode,
+    header_safe,
+)
+
+EPISODE_ARG = "grove_episode"  # model_settings.extra_args: {"base_url", "api_key"} (Temporal runs)
+IDENTITY_ARG = "grove_identity"  # model_settings.extra_args: identity headers (Temporal runs)
+_IDENTITY: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "grove_identity", default=None
+)
+_TOOL_CALL: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
+    "grove_tool_call", default=None
+)
+FAKE_ID = "__fake_id__"  # the SDK's placeholder item id for chat completions
+_RESPONSE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "grove_response", default=None
+)
+
+
+class AgentsConfigError(ValueError):
+    """A grove model call without an episode to send it to."""
+
+
+def _in_workflow() -> bool:
+    try:
+        from temporalio import workflow
+    except ImportError:  # no Temporal installed: never inside a workflow
+        return False
+    return workflow.in_workflow()
+
+
+class IdentityFilter:
+    """`RunConfig.call_model_input_filter`: decides each model call's agent and spawner (see module
+    docstring). One per top-level run: its first agent outside a tool call is the root agent.
+
+    The filter sees the agent but not the tool call a nested run serves (the SDK hands it the
+    application context only), so the first time it meets an agent it wraps that agent's agent-tools
+    (`as_tool`): the wrapper notes the invoking ToolContext's call ids in a context variable for the
+    nested run, which executes inside it."""
+
+    def __init__(self, root_agent: str = ROOT_AGENT) -> None:
+        self.root_agent = root_agent
+        self._root_name: str | None = None
+
+    def identity(self, agent: Any) -> dict[str, str]:
+        invocation = _TOOL_CALL.get()
+        if invocation is not None:  # inside an agent-tool: a worker of its own, spawned by that call
+            tool_call_id, spawner = invocation
+            headers = {AGENT_HEADER: header_safe(f"{agent.name}-{tool_call_id}")}
+            if spawner:
+                headers[SPAWNED_BY_HEADER] = spawner
+            return headers
+        if self._root_name is None:
+            self._root_name = agent.name
+        if agent.name == self._root_name:
+            return {AGENT_HEADER: self.root_agent}
+        return {AGENT_HEADER: header_safe(agent.name)}  # a handoff target
+
+    def __call__(self, data: CallModelData[Any]) -> ModelInputData:
+        wrap_agent_tools(data.agent)
+        headers = self.identity(data.agent)
+        if _in_workflow():
+            # The model runs in an activity: the identity must travel in its input. `data.agent` is the
+            # integration's per-run copy of the agent, so this changes no agent another run uses.
+            ms = data.agent.model_settings
+            data.agent.model_settings = dataclasses.replace(
+                ms, extra_args={**(ms.extra_args or {}), IDENTITY_ARG: headers}
+            )
+        else:
+            _IDENTITY.set(headers)  # read by GroveModel in this task (the filter runs just before it)
+        return data.model_data
+
+
+def wrap_agent_tools(agent: Any) -> None:
+    """Make each `as_tool` tool of `agent` publish its invocation (tool call id, spawning call) to the
+    nested run it starts. Idempotent."""
+    for tool in getattr(agent, "tools", ()):
+        if not getattr(tool, "_is_agent_tool", False) or getattr(tool, "_grove_wrapped", False):
+            continue
+        original = tool.on_invoke_tool
+
+        async def invoke(ctx: Any, arguments: str, _original: Any = original) -> Any:
+            spawner = getattr(getattr(ctx, "tool_call", None), "id", None)
+            invocation = (ctx.tool_call_id, None if spawner in (None, FAKE_ID) else spawner)
+            token = _TOOL_CALL.set(invocation)
+            try:
+                return await _original(ctx, arguments)
+            finally:
+                _TOOL_CALL.reset(token)
+
+        tool.on_invoke_tool = invoke
+        tool._grove_wrapped = True
+
+
+def grove_run_config(
+    base_url: str | None = None,
+    api_key: str | None = None,
+    *,
+    root_agent: str = ROOT_AGENT,
+    provider: ModelProvider | None = None,
+    **kwargs: Any,
+) -> RunConfig:
+    """A RunConfig for grove: the identity filter, tracing off (nothing to export to), and, when given,
+    the episode's URL and token in the model settings (how a Temporal workflow names its episode)."""
+    settings = ModelSettings()
+    if base_url is not None:
+        settings = ModelSettings(extra_args={EPISODE_ARG: {"base_url": base_url, "api_key": api_key or ""}})
+    options: dict[str, Any] = {"tracing_disabled": True, **kwargs}
+    if provider is not None:
+        options["model_provider"] = provider
+    return RunConfig(model_settings=settings, call_model_input_filter=IdentityFilter(root_agent), **options)
+
+
+class GroveModelProvider(ModelProvider):
+    """Models that send chat completions to a grove episode with identity headers. Without an episode
+    (a Temporal worker serving many episodes), each call names its episode in its model settings."""
+
+    def __init__(self, episode: Episode | None = None, *, model_name: str | None = None) -> None:
+        self.episode = episode
+        self.model_name = model_name  # None: the model the gateway serves
+        self._clients: dict[tuple[str, str], AsyncOpenAI] = {}
+        self._served: dict[str, str] = {}
+
+    def get_model(self, model_name: str | None) -> Model:
+        return GroveModel(self, model_name or self.model_name)
+
+    def run_config(self, **kwargs: Any) -> RunConfig:
+        return grove_run_config(provider=self, **kwargs)
+
+    def client(self, episode: Episode) -> AsyncOpenAI:
+        key = (episode.base_url, episode.api_key)
+        if key not in self._clients:
+            http = httpx.AsyncClient(timeout=600, event_hooks={"response": [_note_response]})
+            # Retries belong to the caller (the SDK's, or Temporal's activity retries); the gateway
+            # recognises a re-sent request either way.
+            self._clients[key] = AsyncOpenAI(
+                base_url=episode.base_url, api_key=episode.api_key, http_client=http, max_retries=0
+            )
+        return self._clients[key]
+
+    async def served_model(self, episode: Episode) -> str:
+        if episode.base_url not in self._served:
+            models = await self.client(episode).models.list()
+            self._served[episode.base_url] = models.data[0].id
+        return self._served[episode.base_url]
+
+
+async def _note_response(response: httpx.Response) -> None:
+    holder = _RESPONSE.get()
+    if holder is not None and CALL_ID_HEADER in response.headers:
+        holder[CALL_ID_HEADER] = response.headers[CALL_ID_HEADER]
+        holder[AGENT_HEADER] = response.headers.get(AGENT_HEADER, "")
+
+
+class GroveModel(Model):
+    """One chat-completions call per `get_response`, on the episode of the provider or of the call's
+    model settings, with the identity the filter chose; the response's items carry the grove call id."""
+
+    def __init__(self, provider: GroveModelProvider, model_name: str | None) -> None:
+        self.provider = provider
+        self.model_name = model_name
+
+    def _split(self, settings: ModelSettings) -> tuple[Episode, dict[str, str], ModelSettings]:
+        extra = dict(settings.extra_args or {})
+        ep_args, identity = extra.pop(EPISODE_ARG, None), extra.pop(IDENTITY_ARG, None)
+        episode = self.provider.episode
+        if episode is None:
+            if not ep_args:
+                raise AgentsConfigError(
+                    "GroveModelProvider has no episode and the call names none; pass "
+                    "GroveModelProvider(Episode(...)) or run with grove_run_config(base_url, api_key)"
+                )
+            episode = Episode(ep_args["base_url"], ep_args["api_key"])
+        headers = {**(identity or {}), **(_IDENTITY.get() or {})}
+        settings = dataclasses.replace(
+            settings,
+            extra_args=extra or None,
+            extra_headers={**(settings.extra_headers or {}), **headers},
+        )
+        return episode, headers, settings
+
+    async def get_response(
+        self,
+        system_instructions,
+        input,
+        model_settings,
+        tools,
+        output_schema,
+        handoffs,
+        tracing,
+        *,
+        previous_response_id=None,
+        conversation_id=None,
+        prompt=None,
+        **kwargs: Any,
+    ) -> ModelResponse:
+        episode, _, settings = self._split(model_settings)
+        name = self.model_name or await self.provider.served_model(episode)
+        model = OpenAIChatCompletionsModel(model=name, openai_client=self.provider.client(episode))
+        holder: dict[str, str] = {}
+        token = _RESPONSE.set(holder)
+        try:
+            response = await model.get_response(
+                system_instructions,
+                input,
+                settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=None,
+                conversation_id=None,
+                prompt=prompt,
+            )
+        finally:
+            _RESPONSE.reset(token)
+        call_id = holder.get(CALL_ID_HEADER)
+        if call_id:
+            episode.record({CALL_ID_HEADER: call_id, AGENT_HEADER: holder.get(AGENT_HEADER, "")})
+            _stamp(response, call_id)
+        return response
+
+    async def stream_response(self, *args: Any, **kwargs: Any):  # noqa: ANN201
+        raise NotImplementedError(
+            "grove's Agents SDK model does not stream (Runner.run_streamed): the SDK fixes model "
+            "settings before the identity filter runs on that path; use Runner.run"
+        )
+        yield  # pragma: no cover  (an async generator, as the SDK expects)
+
+
+def _stamp(response: ModelResponse, call_id: str) -> None:
+    """Each output item's id := the grove call id (chat completions has none of its own: the SDK puts a
+    placeholder there), so a tool call handed to a worker names the call that made it."""
+    response.response_id = call_id
+    for item in response.output:
+        if getattr(item, "id", None) in (None, FAKE_ID):
+            try:
+                item.id = call_id
+            except (AttributeError, TypeError, ValueError):  # an item type without an id field
+                continue

@@ -1,0 +1,136 @@
+"""Unit tests of the harness-side clients (harnesses/clients/): light imports, header names shared with
+the gateway, header-safe agent names, and the LangGraph identity rules on LangGraph's own metadata."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+import harnesses.clients as clients
+from gateway import identity as gw
+from harnesses.clients import Episode, EpisodeConfigError, header_safe
+from harnesses.clients.langgraph import GroveGraphs, summary_text
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = "http://127.0.0.1:9/episodes/cnVuL3MwMDAwMDEvdDAvZzA/v1"
+HEAVY = ("torch", "vllm", "temporalio", "transformers", "numpy", "grove", "gateway", "workflows", "trainer")
+
+
+def test_clients_import_without_grove_or_heavy_dependencies():
+    code = (
+        "import sys\n"
+        "import harnesses.clients, harnesses.clients.langgraph, harnesses.clients.agents_sdk\n"
+        f"print(','.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip() == "", f"imported at import time: {out.stdout.strip()}"
+
+
+def test_header_names_are_the_gateways():
+    assert (clients.AGENT_HEADER, clients.CONTEXT_HEADER) == (gw.AGENT_HEADER, gw.CONTEXT_HEADER)
+    assert (clients.SPAWNED_BY_HEADER, clients.PARENT_CONTEXT_HEADER) == (
+        gw.SPAWNED_BY_HEADER,
+        gw.PARENT_CONTEXT_HEADER,
+    )
+    assert (clients.REWRITE_HEADER, clients.KIND_HEADER) == (gw.REWRITE_HEADER, gw.KIND_HEADER)
+    assert clients.ROOT_AGENT == gw.DEFAULT_AGENT and clients.AUXILIARY == "auxiliary"
+
+
+@pytest.mark.parametrize(
+    "name", ["Research agent", "billing.v2", "a:b/c", "ünïcode", "  ", "x" * 200, "worker-1", "plain_name"]
+)
+def test_header_safe_names_pass_the_gateway(name):
+    safe = header_safe(name)
+    assert gw.header_value({gw.AGENT_HEADER: safe}, gw.AGENT_HEADER) == safe
+    assert gw.header_value({gw.AGENT_HEADER: gw.aux_agent(safe, "aux")}, gw.AGENT_HEADER, gw._ID)
+
+
+def test_header_safe_keeps_safe_names_and_distinct_names_distinct():
+    assert header_safe("worker-1") == "worker-1"
+    names = ["Research agent", "Research_agent", "Research.agent", "Research-agent", "x" * 80, "x" * 81]
+    assert len({header_safe(n) for n in names}) == len(names)
+
+
+def test_episode_needs_an_episode_url_and_token():
+    with pytest.raises(EpisodeConfigError, match="GROVE_BASE_URL"):
+        Episode.from_env({})
+    with pytest.raises(EpisodeConfigError, match="episodes/<episode ref>/v1"):
+        Episode("http://127.0.0.1:9/v1", "tok")
+    with pytest.raises(EpisodeConfigError, match="token is empty"):
+        Episode(BASE, "")
+    ep = Episode.from_env({"OPENAI_BASE_URL": BASE + "/", "OPENAI_API_KEY": "tok"})
+    assert ep.close_url == BASE.removesuffix("/v1") + "/close"
+
+
+def md(ns: str, node: str, path: tuple, step: int = 1) -> dict:
+    return {
+        "langgraph_checkpoint_ns": ns,
+        "langgraph_node": node,
+        "langgraph_path": path,
+        "langgraph_step": step,
+    }
+
+
+def test_langgraph_tasks_map_to_parent_and_numbered_workers_spawned_by_the_parents_last_call():
+    g = GroveGraphs(Episode(BASE, "tok"))
+    assert g.task_identity({}) == ("parent", None)  # outside any graph
+    assert g.task_identity(md("supervise:aa", "supervise", ("__pregel_pull", "supervise"))) == (
+        "parent",
+        None,
+    )
+    g.episode.record({"x-grove-call-id": "parent.0.c0", "x-grove-agent": "parent"})
+    # a model call made in the Send task itself, and one nested in an agent inside another Send task
+    assert g.task_identity(md("worker:bb", "worker", ("__pregel_push", 0, False), 2)) == (
+        "worker-1",
+        "parent.0.c0",
+    )
+    g.tracker.on_chain_start({}, {}, metadata=md("worker:cc", "worker", ("__pregel_push", 1, False), 2))
+    nested = md("worker:cc|model:dd", "model", ("__pregel_pull", "model"))
+    assert g.task_identity(nested) == ("worker-2", "parent.0.c0")
+    # later calls of the same tasks keep their agent and spawner, whatever the parent did since
+    g.episode.record({"x-grove-call-id": "parent.0.c1", "x-grove-agent": "parent"})
+    assert g.task_identity(md("worker:cc|model:ee", "model", ("__pregel_pull", "model"))) == (
+        "worker-2",
+        "parent.0.c0",
+    )
+    assert g.task_identity(md("supervise:ff", "supervise", ("__pregel_pull", "supervise"), 3)) == (
+        "parent",
+        None,
+    )
+
+
+def test_summarization_call_is_auxiliary_and_a_new_summary_is_declared_once():
+    g = GroveGraphs(Episode(BASE, "tok"))
+    prompt = [HumanMessage("<role>\nContext Extraction Assistant\n</role> ...")]
+    assert g.headers_for("worker-1", "parent.0.c0", prompt, {"lc_source": "summarization"}) == {
+        "x-grove-agent": "worker-1",
+        "x-grove-call-kind": "auxiliary",
+    }
+    summary = HumanMessage(
+        "Here is a summary of the conversation to date:\n\nS1",
+        additional_kwargs={"lc_source": "summarization"},
+    )
+    history = [SystemMessage("sys"), summary, HumanMessage("Write your report.")]
+    assert summary_text(history) == summary.text
+    first = g.headers_for("worker-1", "parent.0.c0", history, {})
+    assert first == {"x-grove-agent": "worker-1", "x-grove-spawned-by": "parent.0.c0", "x-grove-rewrite": "1"}
+    assert g.headers_for("worker-1", "parent.0.c0", history, {}) == first  # not answered yet: a resend
+    g.after("worker-1", first, history, {"x-grove-call-id": "worker-1.1.c0", "x-grove-agent": "worker-1"})
+    more = [*history, AIMessage("ok"), HumanMessage("more")]
+    assert "x-grove-rewrite" not in g.headers_for("worker-1", "parent.0.c0", more, {})
+    # the same text typed by a user (no lc_source marker) is no summary
+    typed = [SystemMessage("sys"), HumanMessage(summary.text), HumanMessage("x")]
+    assert summary_text(typed) is None and "x-grove-rewrite" not in g.headers_for("parent", None, typed, {})
