@@ -20,9 +20,12 @@ import numpy as np
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from gateway.opencode import text_of
+from gateway.records import load_record
 from grove.contracts import (
     CleanStagingInput,
     CleanStagingResult,
+    HarnessOutcome,
     LedgerPage,
     LedgerPageInput,
     MaterializeInput,
@@ -88,7 +91,19 @@ class EpisodeIO:
     def score_episode(self, inp: RewardInput) -> RewardResult:
         with io_attempt("score"):
             _, scorer = family(inp.task.family)
-            return scorer(inp.task, inp.outcome)
+            return scorer(inp.task, self._with_ledger_outputs(inp))
+
+    def _with_ledger_outputs(self, inp: RewardInput) -> HarnessOutcome:
+        """The outcome, with each agent of `output_calls` answering the content of its call's response
+        (the chat record the gateway wrote before delivering it); agents without a record are left out."""
+        if not inp.output_calls or inp.episode_id is None:
+            return inp.outcome
+        outputs = dict(inp.outcome.outputs)
+        for agent, call_id in inp.output_calls.items():
+            record = load_record(self.store, inp.episode_id, call_id)
+            if record is not None:
+                outputs[agent] = [text_of(record.response.get("content"))]
+        return inp.outcome.model_copy(update={"outputs": outputs})
 
     def _tokens(self, receipts: list[CallReceipt]) -> dict[str, CallTokens]:
         return {

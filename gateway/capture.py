@@ -2,12 +2,18 @@
 the context's head, admit it through the episode's Updates, and record what the harness got.
 
     spec      -> sampling (the episode's, with the request's overrides; 400 before anything runs)
-    summary   -> identity (headers) -> target context (gateway/routing.py)
+    summary   -> identity (headers) -> target context (gateway/routing.py); a new agent without a
+                 spawner is refused (400 UnspawnedAgentError) when the episode's spec says
+                 `unspawned_agents="refuse"`, else accepted (the summary query warns)
+    spawn     -> a request that names its spawner (identity.respawn) goes to the live context of its
+                 agent that it extends or repeats, else opens a new SPAWN context (a worker invoked
+                 again with a fresh history); contexts still generating are never candidates
     head      -> still generating: 409 HeadPendingError; still being delivered by a request of this
                  gateway: 409 ResponsePendingError (Retry-After); else its chat record (a completed
                  head without one, whose request is gone, was never delivered: discard it, redo)
     decision  -> ROOT / CONTINUE / RETRY / SKIP_EMPTY / REWRITE or 400 (gateway/continuation.py); nothing is
-                 admitted for a refused request
+                 admitted for a refused request, and the error names the header that fixes the common
+                 mistakes (gateway/hints.py)
     fit       -> the call's prompt ids built as the generate activity will build them: a prompt that
                  does not fit the served model's context is a 400 context_length_exceeded
                  (gateway/context_window.py), before anything is opened, discarded or admitted
@@ -24,6 +30,10 @@ delivered (it must not discard it). Several gateway replicas do not share that k
 requests of an episode to one replica (the episode reference is in the path). At close,
 `settle_undelivered` discards every completed head without a delivery mark that nothing builds on.
 
+Planning is serialised per episode within this gateway process (`_planning`): from the summary query
+to the registration of the new call id, so two concurrent first requests of a worker spawned twice see
+each other's new context and open two, never one twice. Generation runs outside it.
+
 Call ids are deterministic per context: `{context_id}.c{n}`, n = the context's number of calls so far.
 A chat continuation names its parent's staged arrays, and the generate activity splices the parent's
 exact tokens in front of the new messages (grove.contracts.ChatPrompt).
@@ -34,7 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 from activities.sampling import SamplingConfig
@@ -42,9 +53,18 @@ from gateway import opencode
 from gateway.chat_request import ChatCompletionRequest, sampling_for
 from gateway.claims import stash_prompt
 from gateway.context_window import ContextWindow
-from gateway.continuation import Decision, Move, decide
+from gateway.continuation import Decision, Move, UndeclaredDiscontinuityError, decide
 from gateway.episodes import EpisodeError, Episodes
-from gateway.identity import DEFAULT_AGENT, Identity
+from gateway.hints import UndeclaredAuxiliaryCallError, diagnose, rewrite_error, summary_message
+from gateway.identity import (
+    AUX_SEPARATOR,
+    DEFAULT_AGENT,
+    KIND_HEADER,
+    PARENT_CONTEXT_HEADER,
+    SPAWNED_BY_HEADER,
+    Identity,
+    aux_agent,
+)
 from gateway.records import ChatRecord, Usage, is_delivered, load_record, mark_delivered, save_record
 from gateway.replay import (
     SessionAlias,
@@ -58,11 +78,20 @@ from gateway.replay import (
     prompt_digest,
     save_alias,
 )
-from gateway.routing import Target, identify, route
-from grove.contracts import CallRequest, CallResult, ChatPrompt, PromptSpec
-from grove.receipts import ContextOrigin, ContextRecord
+from gateway.routing import (
+    Target,
+    current_context,
+    identify,
+    live_contexts,
+    route,
+    spawn_target,
+    spawning_call,
+)
+from grove.contracts import CallRequest, CallResult, ChatPrompt, EpisodeSpec, PromptSpec
+from grove.receipts import CallKind, ContextOrigin, ContextRecord
 from storage.base import ObjectStore
 from trainer.staging_format import staging_key
+from workflows.accounting import ContextSummary, LedgerSummary
 
 log = logging.getLogger("grove.gateway")
 
@@ -108,6 +137,12 @@ class ContextConflictError(CaptureError):
 
 class UndeliveredHeadsError(CaptureError):
     """Too many heads of one context without chat records in a row (HTTP 409)."""
+
+
+class UnspawnedAgentError(CaptureError):
+    """A new agent without a spawner in an episode whose spec refuses them (HTTP 400)."""
+
+    param = SPAWNED_BY_HEADER
 
 
 @dataclass(frozen=True)
@@ -163,6 +198,7 @@ class Capture:
         self.window = window  # None: prompt lengths are not checked here (the engine refuses, 502)
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
         self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
+        self._plan_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # episode -> (lock, requests using it)
 
     def release(self, episode_id: str, requested: str) -> None:
         key = (episode_id, requested)
@@ -240,17 +276,41 @@ class Capture:
                 replayed = await self._replay(episode_id, request, headers, launch)
             if replayed is not None:
                 return replayed
-        for _ in range(MAX_RECOVERIES):
-            plan = await self._plan(episode_id, request, headers, launch)
-            if plan is not None:
-                return await self._act(episode_id, request, plan, sampling, sampling or spec.sampling, launch)
-        raise UndeliveredHeadsError(
-            f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row had no chat record (responses the "
-            "gateway never delivered); check the gateway's object store"
-        )
+        async with self._planning(episode_id):
+            for _ in range(MAX_RECOVERIES):
+                plan = await self._plan(episode_id, request, headers, launch, spec)
+                if plan is not None:
+                    break
+            else:
+                raise UndeliveredHeadsError(
+                    f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row had no chat record (responses "
+                    "the gateway never delivered); check the gateway's object store"
+                )
+            call = await self._prepare(episode_id, request, plan, sampling, sampling or spec.sampling)
+        return await self._admit(episode_id, request, plan, call, launch)
+
+    @asynccontextmanager
+    async def _planning(self, episode_id: str) -> AsyncIterator[None]:
+        """One request of the episode plans at a time in this process (see the module docstring)."""
+        lock, users = self._plan_locks.get(episode_id, (asyncio.Lock(), 0))
+        self._plan_locks[episode_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._plan_locks[episode_id]
+            if users <= 1:
+                del self._plan_locks[episode_id]
+            else:
+                self._plan_locks[episode_id] = (lock, users - 1)
 
     async def _plan(
-        self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str], launch: int | None
+        self,
+        episode_id: str,
+        request: ChatCompletionRequest,
+        headers: Mapping[str, str],
+        launch: int | None,
+        spec: EpisodeSpec,
     ) -> Plan | None:
         """The plan for this request; None after discarding an undelivered head (plan again)."""
         summary = await self.episodes.summary(episode_id)
@@ -270,6 +330,9 @@ class Capture:
             aliases[identity.session_id] = alias
             identity = replace(identity, root_session=False)
         target = route(summary, identity)
+        if identity.respawn and identity.context_id is None and target.current is not None:
+            return await self._spawn_plan(episode_id, request, identity, summary, target.agent)
+        _check_unspawned(spec, summary, identity, target)
         head = await self._head(episode_id, target)
         if head is _REPLAN:
             return None
@@ -279,7 +342,63 @@ class Capture:
             if forced is not None:
                 return Plan(target, identity, forced)
         _check_session(episode_id, identity, head)
-        return Plan(target, identity, decide(request.messages, request.tools, head, identity.rewrite))
+        try:
+            decision = decide(request.messages, request.tools, head, identity.rewrite)
+        except UndeclaredDiscontinuityError as err:
+            summaries = await self._summaries(episode_id, summary, target.agent)
+            raise diagnose(err, request.messages, request.tools, identity, head, summaries) from None
+        return Plan(target, identity, decision)
+
+    async def _summaries(self, episode_id: str, summary: LedgerSummary, agent: str) -> list[ChatRecord]:
+        """The records of the heads of the agent's auxiliary contexts (its possible summary calls)."""
+        records = []
+        for purpose in ("aux", "summary"):
+            ctx = current_context(summary, aux_agent(agent, purpose))
+            if ctx is not None and ctx.head is not None and ctx.head not in ctx.pending:
+                record = await self._record(episode_id, ctx.head)
+                if record is not None:
+                    records.append(record)
+        return records
+
+    async def _spawn_plan(
+        self,
+        episode_id: str,
+        request: ChatCompletionRequest,
+        identity: Identity,
+        summary: LedgerSummary,
+        agent: str,
+    ) -> Plan:
+        """A request naming its spawner, of an agent with live contexts: the live context whose head it
+        extends (or repeats, when spawned by the same call), else a new SPAWN context."""
+        assert identity.spawner is not None
+        spawner = spawning_call(summary, identity.spawner, episode_id)
+        heads: list[ChatRecord] = []
+        for ctx in live_contexts(summary, agent):
+            if ctx.head is None or ctx.head in ctx.pending:
+                continue  # being opened or generating: another invocation's context
+            record = await self._record(episode_id, ctx.head)
+            if record is None:
+                continue  # never delivered: settled at close
+            heads.append(record)
+            decision = _try_decide(request, record, identity)
+            if decision is None or (decision.move == Move.RETRY and _spawner_of(summary, ctx) != spawner):
+                continue  # a repeat of another spawn's request is a new invocation, not a retry
+            if self.delivering(episode_id, ctx.head):
+                raise self._pending_delivery(episode_id, ctx)
+            return Plan(Target(agent, ctx.context_id, ctx, None, _fresh(summary, agent)), identity, decision)
+        _check_fresh_spawn(request, heads, await self._summaries(episode_id, summary, agent))
+        return Plan(spawn_target(summary, identity, agent), identity, Decision(Move.ROOT, None))
+
+    def _pending_delivery(self, episode_id: str, ctx: ContextSummary) -> ResponsePendingError:
+        return ResponsePendingError(
+            f"episode {episode_id!r}: call {ctx.head!r}, the head of context {ctx.context_id!r}, has "
+            f"completed and its response is still being delivered; retry in "
+            f"{ResponsePendingError.retry_after} s "
+            "(send the next request of a context after the previous response arrived)",
+            episode_id=episode_id,
+            context_id=ctx.context_id,
+            call_id=ctx.head,
+        )
 
     # ------------------------------------------------------------------------------------ relaunch
 
@@ -352,15 +471,7 @@ class Capture:
                 "is still generating; send the next request of this context after its response arrived"
             )
         if self.delivering(episode_id, ctx.head):
-            raise ResponsePendingError(
-                f"episode {episode_id!r}: call {ctx.head!r}, the head of context {ctx.context_id!r}, has "
-                f"completed and its response is still being delivered; retry in "
-                f"{ResponsePendingError.retry_after} s "
-                "(send the next request of a context after the previous response arrived)",
-                episode_id=episode_id,
-                context_id=ctx.context_id,
-                call_id=ctx.head,
-            )
+            raise self._pending_delivery(episode_id, ctx)
         record = await self._record(episode_id, ctx.head)
         if record is not None:
             return record
@@ -370,17 +481,16 @@ class Capture:
         await self.episodes.discard(episode_id, ctx.head, reason)
         return _REPLAN
 
-    async def _act(
+    async def _prepare(
         self,
         episode_id: str,
         request: ChatCompletionRequest,
         plan: Plan,
         sampling: SamplingConfig | None,
         effective: SamplingConfig,
-        launch: int | None = None,
-    ) -> Delivery:
-        """Open / discard / call as the plan says; `sampling` is the request's (None: the episode's),
-        `effective` what the call samples with."""
+    ) -> CallRequest:
+        """Open / discard as the plan says and build the call (its prompt stashed, its id registered as
+        delivering); `sampling` is the request's (None: the episode's), `effective` what it samples with."""
         target, decision = plan.target, plan.decision
         base = await self._base(episode_id, decision)
         # Measured before anything is opened, discarded or admitted: a prompt that cannot fit is a 400.
@@ -409,9 +519,20 @@ class Capture:
         call = _call_request(episode_id, f"{context_id}.c{calls}", context_id, request, plan, base, sampling)
         # Claim check: the messages go to the store, the Update carries their key and digest.
         call = await asyncio.to_thread(stash_prompt, self.store, episode_id, call)
-        # Delivering from the call Update on: a request of this context that arrives after the ledger
-        # completed the call and before its response left must wait, not decide on it.
+        # Delivering from here on: a request of this context that arrives after the ledger completed the
+        # call and before its response left must wait, not decide on it.
         self._delivering[(episode_id, call.call_id)] += 1
+        return call
+
+    async def _admit(
+        self,
+        episode_id: str,
+        request: ChatCompletionRequest,
+        plan: Plan,
+        call: CallRequest,
+        launch: int | None,
+    ) -> Delivery:
+        """The call Update (admission, generation), then the chat record, written before any response."""
         try:
             result = await self.episodes.call(episode_id, call)
             record = _record_of(episode_id, call, result, request, plan, launch)
@@ -462,6 +583,74 @@ class Capture:
         return parent
 
 
+def _fresh(summary: LedgerSummary, agent: str) -> str:
+    return f"{agent}.{sum(c.agent == agent for c in summary.contexts)}"
+
+
+def _try_decide(request: ChatCompletionRequest, head: ChatRecord, identity: Identity) -> Decision | None:
+    try:
+        return decide(request.messages, request.tools, head, identity.rewrite)
+    except UndeclaredDiscontinuityError:
+        return None
+
+
+def _spawner_of(summary: LedgerSummary, ctx: ContextSummary) -> str | None:
+    """The call that spawned the context's lineage (a rewrite's spawner is its first context's)."""
+    by_id = {c.context_id: c for c in summary.contexts}
+    while ctx.rewrite_of is not None and ctx.rewrite_of in by_id:
+        ctx = by_id[ctx.rewrite_of]
+    return ctx.spawned_by_call
+
+
+def _check_fresh_spawn(
+    request: ChatCompletionRequest, heads: list[ChatRecord], summaries: list[ChatRecord]
+) -> None:
+    """Before a new spawn: a summarised history or a tool-less call of an agent that has tools is a
+    wiring mistake (a rewrite or an auxiliary call without its header), not a fresh invocation."""
+    if not heads:
+        return
+    live = [h.context_id for h in heads]
+    found = summary_message(request.messages, summaries)
+    if found is not None:
+        index, source = found
+        what = f"it extends none of agent {heads[0].agent!r}'s live contexts {live}"
+        err = UndeclaredDiscontinuityError(what, index=index, field="content")
+        raise rewrite_error(index, source, err)
+    if not request.tools and all(h.tools for h in heads):
+        raise UndeclaredAuxiliaryCallError(
+            f"the request names its spawner ({SPAWNED_BY_HEADER} / {PARENT_CONTEXT_HEADER}) but has no "
+            f"tools while agent {heads[0].agent!r}'s contexts {live} have them: it looks like an auxiliary "
+            "call (a summary or title call), not a new invocation of the worker. Send it with the header "
+            f"`{KIND_HEADER}: auxiliary` (a context of its own, never trained)",
+            index=None,
+            field="tools",
+        )
+
+
+def _check_unspawned(spec: EpisodeSpec, summary: LedgerSummary, identity: Identity, target: Target) -> None:
+    """Strict episodes refuse a new agent that names no spawner while another agent is the root."""
+    opening = target.opening
+    if (
+        spec.unspawned_agents != "refuse"
+        or opening is None
+        or opening.origin != ContextOrigin.ROOT
+        or identity.kind != CallKind.ACTION
+        or AUX_SEPARATOR in target.agent
+    ):
+        return
+    roots = sorted(
+        {c.agent for c in summary.contexts if c.origin == ContextOrigin.ROOT and AUX_SEPARATOR not in c.agent}
+    )
+    if roots:
+        raise UnspawnedAgentError(
+            f"episode {summary.episode_id!r}: agent {target.agent!r} is new and names no spawner, and the "
+            f"episode already has the root agent(s) {roots}; this episode refuses unspawned agents "
+            "(EpisodeSpec.unspawned_agents='refuse'). Send the worker's requests with the header "
+            f"`{SPAWNED_BY_HEADER}: <the x-grove-call-id of the response that started it>` (or "
+            f"`{PARENT_CONTEXT_HEADER}: <that response's x-grove-context>`)"
+        )
+
+
 def _calls(target: Target) -> int:
     return 0 if target.current is None else sum(target.current.counts.values())
 
@@ -477,7 +666,10 @@ def _check_session(episode_id: str, identity: Identity, head: ChatRecord | None)
 
 def _prompt_spec(episode_id: str, request: ChatCompletionRequest, base: ChatRecord | None) -> PromptSpec:
     chat = ChatPrompt(
-        messages=request.messages, tools=request.tools, parent_messages=base.messages if base else None
+        messages=request.messages,
+        tools=request.tools,
+        parent_messages=base.messages if base else None,
+        parent_response=base.response if base else None,  # what the harness got: nothing re-parsed
     )
     return PromptSpec(
         chat=chat,

@@ -2,12 +2,32 @@
 
 grove's headers (any harness can send them, e.g. LangGraph `default_headers`, Agents SDK `extra_headers`):
 
-    x-grove-agent: worker-1            the agent (default "parent")
+    x-grove-agent: worker-1            the agent (default "parent"); any printable name, made canonical
     x-grove-context: worker-1.0        an explicit context id (default: the agent's current context)
-    x-grove-spawned-by: parent.0.c2    the call whose response spawned this worker (first context only)
+    x-grove-spawned-by: parent.0.c2    the call whose response spawned this worker (its x-grove-call-id)
     x-grove-parent-context: parent.0   or: the context whose head spawned it
     x-grove-rewrite: 1                 this request rewrites the agent's history (compaction): new context
     x-grove-call-kind: auxiliary       not a policy action (title, summary): its own context, never trained
+
+Every response carries `x-grove-call-id`, `x-grove-context` and `x-grove-agent` (the canonical name):
+what a harness names as `x-grove-spawned-by` of the workers a response starts.
+
+Agent names. A name of letters, digits, '_' and '-' (at most 96) is used as it is. Any other printable
+name (the Agents SDK's "Math Tutor", "team.lead", "role:critic") is accepted and made canonical by
+`canonical_agent`: runs of other characters become one '-', the result is cut to 80 characters and
+suffixed with '-' + the first 8 hex digits of the sha256 of the name as sent (UTF-8), so distinct names
+stay distinct and the same name always maps to the same agent ("Math Tutor" -> "Math-Tutor-<8 hex>").
+Adapters may call `canonical_agent` themselves to know the agent id in advance.
+
+Spawns. A request that names its spawner (`x-grove-spawned-by` or `x-grove-parent-context`; send it on
+*every* request of the worker, not only the first) and extends none of its agent's live contexts opens a
+new SPAWN context for that agent: a worker invoked again with a fresh history (a second `as_tool` call,
+a second LangGraph `Send` round) is a new spawn, not an error. Without a spawner such a request is an
+undeclared discontinuity (HTTP 400) whose error names the header that fixes it.
+
+A new agent without a spawner opens a ROOT context: accepted (the episode's `summary` query lists it
+under `warnings`), or refused with `UnspawnedAgentError` when the episode's spec sets
+`unspawned_agents="refuse"` (gateway/capture.py).
 
 An auxiliary call without an explicit context goes to the agent's auxiliary agent `<agent>~aux` (a
 context of its own, so it never breaks the agent's token stream); each unrelated auxiliary call there
@@ -19,6 +39,7 @@ Pure module: headers in, an `Identity` out; the Temporal-side lookup happens in 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,8 +48,10 @@ from enum import StrEnum
 from grove.receipts import CallKind
 
 DEFAULT_AGENT = "parent"
-AUX_SEPARATOR = "~"  # harness names cannot contain it, so `<agent>~aux` never collides with a harness agent
+AUX_SEPARATOR = "~"  # canonical agent names never contain it: `<agent>~aux` never collides with a harness's
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+CANONICAL_STEM_CHARS = 80  # + '-' + 8 hex digits: canonical names stay within _NAME's 96
 # Ids from headers become parts of object keys: the longest file name derived from a context id is
 # its call's staged receipt `{context}.c{n}.receipt-{sha256}.json` (id + ~90 characters), and file
 # systems allow 255 bytes per name (ENAMETOOLONG beyond). 128 characters keep every derived name
@@ -47,6 +70,30 @@ _TRUE, _FALSE = frozenset({"1", "true", "yes"}), frozenset({"0", "false", "no"})
 
 class InvalidIdentityHeaderError(ValueError):
     """An identity header with a value the gateway does not accept."""
+
+
+def canonical_agent(name: str) -> str:
+    """The agent id of a harness's agent name (see the module docstring): the name itself when it is
+    letters, digits, '_' and '-' (at most 96), else `<slug>-<sha256[:8]>`. Deterministic."""
+    if _NAME.match(name):
+        return name
+    stem = _NOT_NAME.sub("-", name).strip("-")[:CANONICAL_STEM_CHARS].strip("-") or "agent"
+    return f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def agent_header(headers: Mapping[str, str]) -> str | None:
+    """The canonical agent of `x-grove-agent` (None when absent); any printable name is accepted."""
+    value = headers.get(AGENT_HEADER)
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > MAX_ID_CHARS or not value.isprintable():
+        raise InvalidIdentityHeaderError(
+            f"header {AGENT_HEADER}: {value[:40]!r}{'...' if len(value) > 40 else ''} is not accepted; "
+            f"expected a printable agent name of 1 to {MAX_ID_CHARS} characters (names other than "
+            "letters, digits, '_' and '-' are made canonical: gateway.identity.canonical_agent)"
+        )
+    return canonical_agent(value)
 
 
 class RewriteMode(StrEnum):
@@ -76,6 +123,10 @@ class Identity:
     kind: CallKind = CallKind.ACTION
     session_id: str | None = None  # the harness's own session id (OpenCode), kept in the chat record
     root_session: bool = False  # this session claims the root agent (checked against earlier records)
+    # grove's headers named the spawner: a request that extends none of the agent's live contexts opens
+    # a new SPAWN context (a worker invoked again with a fresh history)
+    respawn: bool = False
+    named: bool = True  # False: no identity header at all (the default agent "parent" was assumed)
 
 
 def aux_agent(agent: str, purpose: str) -> str:
@@ -122,7 +173,7 @@ def _kind(headers: Mapping[str, str]) -> CallKind:
 def check_headers(headers: Mapping[str, str]) -> None:
     """Validate grove's identity headers that are present (values, lengths) without deciding anything:
     the routes call it before the request reaches Temporal, so a bad header costs nothing."""
-    header_value(headers, AGENT_HEADER)
+    agent_header(headers)
     for name in (CONTEXT_HEADER, SPAWNED_BY_HEADER, PARENT_CONTEXT_HEADER):
         header_value(headers, name, _ID)
     _flag(headers, REWRITE_HEADER)
@@ -131,7 +182,7 @@ def check_headers(headers: Mapping[str, str]) -> None:
 
 def grove_identity(headers: Mapping[str, str]) -> Identity:
     """Identity from grove's own headers (defaults: agent "parent", its current context)."""
-    agent = header_value(headers, AGENT_HEADER)
+    agent = agent_header(headers)
     context_id = header_value(headers, CONTEXT_HEADER, _ID)
     spawned_by = header_value(headers, SPAWNED_BY_HEADER, _ID)
     parent_context = header_value(headers, PARENT_CONTEXT_HEADER, _ID)
@@ -149,4 +200,14 @@ def grove_identity(headers: Mapping[str, str]) -> Identity:
         rewrite = RewriteMode.DECLARED if rewrite == RewriteMode.DECLARED else RewriteMode.IF_NOT_EXTENSION
     elif agent is None and context_id is None:
         agent = DEFAULT_AGENT
-    return Identity(agent=agent, context_id=context_id, spawner=spawner, rewrite=rewrite, kind=kind)
+    names = (AGENT_HEADER, CONTEXT_HEADER, SPAWNED_BY_HEADER, PARENT_CONTEXT_HEADER)
+    named = any(h in headers for h in names)
+    return Identity(
+        agent=agent,
+        context_id=context_id,
+        spawner=spawner,
+        rewrite=rewrite,
+        kind=kind,
+        respawn=spawner is not None,
+        named=named,
+    )

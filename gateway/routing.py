@@ -1,10 +1,15 @@
 """Which context a chat request goes to, and which context must be opened first (pure).
 
 From the request's headers (gateway/identity.py, gateway/opencode.py) and the episode's ledger
-summary: the agent's current context (the one no rewrite retired), an explicitly named context, or a
-new one — ROOT for an agent nobody spawned, SPAWN when the headers name the spawning call (directly,
-or as the head of a context or of an agent's current context). New context ids follow the native
-harness's convention `{agent}.{n}` (n = the agent's number of contexts), so they are deterministic.
+summary: the agent's current context (the most recent one no rewrite retired), an explicitly named
+context, or a new one — ROOT for an agent nobody spawned, SPAWN when the headers name the spawning call
+(directly, or as the head of a context or of an agent's current context). New context ids follow the
+native harness's convention `{agent}.{n}` (n = the agent's number of contexts), so they are
+deterministic.
+
+An agent spawned several times (a worker invoked again with a fresh history) has several *live*
+contexts (none retired); `live_contexts` lists them and `spawn_target` opens the next one
+(gateway/capture.py chooses among them by the request's messages).
 """
 
 from __future__ import annotations
@@ -56,11 +61,24 @@ def identify(
     return grove_identity(headers)
 
 
+def live_contexts(summary: LedgerSummary, agent: str) -> list[ContextSummary]:
+    """The agent's contexts that no rewrite retired, most recently opened first."""
+    return [c for c in reversed(summary.contexts) if c.agent == agent and c.retired_by is None]
+
+
 def current_context(summary: LedgerSummary, agent: str) -> ContextSummary | None:
-    return next((c for c in summary.contexts if c.agent == agent and c.retired_by is None), None)
+    """The agent's most recently opened live context (its only one unless it was spawned again)."""
+    return next(iter(live_contexts(summary, agent)), None)
 
 
-def _spawning_call(summary: LedgerSummary, spawner: Spawner, episode_id: str) -> str:
+def spawn_target(summary: LedgerSummary, identity: Identity, agent: str) -> Target:
+    """A new SPAWN context `{agent}.{n}` for a request that names its spawner (identity.respawn)."""
+    assert identity.spawner is not None
+    fresh = f"{agent}.{sum(c.agent == agent for c in summary.contexts)}"
+    return Target(agent, fresh, None, _opening(summary, identity, agent, fresh), fresh)
+
+
+def spawning_call(summary: LedgerSummary, spawner: Spawner, episode_id: str) -> str:
     if spawner.call_id is not None:
         return spawner.call_id
     if spawner.context_id is not None:
@@ -81,7 +99,7 @@ def _spawning_call(summary: LedgerSummary, spawner: Spawner, episode_id: str) ->
 def _opening(summary: LedgerSummary, identity: Identity, agent: str, context_id: str) -> ContextRecord:
     if identity.spawner is None:
         return ContextRecord(context_id=context_id, agent=agent, origin=ContextOrigin.ROOT)
-    spawned_by = _spawning_call(summary, identity.spawner, summary.episode_id)
+    spawned_by = spawning_call(summary, identity.spawner, summary.episode_id)
     return ContextRecord(
         context_id=context_id, agent=agent, origin=ContextOrigin.SPAWN, spawned_by_call=spawned_by
     )

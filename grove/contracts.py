@@ -119,6 +119,9 @@ class ChatPrompt(BaseModel):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     parent_messages: list[dict[str, Any]] | None = None
+    # The assistant message the parent's caller got (the gateway's chat record); when absent the
+    # activity derives it from the parent's completion with the engine's tool-call parser.
+    parent_response: dict[str, Any] | None = None
 
 
 class ObjectRef(BaseModel):
@@ -223,6 +226,10 @@ class EpisodeSpec(BaseModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     train_agents: TrainAgents = "all"
     train_auxiliary: bool = False
+    # External harness: a new agent whose requests name no spawner (x-grove-spawned-by) while the episode
+    # already has a root agent: "warn" opens it as an independent root and lists it in the `summary`
+    # query's warnings; "refuse" answers 400 UnspawnedAgentError before anything is admitted.
+    unspawned_agents: Literal["warn", "refuse"] = "warn"
     max_lost_attempts: int = Field(2, ge=0)  # per call: new admissions after a crash
     inference_queue: str = "inference"  # the queue of the engine serving this run's policy
     # External harness: no call and no close for this long (workflow time) -> closed as failed.
@@ -369,6 +376,11 @@ class GenerateResult(BaseModel):
 class RewardInput(BaseModel):
     task: TaskSpec
     outcome: HarnessOutcome
+    # An external harness that closed without `outputs`: agent -> the call id of its last selected
+    # action (Ledger.last_outputs); the reward activity reads those calls' responses from their chat
+    # records (gateway/records.py) into outcome.outputs before scoring.
+    episode_id: str | None = None
+    output_calls: dict[str, str] = Field(default_factory=dict)
 
 
 class RewardResult(BaseModel):

@@ -52,6 +52,8 @@ class LedgerSummary(BaseModel):
     closed: bool
     totals: dict[CallState, int]
     contexts: list[ContextSummary]
+    # What the harness may have wired wrong (e.g. a worker started without a spawner), in words
+    warnings: list[str] = Field(default_factory=list)
 
 
 class LedgerAccounting(BaseModel):

@@ -319,6 +319,11 @@ class EpisodeWorkflow:
         if outcome.failure is not None:
             return 0.0, outcome  # a failed episode's placeholder carries no loss; only metrics show it
         inp = RewardInput(task=self.spec.task, outcome=outcome)
+        if self.spec.harness.kind == "external" and not outcome.outputs:
+            # The harness named no outputs: each agent's last answer, from the ledger (issue 15)
+            inp = inp.model_copy(
+                update={"episode_id": self.spec.episode_id, "output_calls": self.ledger.last_outputs()}
+            )
         try:
             result = await _io("score_episode", inp, RewardResult)
         except ActivityError as err:

@@ -331,7 +331,23 @@ class Ledger(BaseModel):
                 "a spawning call that is admitted or completed",
                 "spawn workers only from responses the harness actually uses",
             )
-        self._check_first_context(record)
+        self._check_respawn(record)
+
+    def _check_respawn(self, record: ContextRecord) -> None:
+        """A worker may be spawned again (a fresh history: a second agent-as-tool invocation, a second
+        LangGraph `Send` round): another SPAWN context of an agent whose first context was a SPAWN too.
+        Its earlier contexts stay live (the invocations may run concurrently); the root agent, opened
+        as ROOT, is never spawned."""
+        existing = self.agents().get(record.agent)
+        if existing and self.contexts[existing[0]].record.origin != ContextOrigin.SPAWN:
+            raise self._invalid(
+                record,
+                [],
+                f"agent {record.agent!r} started as a {self.contexts[existing[0]].record.origin.value} "
+                f"context ({existing[0]!r}), so it is not a worker",
+                "a SPAWN context only for a new agent or for an agent that was spawned before",
+                "give the spawned worker its own agent name",
+            )
 
     def _check_rewrite(self, record: ContextRecord) -> None:
         old_id = record.rewrite_of
@@ -751,4 +767,42 @@ class Ledger(BaseModel):
             closed=self.closed,
             totals=count_states(self.calls.values()),
             contexts=contexts,
+            warnings=self.warnings(),
         )
+
+    def root_agents(self) -> list[str]:
+        """Agents with a ROOT context that holds a policy action (auxiliary-only agents excluded), in
+        the order their contexts were opened."""
+        roots: list[str] = []
+        for state in self.contexts.values():
+            if state.record.origin != ContextOrigin.ROOT or state.record.agent in roots:
+                continue
+            if any(self.calls[c].kind == CallKind.ACTION for c in state.call_ids):
+                roots.append(state.record.agent)
+        return roots
+
+    def last_outputs(self) -> dict[str, str]:
+        """agent -> its last selected (or completed) action call: the last such call of the agent's
+        most recently opened context that has one (an external harness that closes without outputs)."""
+        last: dict[str, str] = {}
+        for state in self.contexts.values():
+            for call_id in state.call_ids:
+                receipt = self.calls[call_id]
+                if receipt.kind == CallKind.ACTION and receipt.state in (
+                    CallState.SELECTED,
+                    CallState.COMPLETED,
+                ):
+                    last[receipt.agent] = call_id
+        return dict(sorted(last.items()))
+
+    def warnings(self) -> list[str]:
+        """Every root agent after the first was opened without a spawner: most likely a worker whose
+        harness did not say who spawned it (it trains as an independent root with no spawn link)."""
+        roots = self.root_agents()
+        return [
+            f"agent {agent!r} has no spawner: it was opened as an independent root beside the root agent "
+            f"{roots[0]!r}; if a call of another agent started it, send its requests with "
+            "x-grove-spawned-by (the x-grove-call-id of that call) so the spawn is linked "
+            "(EpisodeSpec.unspawned_agents='refuse' makes this an error)"
+            for agent in roots[1:]
+        ]

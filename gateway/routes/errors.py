@@ -24,13 +24,14 @@ from gateway.capture import (
     MissingRecordError,
     ResponsePendingError,
     UndeliveredHeadsError,
+    UnspawnedAgentError,
 )
 from gateway.chat_render import (
     ChatRenderError,
     NoChatTemplateError,
     UndeclaredDiscontinuityError,
 )
-from gateway.chat_request import ChatRequestError, UnknownModelError
+from gateway.chat_request import ChatRequestError, ResponsesApiNotServedError, UnknownModelError
 from gateway.content_tokens import ControlTextError, UnsupportedTokenizerError
 from gateway.episode_ref import InvalidEpisodeRefError
 from gateway.episodes import (
@@ -57,6 +58,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     MalformedTokenError: (401, "authentication_error"),
     WrongEpisodeTokenError: (403, "permission_error"),
     UnknownModelError: (404, "not_found_error"),
+    ResponsesApiNotServedError: (404, "not_found_error"),
     RequestTooLargeError: (413, "invalid_request_error"),
     HeadersTooLargeError: (431, "invalid_request_error"),
     ChatRequestError: (400, "invalid_request_error"),
@@ -71,6 +73,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     ControlTextError: (400, "invalid_request_error"),
     UnsupportedTokenizerError: (500, "server_error"),
     ForeignSessionError: (400, "invalid_request_error"),
+    UnspawnedAgentError: (400, "invalid_request_error"),
     HeadPendingError: (409, "conflict_error"),
     ResponsePendingError: (409, "conflict_error"),
     EpisodeClosedError: (409, "conflict_error"),

@@ -1,4 +1,6 @@
-"""The OpenAI-compatible routes under `/episodes/{episode_ref}/v1`: chat completions and models.
+"""The OpenAI-compatible routes under `/episodes/{episode_ref}/v1`: chat completions and models; the
+Responses API (`/v1/responses`, the Agents SDK's default) answers 404 ResponsesApiNotServedError naming
+the fix (`set_default_openai_api("chat_completions")`; gateway/chat_request.py says why).
 
 Point an unmodified OpenAI client at `base_url = http://host/episodes/<ref>/v1` with the episode's
 token as api_key, and every request it sends is captured into that episode. A chat response settles its
@@ -11,7 +13,7 @@ import time
 
 from fastapi import APIRouter, Request
 
-from gateway.chat_request import UnknownModelError
+from gateway.chat_request import ResponsesApiNotServedError, UnknownModelError
 from gateway.chat_response import completion_body, sse_events, stream_chunks
 from gateway.delivery import DeliveredJSONResponse, DeliveredStreamingResponse
 from gateway.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
@@ -45,6 +47,20 @@ async def chat_completions(
     except BaseException:
         await delivery.settle(False)  # no response will carry it
         raise
+
+
+@router.post("/responses")
+async def responses(episode_id: EpisodeIdDep) -> None:
+    """The Responses API is refused with the fix (see ResponsesApiNotServedError for why); the token
+    is checked first and the body is never read."""
+    raise ResponsesApiNotServedError(
+        f"episode {episode_id!r}: the gateway serves the chat completions API only "
+        "(POST .../v1/chat/completions), not the Responses API (POST .../v1/responses): exact token "
+        "capture continues chat histories. With the OpenAI Agents SDK call "
+        'agents.set_default_openai_api("chat_completions") before running, or give each agent an '
+        "OpenAIChatCompletionsModel (grove's Agents SDK model provider does)",
+        param="endpoint",
+    )
 
 
 def _model(name: str) -> dict:

@@ -5,8 +5,10 @@ records, settings, and the HTTP error mapping (app without its lifespan: nothing
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
+import openai
 import pytest
 from fastapi import FastAPI
 
@@ -32,10 +34,22 @@ from gateway.chat_request import (
 from gateway.chat_response import completion_body, sse_events, stream_chunks
 from gateway.continuation import Move, UndeclaredDiscontinuityError, decide
 from gateway.episode_ref import InvalidEpisodeRefError, episode_id_of, episode_ref
-from gateway.identity import InvalidIdentityHeaderError, RewriteMode, Spawner, grove_identity
+from gateway.hints import (
+    MissingIdentityHeadersError,
+    UndeclaredAuxiliaryCallError,
+    UndeclaredRewriteError,
+    diagnose,
+)
+from gateway.identity import (
+    InvalidIdentityHeaderError,
+    RewriteMode,
+    Spawner,
+    canonical_agent,
+    grove_identity,
+)
 from gateway.records import ChatRecord, CorruptChatRecordError, Usage, load_record, record_key, save_record
 from gateway.routes.errors import domain_error
-from gateway.routing import RoutingError, identify, route
+from gateway.routing import RoutingError, identify, live_contexts, route, spawn_target
 from gateway.settings import GatewaySettings, GatewaySettingsError
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
 from storage.local import LocalStore
@@ -110,8 +124,8 @@ def test_grove_headers_name_agent_spawner_rewrite_and_kind():
 @pytest.mark.parametrize(
     "headers",
     [
-        {"x-grove-agent": "a/b"},
-        {"x-grove-agent": "a~aux"},  # '~' is reserved for the gateway's auxiliary agents
+        {"x-grove-agent": "a\tb"},  # not printable
+        {"x-grove-agent": "x" * 129},  # longer than an id may be
         {"x-grove-agent": ""},
         {"x-grove-context": "../x"},
         {"x-grove-spawned-by": "p.0.c1", "x-grove-parent-context": "p.0"},
@@ -122,6 +136,30 @@ def test_grove_headers_name_agent_spawner_rewrite_and_kind():
 def test_bad_identity_headers_are_refused(headers):
     with pytest.raises(InvalidIdentityHeaderError):
         grove_identity(headers)
+
+
+def test_agent_names_with_spaces_dots_and_colons_are_made_canonical():
+    names = ["Math Tutor", "team.lead", "role:critic", "a~aux", "a/b", "Math-Tutor", "Ünïcode agent"]
+    agents = [grove_identity({"x-grove-agent": n}).agent for n in names]
+    canonical = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+    assert all(canonical.match(a) for a in agents), agents
+    assert len(set(agents)) == len(names)  # distinct names stay distinct ("Math-Tutor" stays itself)
+    assert agents[5] == "Math-Tutor" and agents[0].startswith("Math-Tutor-") and agents[0] != agents[5]
+    assert "~" not in agents[3]  # never collides with the gateway's auxiliary agents
+    # deterministic: the same name maps to the same agent, also through canonical_agent
+    assert [canonical_agent(n) for n in names] == agents
+    assert canonical_agent("x" * 128).startswith("x" * 80 + "-") and len(canonical_agent("x" * 128)) == 89
+
+
+def test_only_grove_spawner_headers_make_a_request_respawn():
+    assert grove_identity({"x-grove-agent": "w", "x-grove-spawned-by": "parent.0.c0"}).respawn
+    assert grove_identity({"x-grove-agent": "w", "x-grove-parent-context": "parent.0"}).respawn
+    assert not grove_identity({"x-grove-agent": "w"}).respawn
+    assert not grove_identity({}).named and grove_identity({"x-grove-agent": "parent"}).named
+    child = opencode.identify(
+        {"x-session-id": "ses_b", "x-parent-session-id": "ses_a"}, [SYSTEM, USER], TOOLS, {"parent"}
+    )
+    assert child.spawner is not None and not child.respawn
 
 
 def test_opencode_root_child_and_auxiliary_calls():
@@ -226,6 +264,20 @@ def test_route_refuses_contexts_of_other_agents_and_undeclared_new_contexts():
         route(s, grove_identity({"x-grove-context": "parent.7"}))
     target = route(s, grove_identity({"x-grove-context": "parent.7", "x-grove-rewrite": "1"}))
     assert (target.context_id, target.rewrite_id) == ("parent.0", "parent.7")
+
+
+def test_a_worker_spawned_again_has_several_live_contexts_and_the_next_spawn_is_numbered():
+    w0 = ctx_summary("w.0", "w", ContextOrigin.SPAWN, head="w.0.c1", calls=2)
+    w0 = w0.model_copy(update={"spawned_by_call": "parent.0.c0"})
+    w1 = ctx_summary("w.1", "w", ContextOrigin.SPAWN, head="w.1.c0", calls=1)
+    s = ledger_summary([PARENT, w0, w1])
+    assert [c.context_id for c in live_contexts(s, "w")] == ["w.1", "w.0"]  # most recent first
+    assert route(s, grove_identity({"x-grove-agent": "w"})).context_id == "w.1"
+    target = spawn_target(s, grove_identity({"x-grove-agent": "w", "x-grove-spawned-by": "parent.0.c1"}), "w")
+    assert (target.current, target.opening) == (
+        None,
+        ContextRecord(context_id="w.2", agent="w", origin=ContextOrigin.SPAWN, spawned_by_call="parent.0.c1"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- decision
@@ -373,6 +425,39 @@ def test_undeclared_discontinuity_names_the_first_differing_message(head_prompt,
     with pytest.raises(UndeclaredDiscontinuityError) as err:
         decide(messages, None, record(head_prompt, OK), RewriteMode.NONE)
     assert (err.value.index, err.value.field) == (index, field)
+
+
+def _diagnosed(messages, tools, headers, head, summaries=()):
+    """The error the gateway answers for `messages` against `head` (they must not extend it)."""
+    identity = grove_identity(headers)
+    with pytest.raises(UndeclaredDiscontinuityError) as err:
+        decide(messages, tools, head, identity.rewrite)
+    return diagnose(err.value, messages, tools, identity, head, list(summaries))
+
+
+def test_common_wiring_mistakes_get_errors_that_name_the_fixing_header():
+    head = record([SYSTEM, USER], OK, TOOLS)
+    # a worker without any identity header lands in the parent's context
+    worker = [{"role": "system", "content": "You are a worker."}, {"role": "user", "content": "Count."}]
+    err = _diagnosed(worker, TOOLS, {}, head)
+    assert isinstance(err, MissingIdentityHeadersError) and "x-grove-agent" in str(err)
+    assert "x-grove-spawned-by" in str(err) and err.index == 0
+    # the same request naming its agent is a plain discontinuity
+    assert type(_diagnosed(worker, TOOLS, {"x-grove-agent": "parent"}, head)) is UndeclaredDiscontinuityError
+    # a summary call (no tools, one user message) without the auxiliary header
+    summarise = [{"role": "user", "content": "Summarise the conversation: ..."}]
+    err = _diagnosed(summarise, None, {"x-grove-agent": "parent"}, head)
+    assert isinstance(err, UndeclaredAuxiliaryCallError) and "x-grove-call-kind: auxiliary" in str(err)
+    # the history rewritten with the summary an auxiliary call returned, without the rewrite header
+    text = "We read a.txt and found the answer 42."
+    aux = record([*summarise], {"role": "assistant", "content": text}, call_id="parent~aux.0.c0")
+    rewritten = [SYSTEM, {"role": "user", "content": f"Summary so far: {text}"}, MORE]
+    err = _diagnosed(rewritten, TOOLS, {"x-grove-agent": "parent"}, head, [aux])
+    assert isinstance(err, UndeclaredRewriteError) and "x-grove-rewrite: 1" in str(err)
+    assert "'parent~aux.0.c0'" in str(err) and (err.index, err.field) == (1, "content")
+    # LangChain's SummarizationMiddleware message is recognised by its text alone
+    langchain = [SYSTEM, {"role": "user", "content": "Here is a summary of the conversation to date:\n\nx"}]
+    assert isinstance(_diagnosed(langchain, TOOLS, {}, head), UndeclaredRewriteError)
 
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -553,3 +638,22 @@ async def test_auth_and_validation_answer_before_any_workflow(bare_app):
     assert r.json()["data"][0]["id"] == "m"
     r = await call(bare_app, "GET", "/healthz")
     assert r.json() == {"status": "ok"}
+
+
+async def test_the_responses_api_is_refused_naming_the_chat_completions_fix(bare_app):
+    """The Agents SDK's default model calls POST /v1/responses (before: a bare 404 HTTP404): the real
+    openai client gets a 404 whose code and message name the fix; the token is still checked first."""
+    transport = httpx.ASGITransport(app=bare_app, raise_app_exceptions=False)
+    base = f"http://gw/episodes/{episode_ref('ep/1')}/v1"
+    async with httpx.AsyncClient(transport=transport) as http_client:
+        client = openai.AsyncOpenAI(
+            base_url=base, api_key=issue_token(SECRET, "ep/1"), http_client=http_client, max_retries=0
+        )
+        with pytest.raises(openai.NotFoundError) as err:
+            await client.responses.create(model="m", input="hi")
+        error = err.value.body
+        assert (error["code"], error["param"]) == ("ResponsesApiNotServedError", "endpoint")
+        assert 'set_default_openai_api("chat_completions")' in error["message"]
+        stranger = openai.AsyncOpenAI(base_url=base, api_key="sk-x", http_client=http_client, max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            await stranger.responses.create(model="m", input="hi")

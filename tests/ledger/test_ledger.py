@@ -130,6 +130,22 @@ def test_summary_shows_each_contexts_origin_links():
     }
 
 
+def test_summary_warns_about_agents_opened_without_a_spawner():
+    """A second root agent that holds policy actions is most likely a worker whose harness did not
+    name its spawner: the summary says so and names the header. Auxiliary-only roots are not agents."""
+    ep = chain()
+    assert ep.ledger.summary().warnings == []
+    ep.root("t", "parent~title")
+    ep.call("t1", "t", tokens([7], [8], [-1]), kind=CallKind.AUXILIARY)
+    ep.spawn("w", "worker-1", by="c2")
+    ep.call("w1", "w", tokens([5], [6], [-1]))
+    ep.root("x", "helper")
+    assert ep.ledger.summary().warnings == []  # no call yet: nothing it did is trained
+    ep.call("x1", "x", tokens([5], [6], [-1]))
+    [warning] = ep.ledger.summary().warnings
+    assert "'helper' has no spawner" in warning and "x-grove-spawned-by" in warning and "'parent'" in warning
+
+
 def test_ledger_round_trips_through_json_and_keeps_working():
     ep = chain()
     ep.spawn("w", "worker-1", by="c2")
@@ -216,3 +232,21 @@ def test_ancestry_evidence_hashes_like_the_staging_digests_for_numpy_and_list_pr
         evidence = ancestry_evidence(prompt, [(0, 4), (0, 9)])  # (0, 9) is past the end: skipped
         assert evidence.prompt_len == 5
         assert [(s.start, s.end, s.sha256) for s in evidence.slices] == [(0, 4, staged.prompt_sha256)]
+
+
+def test_last_outputs_name_each_agents_last_selected_action():
+    """What an external harness that closes without outputs is scored on: per agent, the last selected
+    action call (a discarded retry, an auxiliary call and a failed call are not answers)."""
+    ep = chain()
+    ep.spawn("w", "worker-1", by="c2")
+    ep.call("w1", "w", tokens([5], [6], [-1]))
+    ep.call("w2", "w", tokens([5, 6, 7], [8], [-1]), extends="w1")
+    ep.call("w3", "w", tokens([5, 6, 7, 8, 9], [1], [-1]), extends="w2")
+    ep.ledger.discard("w3", "the harness sent the same request again")
+    ep.call("c3", "a", tokens([1, 2, 3, 4, 5, 6, 7], [8], [-1]), extends="c2", kind=CallKind.AUXILIARY)
+    ep.admit("c4", "a", "c3")
+    ep.ledger.fail("c4", "engine error")
+    ep.spawn("w.1", "worker-1", by="c2")  # invoked again: its newest context's answer is the last
+    ep.call("v1", "w.1", tokens([4], [2], [-1]))
+    ep.close()
+    assert ep.ledger.last_outputs() == {"parent": "c2", "worker-1": "v1"}

@@ -168,7 +168,6 @@ def test_pending_predecessor():
         ContextRecord(context_id="v", agent="x", origin=ContextOrigin.ROOT, spawned_by_call="p1"),
         ContextRecord(context_id="v", agent="x", origin=ContextOrigin.SPAWN),  # no spawning call
         ContextRecord(context_id="v", agent="parent", origin=ContextOrigin.SPAWN, spawned_by_call="p1"),
-        ContextRecord(context_id="v", agent="worker-1", origin=ContextOrigin.SPAWN, spawned_by_call="p2"),
         ContextRecord(context_id="v", agent="x", origin=ContextOrigin.REWRITE),  # rewrites nothing
         ContextRecord(context_id="v", agent="worker-1", origin=ContextOrigin.REWRITE, rewrite_of="p"),
     ],
@@ -177,7 +176,6 @@ def test_pending_predecessor():
         "root-spawned",
         "spawn-no-call",
         "spawn-self",
-        "spawn-existing-agent",
         "rewrite-nothing",
         "rewrite-other-agent",
     ],
@@ -185,6 +183,22 @@ def test_pending_predecessor():
 def test_invalid_context_reservations(record):
     ep = started()
     raises(InvalidReservationError, ep.ledger.open_context, record)
+
+
+def test_a_worker_may_be_spawned_again_but_a_root_agent_never_is():
+    """A worker invoked again with a fresh history (a second agent-as-tool call) is another SPAWN
+    context of the same agent; both stay live. An agent that started as a ROOT is not a worker."""
+    ep = started()
+    again = ContextRecord(
+        context_id="w.1", agent="worker-1", origin=ContextOrigin.SPAWN, spawned_by_call="p2"
+    )
+    assert ep.ledger.open_context(again) == again
+    live = {c.context_id: c.retired_by for c in ep.ledger.summary().contexts if c.agent == "worker-1"}
+    assert live == {"w": None, "w.1": None}
+    ep.root("s", "solo")
+    solo = ContextRecord(context_id="s.1", agent="solo", origin=ContextOrigin.SPAWN, spawned_by_call="p2")
+    err = raises(InvalidReservationError, ep.ledger.open_context, solo)
+    assert "started as a root context" in str(err)
 
 
 def test_spawn_from_a_discarded_call_is_invalid():

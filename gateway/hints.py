@@ -1,0 +1,118 @@
+"""Errors for the common identity mistakes of a harness, each naming the header that fixes it.
+
+A request that does not extend its context's head is an undeclared discontinuity (HTTP 400,
+gateway/chat_render.py). Most of those in practice are one of three wiring mistakes; the gateway then
+answers with a subclass that says which, so the error's `code` names the mistake and its message the
+header (gateway/identity.py):
+
+- `UndeclaredRewriteError`: the request's history holds a summary: the text the agent's latest
+  auxiliary call returned (`<agent>~aux` / `<agent>~summary`), or LangChain's
+  "Here is a summary of the conversation to date" message. Fix: `x-grove-rewrite: 1`.
+- `UndeclaredAuxiliaryCallError`: the request looks like a summary/title call: it has no tools where the
+  agent's context has them. Fix: `x-grove-call-kind: auxiliary`.
+- `MissingIdentityHeadersError`: the request has no identity header at all, so it went to the default
+  agent "parent", whose context it does not extend: most likely another agent (a worker) sent it.
+  Fix: `x-grove-agent` (and `x-grove-spawned-by` for a worker).
+
+Each keeps the base class's `index` / `field` (the OpenAI error's `param`). Pure module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.chat_render import UndeclaredDiscontinuityError
+from gateway.identity import (
+    AGENT_HEADER,
+    KIND_HEADER,
+    REWRITE_HEADER,
+    SPAWNED_BY_HEADER,
+    Identity,
+)
+from gateway.opencode import text_of
+from gateway.records import ChatRecord
+
+# LangChain's SummarizationMiddleware starts the rewritten history with this (shared/research/harnesses.md)
+LANGCHAIN_SUMMARY_PREFIX = "Here is a summary of the conversation to date"
+MIN_SUMMARY_CHARS = 16  # shorter auxiliary answers are too common to identify a summary by
+
+
+class UndeclaredRewriteError(UndeclaredDiscontinuityError):
+    """A rewritten (summarised) history sent without `x-grove-rewrite: 1` (HTTP 400)."""
+
+
+class UndeclaredAuxiliaryCallError(UndeclaredDiscontinuityError):
+    """A summary/title call sent without `x-grove-call-kind: auxiliary` (HTTP 400)."""
+
+
+class MissingIdentityHeadersError(UndeclaredDiscontinuityError):
+    """A request without any identity header that does not extend the parent's context (HTTP 400)."""
+
+
+def summary_message(
+    messages: Sequence[dict[str, Any]], summaries: Sequence[ChatRecord]
+) -> tuple[int, str] | None:
+    """(index, where it came from) of the first message that carries a summary, else None."""
+    texts = [
+        (text_of(r.response.get("content")).strip(), r.call_id)
+        for r in summaries
+        if len(text_of(r.response.get("content")).strip()) >= MIN_SUMMARY_CHARS
+    ]
+    for i, message in enumerate(messages):
+        text = text_of(message.get("content"))
+        for summary, call_id in texts:
+            if summary in text:
+                return i, f"the text auxiliary call {call_id!r} returned"
+        if text.lstrip().startswith(LANGCHAIN_SUMMARY_PREFIX):
+            return i, f"LangChain's summary message ({LANGCHAIN_SUMMARY_PREFIX!r}...)"
+    return None
+
+
+def _with(cls: type[UndeclaredDiscontinuityError], err: UndeclaredDiscontinuityError, text: str):
+    return cls(text, index=err.index, field=err.field)
+
+
+def rewrite_error(index: int, source: str, err: UndeclaredDiscontinuityError) -> UndeclaredRewriteError:
+    return _with(
+        UndeclaredRewriteError,
+        err,
+        f"the request rewrites its agent's history: message {index} holds a summary ({source}) and the "
+        f"request does not extend the agent's context ({err}). Send it with the header "
+        f"`{REWRITE_HEADER}: 1` (a new context for the agent: the summary starts a new root)",
+    )
+
+
+def diagnose(
+    err: UndeclaredDiscontinuityError,
+    messages: Sequence[dict[str, Any]],
+    tools: Any,
+    identity: Identity,
+    head: ChatRecord,
+    summaries: Sequence[ChatRecord],
+) -> UndeclaredDiscontinuityError:
+    """The most specific error for a request that does not extend `head` (its context's head);
+    `summaries` are the heads of the agent's auxiliary contexts (possible summary calls)."""
+    found = summary_message(messages, summaries)
+    if found is not None:
+        return rewrite_error(*found, err)
+    if not tools and head.tools:
+        return _with(
+            UndeclaredAuxiliaryCallError,
+            err,
+            f"the request has no tools while agent {head.agent!r}'s context {head.context_id!r} has "
+            f"{len(head.tools)}: it looks like an auxiliary call (a summary or title call) ({err}). Send it "
+            f"with the header `{KIND_HEADER}: auxiliary` (a context of its own, never trained); if it is "
+            f"another agent's request, name the agent with `{AGENT_HEADER}`",
+        )
+    if not identity.named:
+        return _with(
+            MissingIdentityHeadersError,
+            err,
+            f"the request carries no identity header, so it went to the default agent {head.agent!r}, "
+            f"whose context {head.context_id!r} it does not extend ({err}). If another agent sent it, name "
+            f"it with `{AGENT_HEADER}: <name>` and, for a worker, `{SPAWNED_BY_HEADER}: <the x-grove-call-id "
+            "of the response that started it>`; if it is a summary call, send "
+            f"`{KIND_HEADER}: auxiliary`; if the history was compacted, `{REWRITE_HEADER}: 1`",
+        )
+    return err
