@@ -65,6 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors import safe_open
 
 from activities.sampling import LOGPROBS_MODE, SamplingConfig
+from gateway.tool_parsers import HermesParser, ToolCallParser, tool_parser
 from grove.gates import Gates
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,10 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = True  # torch.compile costs ~75 s of startup on CPU for no gain at this size
     enable_prefix_caching: bool = True
     seed: int = 0
+    # The model family's tool-call format (gateway/tool_parsers.py): grove's "hermes" or the name of a
+    # vLLM parser (`--tool-call-parser`), e.g. "qwen3_coder", "llama3_json", "mistral", "pythonic".
+    # Checked against the model's tokenizer when the engine starts.
+    tool_call_parser: str = "hermes"
 
     @property
     def max_num_batched_tokens(self) -> int:
@@ -337,13 +342,17 @@ class PolicyEngine:
         self._death: str | None = None
         self._gates = Gates.from_env()  # test gates: None unless $GROVE_TEST_GATES is set
         self.batch_stats = stats
+        self.tool_parser: ToolCallParser = HermesParser()  # start() sets the configured one
 
     @classmethod
     async def start(cls, config: EngineConfig) -> PolicyEngine:
         """Start the engine (10-30 s on CPU) and label its weights with `config.initial_version`."""
+        from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # A parser the model's tokenizer cannot serve fails here, before any engine process starts.
+        parser = tool_parser(config.tool_call_parser, AutoTokenizer.from_pretrained(str(config.model_dir)))
         args = AsyncEngineArgs(
             model=str(config.model_dir),
             dtype=config.dtype,
@@ -375,6 +384,7 @@ class PolicyEngine:
         engine = cls(
             config, AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)]), stats
         )
+        engine.tool_parser = parser
         await engine._llm.update_weight_version(str(config.initial_version))
         return engine
 

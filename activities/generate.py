@@ -40,7 +40,7 @@ from temporalio import activity
 from activities.engine import Generation, PolicyEngine
 from activities.sampling import SamplingProcessing
 from gateway.chat_render import Predecessor, render_chat
-from gateway.toolcalls import parse_tool_calls
+from gateway.tool_parsers import ToolCallParser
 from grove.contracts import ChatPrompt, GenerateInput, GenerateResult, PromptSpec
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
 from trainer.staging_format import (
@@ -166,7 +166,12 @@ def resolve_chat_ref(spec: PromptSpec, episode_id: str, store: ObjectStore) -> P
 
 
 def build_prompt(
-    spec: PromptSpec, episode_id: str, store: ObjectStore, tokenizer: Any, stop_ids: frozenset[int]
+    spec: PromptSpec,
+    episode_id: str,
+    store: ObjectStore,
+    tokenizer: Any,
+    stop_ids: frozenset[int],
+    tool_parser: ToolCallParser | None = None,
 ) -> np.ndarray:
     """The call's prompt ids (int32), exactly; reads the parent's staged arrays for a continuation."""
     spec = resolve_chat_ref(spec, episode_id, store)
@@ -187,8 +192,12 @@ def build_prompt(
             prompt_ids=parent.prompt_ids.tolist(),
             completion_ids=parent.completion_ids.tolist(),
             tools=chat.tools,  # the contract carries one tool list: the parent's is the same
+            # the message the gateway returned for the parent; without it, derived by `tool_parser`
+            response=chat.parent_response,
         )
-    rendered = render_chat(tokenizer, chat.messages, chat.tools, predecessor, stop_ids=sorted(stop_ids))
+    rendered = render_chat(
+        tokenizer, chat.messages, chat.tools, predecessor, stop_ids=sorted(stop_ids), tool_parser=tool_parser
+    )
     return np.asarray(rendered.prompt_ids, dtype=np.int32)
 
 
@@ -196,10 +205,17 @@ def build_prompt(
 
 
 def _result(
-    inp: GenerateInput, engine: PolicyEngine, tokens: CallTokens, receipt: StagedReceipt, reused: bool
+    inp: GenerateInput,
+    engine: PolicyEngine,
+    tokens: CallTokens,
+    receipt: StagedReceipt,
+    reused: bool,
+    tools: list[dict[str, Any]] | None = None,
 ) -> GenerateResult:
     text = engine.decode_completion(tokens.completion_ids, receipt.finish_reason, inp.sampling)
-    parsed = parse_tool_calls(text, id_prefix=tool_call_id_prefix(inp.episode_id, inp.call_id))
+    # The model family's parser (EngineConfig.tool_call_parser); the staged tokens are already final.
+    prefix = tool_call_id_prefix(inp.episode_id, inp.call_id)
+    parsed = engine.tool_parser.parse(text, id_prefix=prefix, tools=tools)
     return GenerateResult(
         call_id=inp.call_id,
         staging_key=staging_key(inp.episode_id, inp.call_id),
@@ -214,7 +230,13 @@ def _result(
     )
 
 
-def staged_result(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore, prompt: np.ndarray):
+def staged_result(
+    inp: GenerateInput,
+    engine: PolicyEngine,
+    store: ObjectStore,
+    prompt: np.ndarray,
+    tools: list[dict[str, Any]] | None = None,
+):
     """The result of an already staged call (None if the call is not staged)."""
     key = staging_key(inp.episode_id, inp.call_id)
     try:
@@ -236,10 +258,17 @@ def staged_result(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore, 
             f"call {inp.call_id}: arrays are staged at {key!r} but their receipt {rkey!r} is missing; the "
             "object was not written by the generate activity. Inspect it, then delete it to regenerate"
         ) from None
-    return _result(inp, engine, tokens, receipt, reused=True)
+    return _result(inp, engine, tokens, receipt, reused=True, tools=tools)
 
 
-def stage(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore, gen: Generation, prompt: np.ndarray):
+def stage(
+    inp: GenerateInput,
+    engine: PolicyEngine,
+    store: ObjectStore,
+    gen: Generation,
+    prompt: np.ndarray,
+    tools: list[dict[str, Any]] | None = None,
+):
     """Write receipt then arrays; a lost race returns the winner's staged result."""
     tokens = CallTokens.of(gen.prompt_ids, gen.completion_ids, gen.logprobs)
     data = encode_call_tokens(tokens)
@@ -255,8 +284,8 @@ def stage(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore, gen: Gen
     try:
         store.put_if_absent(staging_key(inp.episode_id, inp.call_id), data)
     except DigestMismatchError:
-        return staged_result(inp, engine, store, prompt)  # another attempt of this call staged first
-    return _result(inp, engine, tokens, receipt, reused=False)
+        return staged_result(inp, engine, store, prompt, tools)  # another attempt staged first
+    return _result(inp, engine, tokens, receipt, reused=False, tools=tools)
 
 
 # ---- activity -----------------------------------------------------------------------------------
@@ -280,14 +309,17 @@ async def heartbeating(details: dict[str, Any], every: float = HEARTBEAT_SECONDS
 
 async def run_generate(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore) -> GenerateResult:
     """Body of the generate activity (store I/O off the event loop that drives the engine)."""
+    spec = await asyncio.to_thread(resolve_chat_ref, inp.prompt, inp.episode_id, store)
+    stop_ids = engine.stop_ids(inp.sampling)
     prompt = await asyncio.to_thread(
-        build_prompt, inp.prompt, inp.episode_id, store, engine.tokenizer, engine.stop_ids(inp.sampling)
+        build_prompt, spec, inp.episode_id, store, engine.tokenizer, stop_ids, engine.tool_parser
     )
-    staged = await asyncio.to_thread(staged_result, inp, engine, store, prompt)
+    tools = spec.chat.tools if spec.chat is not None else None  # some parsers type arguments by them
+    staged = await asyncio.to_thread(staged_result, inp, engine, store, prompt, tools)
     if staged is not None:
         return staged
     attempt = activity.info().attempt if activity.in_activity() else 1
     request_id = f"{inp.episode_id}/{inp.call_id}/attempt-{attempt}"
     async with heartbeating({"call_id": inp.call_id, "phase": "generating", "prompt_len": int(prompt.size)}):
         gen = await engine.generate(prompt, inp.sampling, call_seed(inp.episode_id, inp.call_id), request_id)
-    return await asyncio.to_thread(stage, inp, engine, store, gen, prompt)
+    return await asyncio.to_thread(stage, inp, engine, store, gen, prompt, tools)

@@ -347,16 +347,22 @@ def _ends_turn(tokenizer: Any, token_id: int, closing: str) -> bool:
 
 
 def response_of(
-    tokenizer: Any, completion_ids: Sequence[int], stop_ids: Sequence[int] = (), closing: str = ""
+    tokenizer: Any,
+    completion_ids: Sequence[int],
+    stop_ids: Sequence[int] = (),
+    closing: str = "",
+    tool_parser: Any = None,
 ) -> ParsedAssistant:
     """The assistant message the gateway returns for a completion: text without the final stop token
     (a stop id, the tokenizer's EOS, or the token that starts the template's turn `closing`), tool
-    calls parsed (malformed tool-call text stays content)."""
+    calls parsed by `tool_parser` (gateway/tool_parsers.py; default grove's hermes parser; malformed
+    tool-call text stays content)."""
     ids = list(completion_ids)
     stops = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}
     if ids and (ids[-1] in stops or _ends_turn(tokenizer, ids[-1], closing)):
         ids = ids[:-1]
-    return parse_tool_calls(tokenizer.decode(ids, skip_special_tokens=False))
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    return parse_tool_calls(text) if tool_parser is None else tool_parser.parse(text)
 
 
 def _splice_suffix(
@@ -389,6 +395,7 @@ def render_chat(
     *,
     declared_rewrite: bool = False,
     stop_ids: Sequence[int] = (),
+    tool_parser: Any = None,
 ) -> RenderedPrompt:
     """Prompt ids for a chat request; a continuation of `predecessor` when the messages extend it."""
     if predecessor is None or declared_rewrite:
@@ -397,7 +404,7 @@ def render_chat(
     if response is None:
         # Derived: the gateway made its tool-call ids up, so ids are not compared.
         _, closing = _turn_parts(tokenizer, predecessor.messages, tools)
-        parsed = response_of(tokenizer, predecessor.completion_ids, stop_ids, closing)
+        parsed = response_of(tokenizer, predecessor.completion_ids, stop_ids, closing, tool_parser)
         response = parsed.message(with_ids=False)
     check_extension(messages, tools, predecessor, response)
     suffix = _splice_suffix(tokenizer, messages, tools, predecessor)
