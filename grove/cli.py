@@ -96,6 +96,11 @@ def worker(
     keep_harness_dirs: bool = typer.Option(
         False, help="harness queue: keep finished episodes' folders (events.jsonl, stderr.log)."
     ),
+    tool_call_parser: str = typer.Option(
+        "hermes",
+        help="The model family's tool-call format: grove's 'hermes' or a vLLM --tool-call-parser name "
+        "(qwen3_coder, llama3_json, mistral, pythonic, ...).",
+    ),
 ) -> None:
     """Serve grove's task queues (one process can serve all of them on a single machine)."""
     import asyncio
@@ -117,7 +122,7 @@ def worker(
 
         await run_worker(
             client, names, store=store_from_env(), model=model, device=device,
-            inference_queue=inference_queue,
+            inference_queue=inference_queue, engine_config={"tool_call_parser": tool_call_parser},
             harness=HarnessWorkerOptions(
                 gateway_url=gateway_url, policy_model=model, keep_dirs=keep_harness_dirs,
                 root=Path(harness_dir) if harness_dir else None,

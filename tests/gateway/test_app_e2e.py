@@ -561,7 +561,7 @@ async def test_bad_requests_get_openai_errors_and_admit_nothing(gateway_url, tem
             "top_k": await c.post("/chat/completions", json=body(ok, top_k=5)),
             "greedy": await c.post("/chat/completions", json=body(ok, temperature=0)),
             "role": await c.post("/chat/completions", json=body([{"role": "wizard", "content": "x"}])),
-            "header": await c.post("/chat/completions", json=body(ok), headers={"x-grove-agent": "a/b"}),
+            "header": await c.post("/chat/completions", json=body(ok), headers={"x-grove-spawned-by": "a/b"}),
             "no route": await c.get("/nowhere"),
         }
         not_found = await c.post(
