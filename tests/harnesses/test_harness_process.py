@@ -1,0 +1,93 @@
+"""The runner's process handling (activities/harness.py) with a stand-in harness executable: a real
+process group, real signals, the real activity context (temporalio's ActivityEnvironment records the
+heartbeats). No services: the harness here is a shell script, not OpenCode."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import textwrap
+import time
+from pathlib import Path
+
+from temporalio.testing import ActivityEnvironment
+
+from activities.harness import HarnessRunner, RunnerConfig, _Launch
+
+SCRIPT = """\
+#!/bin/sh
+# stand-in harness: one JSON event, a stderr line, a grandchild in its process group, then it hangs
+echo '{"type":"text","sessionID":"ses_a","part":{"messageID":"m1","text":"partial answer"}}'
+echo "boom: the model said something odd" >&2
+sleep 1000 &
+echo $! > "$HOME/grandchild.pid"
+sleep 1000
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead too (its parent, the killed script, is gone; init reaps it)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_deadline_kills_the_whole_group_and_the_failure_names_stderr(tmp_path):
+    binary = tmp_path / "harness.sh"
+    binary.write_text(textwrap.dedent(SCRIPT))
+    binary.chmod(0o755)
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    (home / "tmp").mkdir(parents=True)
+    runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
+    run = _Launch(binary, "hello", project, home)
+    beats = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details[0])
+    started = time.monotonic()
+    exit_code = await env.run(runner._supervise, run, "ep/1", 1, 2.0)
+    assert exit_code is None and time.monotonic() - started < 20  # the deadline, not the script, ended it
+    grandchild = int((home / "grandchild.pid").read_text())
+    assert await _wait_gone(grandchild), "a process of the harness's group outlived the kill"
+    assert await _wait_gone(run.pid)
+    close = runner._close_request(run, exit_code, 2.0)
+    assert close.failure.startswith("HarnessDeadline")
+    assert "boom: the model said something odd" in close.failure  # the last stderr lines
+    assert close.final_answer == "partial answer"
+    assert beats and beats[0].pid == run.pid and beats[0].launch == 1
+    assert (home / "events.jsonl").read_text().startswith('{"type":"text"')
+
+
+async def test_a_cancelled_launch_kills_its_group(tmp_path):
+    binary = tmp_path / "harness.sh"
+    binary.write_text(textwrap.dedent(SCRIPT))
+    binary.chmod(0o755)
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    (home / "tmp").mkdir(parents=True)
+    runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
+    run = _Launch(binary, "hello", project, home)
+    env = ActivityEnvironment()
+    task = asyncio.create_task(env.run(runner._supervise, run, "ep/1", 1, 600.0))
+    while not (home / "grandchild.pid").exists() or not (home / "grandchild.pid").read_text().strip():
+        await asyncio.sleep(0.05)  # a state that stays once reached
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    grandchild = int((home / "grandchild.pid").read_text())
+    assert await _wait_gone(grandchild) and await _wait_gone(run.pid)
