@@ -94,6 +94,31 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def reap_previous(folder: Path) -> list[int]:
+    """SIGKILL processes left by an earlier launch of this episode on this machine: members of the process
+    group it recorded (`<folder>/pgid`) whose working directory is inside `folder` (so an unrelated group
+    that reused the id is never touched). Returns their pids."""
+    try:
+        pgid = int((folder / "pgid").read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    killed = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            group = int(stat[stat.rindex(")") + 2 :].split()[2])
+            inside = Path(os.readlink(proc / "cwd")).is_relative_to(folder)
+        except (OSError, ValueError, IndexError):
+            continue
+        if group == pgid and inside:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+    return killed
+
+
 def kill_group(pid: int) -> None:
     """SIGKILL the process group `pid` leads (the harness and whatever it started)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -151,6 +176,7 @@ class HarnessRunner:
 
     def _prepare(self, episode_id: str) -> tuple[Path, Path]:
         folder = episode_folder(self.config.root, episode_id)
+        reap_previous(folder)  # a killed worker's harness got SIGKILL; whatever it had started did not
         shutil.rmtree(folder, ignore_errors=True)  # a relaunch starts from nothing the last launch left
         project, home = folder / "project", folder / "home"
         for path in (project, home, home / "tmp"):
@@ -264,6 +290,7 @@ class _Launch:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
             preexec_fn=_die_with_parent, limit=16 * 1024 * 1024,
         )  # fmt: skip
+        (self.project.parent / "pgid").write_text(str(self.proc.pid))  # for reap_previous after a crash
         self._readers = [asyncio.create_task(self._stdout()), asyncio.create_task(self._stderr())]
 
     async def _stdout(self) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import textwrap
 import time
 from pathlib import Path
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.harness import HarnessRunner, RunnerConfig, _Launch
+from activities.harness import HarnessRunner, RunnerConfig, _Launch, episode_folder
 
 SCRIPT = """\
 #!/bin/sh
@@ -91,3 +92,43 @@ async def test_a_cancelled_launch_kills_its_group(tmp_path):
         await task
     grandchild = int((home / "grandchild.pid").read_text())
     assert await _wait_gone(grandchild) and await _wait_gone(run.pid)
+
+
+async def test_a_relaunch_reaps_what_a_killed_worker_left_behind(tmp_path):
+    """A worker SIGKILLed mid-launch: its harness dies with it (PR_SET_PDEATHSIG) but the harness's own
+    children are orphaned; the next launch of the episode on this machine kills them first."""
+    binary = tmp_path / "harness.sh"
+    binary.write_text(textwrap.dedent(SCRIPT))
+    binary.chmod(0o755)
+    root = tmp_path / "root"
+    worker = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from pathlib import Path
+        from activities.harness import HarnessRunner, RunnerConfig, _Launch, episode_folder
+        async def main():
+            runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, Path({str(root)!r})))
+            project, home = runner._prepare("ep/1")
+            run = _Launch(Path({str(binary)!r}), "hello", project, home)
+            await run.start()
+            print(run.pid, flush=True)
+            await asyncio.sleep(1000)
+        asyncio.run(main())
+        """
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", worker, stdout=asyncio.subprocess.PIPE, start_new_session=True
+    )
+    harness_pid = int((await proc.stdout.readline()).decode())
+    folder = episode_folder(root, "ep/1")
+    pidfile = folder / "home" / "grandchild.pid"
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        await asyncio.sleep(0.05)  # a state that stays once reached
+    grandchild = int(pidfile.read_text())
+    proc.kill()  # the worker dies at once (SIGKILL)
+    await proc.wait()
+    assert await _wait_gone(harness_pid)  # PR_SET_PDEATHSIG: the harness died with its worker
+    assert _alive(grandchild)  # ... but what it started did not
+    HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, root))._prepare("ep/1")  # the relaunch
+    assert await _wait_gone(grandchild)
