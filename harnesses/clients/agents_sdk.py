@@ -226,6 +226,10 @@ class GroveModel(Model):
         headers = {**(identity or {}), **(_IDENTITY.get() or {})}
         settings = dataclasses.replace(
             settings,
+            # The SDK's implicit settings for its default (gpt-5) model ask for reasoning effort and
+            # verbosity; the served policy has neither and the gateway refuses unknown parameters.
+            reasoning=None,
+            verbosity=None,
             extra_args=extra or None,
             extra_headers={**(settings.extra_headers or {}), **headers},
         )

@@ -15,7 +15,8 @@ run) and the responses' headers; nothing in the graph mentions grove:
   belong to the outermost task (the first segment of `checkpoint_ns`); grove's callback handler
   (`config()`, `invoke`, `ainvoke`) tells which outer tasks were pushed.
 - spawn link: a worker's requests name `parent`'s last call (`x-grove-call-id` of the last response
-  the parent got before the worker's first call) in `x-grove-spawned-by`.
+  the parent got before the worker's first call) in `x-grove-spawned-by`, until the worker's first
+  call is answered (later requests continue or rewrite the worker's own context).
 - SummarizationMiddleware: its summary call (run metadata `lc_source: summarization`) is auxiliary;
   the first request whose history starts with a new summary message (`lc_source: summarization` in
   the message's additional kwargs) declares the rewrite (`x-grove-rewrite: 1`), later requests of
@@ -157,7 +158,9 @@ class GroveGraphs:
         if metadata.get("lc_source") == SUMMARY_SOURCE:  # SummarizationMiddleware's summary call
             return {AGENT_HEADER: agent, KIND_HEADER: AUXILIARY}
         headers = {AGENT_HEADER: agent}
-        if spawned_by:
+        if spawned_by and self.episode.last_call(agent) is None:
+            # Only until the worker's first call is answered: after it, its requests continue (or
+            # rewrite) its own context, and a spawner would say "a new invocation" to the gateway.
             headers[SPAWNED_BY_HEADER] = spawned_by
         summary = summary_text(messages)
         if summary is not None:
@@ -235,8 +238,10 @@ class GroveChatOpenAI(ChatOpenAI):
 
     @staticmethod
     def _response_headers(result: ChatResult) -> Mapping[str, str] | None:
-        for gen in result.generations:
-            headers = gen.message.response_metadata.get("headers")
+        for gen in result.generations:  # LangChain merges generation_info into the message later
+            headers = (gen.generation_info or {}).get("headers") or gen.message.response_metadata.get(
+                "headers"
+            )
             if headers:
                 return headers
         return None

@@ -130,7 +130,25 @@ def test_summarization_call_is_auxiliary_and_a_new_summary_is_declared_once():
     assert g.headers_for("worker-1", "parent.0.c0", history, {}) == first  # not answered yet: a resend
     g.after("worker-1", first, history, {"x-grove-call-id": "worker-1.1.c0", "x-grove-agent": "worker-1"})
     more = [*history, AIMessage("ok"), HumanMessage("more")]
-    assert "x-grove-rewrite" not in g.headers_for("worker-1", "parent.0.c0", more, {})
+    assert g.headers_for("worker-1", "parent.0.c0", more, {}) == {"x-grove-agent": "worker-1"}
     # the same text typed by a user (no lc_source marker) is no summary
     typed = [SystemMessage("sys"), HumanMessage(summary.text), HumanMessage("x")]
     assert summary_text(typed) is None and "x-grove-rewrite" not in g.headers_for("parent", None, typed, {})
+
+
+def test_call_ids_are_read_where_langchain_puts_response_headers():
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    from harnesses.clients.langgraph import GroveChatOpenAI
+
+    headers = {"x-grove-call-id": "parent.0.c0", "x-grove-agent": "parent"}
+    fresh = ChatResult(
+        generations=[ChatGeneration(message=AIMessage("a"), generation_info={"headers": headers})]
+    )
+    merged = ChatResult(
+        generations=[ChatGeneration(message=AIMessage("a", response_metadata={"headers": headers}))]
+    )
+    assert GroveChatOpenAI._response_headers(fresh) == headers == GroveChatOpenAI._response_headers(merged)
+    g = GroveGraphs(Episode(BASE, "tok"))
+    g.after("parent", {"x-grove-agent": "parent"}, [], GroveChatOpenAI._response_headers(fresh))
+    assert g.episode.last_call("parent") == "parent.0.c0"
