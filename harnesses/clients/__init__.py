@@ -41,8 +41,9 @@ BASE_URL_ENV = "GROVE_BASE_URL"  # http://host/episodes/<ref>/v1, set by whoever
 API_KEY_ENV = "GROVE_API_KEY"  # the episode's bearer token
 _FALLBACK_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY")  # an unmodified OpenAI program's variables
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-MAX_AGENT_CHARS = 64  # the gateway takes 96; room for suffixes such as `~aux`
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+CANONICAL_STEM_CHARS = 80
 
 
 class EpisodeConfigError(ValueError):
@@ -50,14 +51,14 @@ class EpisodeConfigError(ValueError):
 
 
 def header_safe(name: str) -> str:
-    """An agent name the gateway accepts (letters, digits, '_', '-'; at most MAX_AGENT_CHARS), made from
-    any framework name ("Research agent", "billing.v2"). Names that had to change get a short digest of
-    the original, so two different names never collapse into one agent."""
-    safe = _UNSAFE.sub("_", name.strip()).strip("_") or "agent"
-    if safe == name and len(name) <= MAX_AGENT_CHARS:
+    """The agent id the gateway makes of a framework's agent name (gateway.identity.canonical_agent, the
+    same rule; a unit test keeps them equal): a name of letters, digits, '_' and '-' (at most 96) as it
+    is, else `<slug>-<8 hex of its sha256>` ("Research agent" -> "Research-agent-<8 hex>"), so distinct
+    names stay distinct agents. Knowing it in advance lets a harness name spawners and read rows."""
+    if _NAME.match(name):
         return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
-    return f"{safe[: MAX_AGENT_CHARS - 7]}-{digest}"
+    stem = _NOT_NAME.sub("-", name).strip("-")[:CANONICAL_STEM_CHARS].strip("-") or "agent"
+    return f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 @dataclass

@@ -49,18 +49,20 @@ def test_header_names_are_the_gateways():
     assert clients.ROOT_AGENT == gw.DEFAULT_AGENT and clients.AUXILIARY == "auxiliary"
 
 
-@pytest.mark.parametrize(
-    "name", ["Research agent", "billing.v2", "a:b/c", "ünïcode", "  ", "x" * 200, "worker-1", "plain_name"]
-)
-def test_header_safe_names_pass_the_gateway(name):
+NAMES = ["Research agent", "billing.v2", "a:b/c", "ünïcode", "  ", "x" * 200, "worker-1", "plain_name", "-"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_header_safe_is_the_gateways_canonical_agent_and_passes_its_checks(name):
     safe = header_safe(name)
+    assert safe == gw.canonical_agent(name)
     assert gw.header_value({gw.AGENT_HEADER: safe}, gw.AGENT_HEADER) == safe
-    assert gw.header_value({gw.AGENT_HEADER: gw.aux_agent(safe, "aux")}, gw.AGENT_HEADER, gw._ID)
+    assert gw.header_value({gw.CONTEXT_HEADER: gw.aux_agent(safe, "aux") + ".0"}, gw.CONTEXT_HEADER, gw._ID)
 
 
 def test_header_safe_keeps_safe_names_and_distinct_names_distinct():
     assert header_safe("worker-1") == "worker-1"
-    names = ["Research agent", "Research_agent", "Research.agent", "Research-agent", "x" * 80, "x" * 81]
+    names = ["Research agent", "Research_agent", "Research.agent", "Research-agent", "x" * 96, "x" * 97]
     assert len({header_safe(n) for n in names}) == len(names)
 
 
