@@ -1,7 +1,7 @@
 """The policy engine of an inference worker: one vLLM AsyncLLM, exact token capture, weight publication.
 
 One `PolicyEngine` per worker process. `generate` is token-in, token-out: prompt ids in; sampled ids,
-one behaviour logprob per sampled token (vLLM `processed_logprobs`, see activities/sampling.py), the
+one behaviour logprob per sampled token (vLLM `processed_logprobs`, see grove/sampling.py), the
 finish reason and the policy version that produced them out. Concurrent calls go straight to the
 engine, whose scheduler batches them; the worker never serialises generations.
 
@@ -22,7 +22,7 @@ Faults (issue 12, section 8):
   (activities/vllm_worker_ext.py; this module names the owner in $GROVE_ENGINE_OWNER_PID).
 - An engine core that dies (a crash inside a step, its process killed) is final: the call in flight
   and every later one raise `EngineDiedError`, and `wait_died()` returns, on which the worker exits
-  (grove/worker.py) so Temporal gives the calls to a live worker (the episode treats the failure as a
+  (cli/worker.py) so Temporal gives the calls to a live worker (the episode treats the failure as a
   lost attempt).
 - A NaN/inf behaviour logprob fails its call with `NonFiniteLogprobError`, never reaching a row.
 - Test gates (grove/gates.py, only with $GROVE_TEST_GATES set): a finished generation can be held in
@@ -64,9 +64,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors import safe_open
 
-from activities.sampling import LOGPROBS_MODE, SamplingConfig
-from gateway.tool_parsers import HermesParser, ToolCallParser, tool_parser
+from chat.tool_parsers import HermesParser, ToolCallParser, tool_parser
 from grove.gates import Gates
+from grove.sampling import LOGPROBS_MODE, SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class EngineBrokenError(EngineError):
 
 class EngineDiedError(EngineError):
     """vLLM's engine core died (a crash inside the model step, its process killed). Unrecoverable in
-    this process: the call is retryable elsewhere, and the worker exits (grove/worker.py) so Temporal
+    this process: the call is retryable elsewhere, and the worker exits (cli/worker.py) so Temporal
     sends its calls to a live worker instead of to an engine that answers every call with an error."""
 
 
@@ -147,7 +147,7 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = True  # torch.compile costs ~75 s of startup on CPU for no gain at this size
     enable_prefix_caching: bool = True
     seed: int = 0
-    # The model family's tool-call format (gateway/tool_parsers.py): grove's "hermes" or the name of a
+    # The model family's tool-call format (chat/tool_parsers.py): grove's "hermes" or the name of a
     # vLLM parser (`--tool-call-parser`), e.g. "qwen3_coder", "llama3_json", "mistral", "pythonic".
     # Checked against the model's tokenizer when the engine starts.
     tool_call_parser: str = "hermes"

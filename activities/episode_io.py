@@ -26,8 +26,6 @@ from grove.contracts import (
     CleanStagingInput,
     CleanStagingResult,
     HarnessOutcome,
-    LedgerPage,
-    LedgerPageInput,
     MaterializeInput,
     MaterializeResult,
     RewardInput,
@@ -39,7 +37,7 @@ from storage.base import DigestMismatchError, InvalidKeyError, ObjectNotFoundErr
 from trainer.forest import MEMBER_STATES, EpisodeRef, ForestError, ReconstructionOptions, reconstruct
 from trainer.rows import Row, rows_to_parquet
 from trainer.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
-from workflows.handover import join_pages
+from workflows.handover import LedgerPage, LedgerPageInput, join_pages
 
 # Retrying cannot fix these: the data is wrong or gone (a storage outage raises other errors).
 BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (

@@ -4,7 +4,8 @@ Input and result are grove.contracts.GenerateInput / GenerateResult. Token array
 Temporal payloads: a continuation names its parent's staged object and adds only the new suffix,
 and the activity builds `prompt = parent prompt + parent completion + suffix` from the store, so the
 continuation is exact by construction. A chat prompt is rendered with the model's chat template,
-splicing the parent's exact tokens the same way (gateway/chat_render.py).
+splicing the parent's exact tokens the same way (chat/render.py). The assembly is gateway/prompt.py
+`build_prompt`, the same function the gateway's context window measures prompts with.
 
 Staging (idempotent, deterministic keys):
 1. `staging_key(episode, call)`: the call's CallTokens (trainer/staging_format.py), written last with
@@ -38,10 +39,9 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.engine import Generation, PolicyEngine
-from activities.sampling import SamplingProcessing
-from gateway.chat_render import Predecessor, render_chat
-from gateway.tool_parsers import ToolCallParser
-from grove.contracts import ChatPrompt, GenerateInput, GenerateResult, PromptSpec
+from gateway.prompt import build_prompt, resolve_chat_ref
+from grove.contracts import GenerateInput, GenerateResult
+from grove.sampling import SamplingProcessing
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
 from trainer.staging_format import (
     STAGING_ROOT,
@@ -49,22 +49,9 @@ from trainer.staging_format import (
     decode_call_tokens,
     encode_call_tokens,
     staging_key,
-    staging_prefix,
 )
 
 HEARTBEAT_SECONDS = 5.0  # the episode workflow's heartbeat timeout is 20 s
-
-
-class PromptSpecError(ValueError):
-    """A PromptSpec that is not exactly one of: ids, parent + suffix_ids, chat (optionally with a parent)."""
-
-
-class ClaimCheckError(PromptSpecError):
-    """A claim-checked chat prompt (`chat_ref`): missing, foreign, or not the bytes its digest names."""
-
-
-class ParentNotStagedError(LookupError):
-    """A continuation names a parent whose staged arrays are not in the store."""
 
 
 class StagedCallConflictError(RuntimeError):
@@ -97,108 +84,6 @@ def tool_call_id_prefix(episode_id: str, call_id: str) -> str:
 
 
 # ---- prompt -------------------------------------------------------------------------------------
-
-
-def check_prompt_spec(spec: PromptSpec, episode_id: str) -> None:
-    """Fail unless `spec` names exactly one way to build the prompt, with the parent it needs."""
-    ways = [
-        w
-        for w, v in (("ids", spec.ids), ("suffix_ids", spec.suffix_ids), ("chat", spec.chat))
-        if v is not None
-    ]
-    if len(ways) != 1:
-        raise PromptSpecError(
-            f"a prompt spec needs exactly one of ids, suffix_ids, chat; got {ways or 'none'}"
-        )
-    has_parent = spec.parent_call_id is not None or spec.parent_staging_key is not None
-    if ways == ["ids"] and has_parent:
-        raise PromptSpecError("a prompt given as ids is a context root; it cannot name a parent call")
-    if ways == ["suffix_ids"] and not has_parent:
-        raise PromptSpecError("suffix_ids continue a parent call: set parent_call_id and parent_staging_key")
-    if ways == ["chat"] and has_parent and spec.chat.parent_messages is None:
-        raise PromptSpecError(
-            "a chat continuation needs parent_messages (the messages the parent was rendered from)"
-        )
-    if has_parent:
-        if spec.parent_call_id is None or spec.parent_staging_key is None:
-            raise PromptSpecError("a continuation needs both parent_call_id and parent_staging_key")
-        expected = staging_key(episode_id, spec.parent_call_id)
-        if spec.parent_staging_key != expected:
-            raise PromptSpecError(
-                f"parent {spec.parent_call_id!r} of episode {episode_id!r} is staged at {expected!r}, "
-                f"not {spec.parent_staging_key!r}"
-            )
-
-
-def load_staged(store: ObjectStore, key: str, what: str) -> CallTokens:
-    try:
-        data = store.get(key)
-    except ObjectNotFoundError:
-        raise ParentNotStagedError(
-            f"{what}: no staged arrays at {key!r}; the parent call must complete (and be staged) first"
-        ) from None
-    return decode_call_tokens(data, key=key)
-
-
-def resolve_chat_ref(spec: PromptSpec, episode_id: str, store: ObjectStore) -> PromptSpec:
-    """`spec` with its claim-checked chat prompt loaded from the store and verified (gateway/claims.py)."""
-    ref = spec.chat_ref
-    if ref is None:
-        return spec
-    if spec.chat is not None:
-        raise ClaimCheckError("a prompt spec has both chat and chat_ref; send one")
-    if not ref.key.startswith(staging_prefix(episode_id)):
-        prefix = staging_prefix(episode_id)
-        raise ClaimCheckError(f"chat_ref {ref.key!r} is outside episode {episode_id!r}'s staging {prefix!r}")
-    try:
-        data = store.get(ref.key)
-    except ObjectNotFoundError:
-        raise ClaimCheckError(
-            f"chat_ref {ref.key!r} of episode {episode_id!r} is not in the store; the gateway writes it "
-            "before the call Update: re-send the request"
-        ) from None
-    if len(data) != ref.size or sha256_hex(data) != ref.sha256:
-        raise ClaimCheckError(
-            f"chat_ref {ref.key!r} holds {len(data)} B with sha256 {sha256_hex(data)[:16]}..., not the "
-            f"{ref.size} B / {ref.sha256[:16]}... the call names; the stored request was changed"
-        )
-    return spec.model_copy(update={"chat": ChatPrompt.model_validate_json(data), "chat_ref": None})
-
-
-def build_prompt(
-    spec: PromptSpec,
-    episode_id: str,
-    store: ObjectStore,
-    tokenizer: Any,
-    stop_ids: frozenset[int],
-    tool_parser: ToolCallParser | None = None,
-) -> np.ndarray:
-    """The call's prompt ids (int32), exactly; reads the parent's staged arrays for a continuation."""
-    spec = resolve_chat_ref(spec, episode_id, store)
-    check_prompt_spec(spec, episode_id)
-    if spec.ids is not None:
-        return np.asarray(spec.ids, dtype=np.int32)
-    parent = None
-    if spec.parent_staging_key is not None:
-        parent = load_staged(store, spec.parent_staging_key, f"parent call {spec.parent_call_id}")
-    if spec.suffix_ids is not None:
-        suffix = np.asarray(spec.suffix_ids, dtype=np.int32)
-        return np.concatenate([parent.prompt_ids, parent.completion_ids, suffix]).astype(np.int32)
-    chat = spec.chat
-    predecessor = None
-    if parent is not None:
-        predecessor = Predecessor(
-            messages=chat.parent_messages,
-            prompt_ids=parent.prompt_ids.tolist(),
-            completion_ids=parent.completion_ids.tolist(),
-            tools=chat.tools,  # the contract carries one tool list: the parent's is the same
-            # the message the gateway returned for the parent; without it, derived by `tool_parser`
-            response=chat.parent_response,
-        )
-    rendered = render_chat(
-        tokenizer, chat.messages, chat.tools, predecessor, stop_ids=sorted(stop_ids), tool_parser=tool_parser
-    )
-    return np.asarray(rendered.prompt_ids, dtype=np.int32)
 
 
 # ---- result -------------------------------------------------------------------------------------

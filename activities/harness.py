@@ -13,7 +13,7 @@
 Interface for task families (harnesses/opencode.py): `TASK_SETUPS[family] = fn(task) -> OpenCodeSetup`
 gives the first message and the `agent` section; `RunConfig.harness = {kind: opencode, opencode: {...}}`
 (grove/contracts.py OpenCodeOptions: context/output limits, overrides) selects the runner for a run. The
-worker that serves the `harness` queue is built by `harness_worker` (grove/worker.py, `grove worker
+worker that serves the `harness` queue is built by `harness_worker` (cli/worker.py, `grove worker
 --queues harness [--gateway-url URL]`); without a URL the worker serves an embedded gateway itself.
 
 Isolation: each episode gets `<root>/<sha256(episode id)[:16]>/{project,home}`, wiped at every launch,

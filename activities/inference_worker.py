@@ -26,8 +26,9 @@ from temporalio.worker import Worker
 
 from activities import engine as eng
 from activities.follow import PolicyNotCommittedError, RunFollower
-from activities.generate import ParentNotStagedError, PromptSpecError, StagedCallConflictError, run_generate
-from gateway.chat_render import ChatRenderError
+from activities.generate import StagedCallConflictError, run_generate
+from chat.render import ChatRenderError
+from gateway.prompt import ParentNotStagedError, PromptSpecError
 from grove import queues
 from grove.contracts import GenerateInput, GenerateResult, PublishInput, PublishResult
 from storage.base import DigestMismatchError, ObjectStore
@@ -54,7 +55,7 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
     eng.NonFiniteLogprobError,  # the served weights give NaN/inf: the same call would again
 )
 # eng.EngineDiedError stays retryable: the episode treats it as a lost attempt and re-runs the call on
-# a live worker, while grove/worker.py takes this worker (and its dead engine) down.
+# a live worker, while cli/worker.py takes this worker (and its dead engine) down.
 
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=5)

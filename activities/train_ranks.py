@@ -39,8 +39,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from trainer.config import LearnerConfig
-from trainer.episodes import EpisodeRecord
+from grove.episodes import EpisodeRecord
+from grove.learner_config import LearnerConfig
 
 RANK_GATE = "train_rank"
 JOB_FILE = "job.json"

@@ -6,7 +6,7 @@ starts cold, or crashed mid-step, resumes from the committed checkpoint of the p
 base model for step 1), so the weights after step N are those of an uninterrupted run.
 Metrics are written beside the checkpoint before its COMMIT marker.
 
-The step's input lists every episode of the step as an EpisodeRecord (trainer/episodes.py), whatever
+The step's input lists every episode of the step as an EpisodeRecord (grove/episodes.py), whatever
 rows it produced: the rows of each record with a `rows_key` are loaded, and the records go to the
 learner, whose group baselines and rollout count are over them (an episode with zero rows still
 counts; a terminated child has no rows file and is an excluded infrastructure failure).
@@ -39,6 +39,7 @@ from activities.train_ranks import (
     run_ranks,
 )
 from grove.contracts import TrainStepInput, TrainStepResult
+from grove.episodes import EpisodeRecord
 from models.registry import ensure_model
 from storage.base import ObjectStore
 from trainer.checkpoint import (
@@ -51,7 +52,6 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.checkpoint_layout import commit_key, step_prefix
-from trainer.episodes import EpisodeRecord
 from trainer.learner import Learner
 from trainer.off_policy import PolicyLagError, check_policy_lag, lag_metrics
 from trainer.rows import Row, rows_from_parquet

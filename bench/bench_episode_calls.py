@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from activities.sampling import SamplingConfig  # noqa: E402
+from cli.worker import run_worker  # noqa: E402
 from gateway.episodes import HANDING_OVER, Episodes  # noqa: E402
 from grove import queues  # noqa: E402
 from grove.client import connect  # noqa: E402
@@ -40,7 +40,7 @@ from grove.contracts import (  # noqa: E402
     PromptSpec,
 )
 from grove.receipts import ContextOrigin, ContextRecord  # noqa: E402
-from grove.worker import run_worker  # noqa: E402
+from grove.sampling import SamplingConfig  # noqa: E402
 from harnesses import scenario  # noqa: E402
 from infra.temporal import TemporalDevServer  # noqa: E402
 from storage.local import LocalStore  # noqa: E402

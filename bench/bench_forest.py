@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord
+from grove.sampling import SamplingProcessing
 from trainer.forest import EpisodeRef, reconstruct
 from trainer.rows import Row, Span, rows_to_parquet
 from trainer.staging_format import CallTokens, staging_key

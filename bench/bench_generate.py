@@ -37,10 +37,10 @@ from temporalio.worker import Worker  # noqa: E402
 from activities.engine import EngineConfig, PolicyEngine  # noqa: E402
 from activities.generate import call_seed  # noqa: E402
 from activities.inference_worker import InferenceActivities, build_inference_worker  # noqa: E402
-from activities.sampling import SamplingConfig  # noqa: E402
 from grove import queues  # noqa: E402
 from grove.client import connect  # noqa: E402
 from grove.contracts import GenerateInput, GenerateResult, PromptSpec  # noqa: E402
+from grove.sampling import SamplingConfig  # noqa: E402
 from infra.temporal import TemporalDevServer  # noqa: E402
 from models.registry import ensure_model  # noqa: E402
 from storage.local import LocalStore  # noqa: E402

@@ -49,6 +49,7 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grove.learner_config import LearnerConfig  # noqa: E402
 from models.registry import ensure_model  # noqa: E402
 from tests.learner.forests import (  # noqa: E402
     Episode,
@@ -57,7 +58,6 @@ from tests.learner.forests import (  # noqa: E402
     random_episode,
     rows_from_calls,
 )
-from trainer.config import LearnerConfig  # noqa: E402
 from trainer.learner import Learner, prepare_batch  # noqa: E402
 from trainer.packing import unique_prefix_tokens  # noqa: E402
 from trainer.rows import Row, Span  # noqa: E402

@@ -48,7 +48,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
-from activities.sampling import SamplingConfig
 from gateway import opencode
 from gateway.chat_request import ChatCompletionRequest, sampling_for
 from gateway.claims import stash_prompt
@@ -89,6 +88,7 @@ from gateway.routing import (
 )
 from grove.contracts import CallRequest, CallResult, ChatPrompt, EpisodeSpec, PromptSpec
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
+from grove.sampling import SamplingConfig
 from storage.base import ObjectStore
 from trainer.staging_format import staging_key
 from workflows.accounting import ContextSummary, LedgerSummary

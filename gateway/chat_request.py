@@ -1,7 +1,7 @@
 """The OpenAI chat-completions request the gateway accepts, and its mapping to grove's SamplingConfig.
 
 Only what the learner can mirror is accepted: temperature, top_p and max_tokens /
-max_completion_tokens become the call's SamplingConfig (activities/sampling.py); anything that
+max_completion_tokens become the call's SamplingConfig (grove/sampling.py); anything that
 changes the sampled distribution in a way the learner does not reproduce (n > 1, logit_bias,
 penalties, top_k, min_p, stop strings, seeds, constrained output, forced tool choice, logprobs)
 is refused with a 400 that names the parameter. Unknown parameters are refused too (fail closed).
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from activities.sampling import MIN_TEMPERATURE, SamplingConfig
+from grove.sampling import MIN_TEMPERATURE, SamplingConfig
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 # Accepted and without effect on sampling.

@@ -5,7 +5,7 @@ again in the `generate` activity's input it would grow the episode's history by 
 call, until Temporal terminates the workflow (issue 12). `stash_prompt` writes the request's ChatPrompt
 (messages, tools, parent messages) as JSON under the call's staging folder — deleted with the staged
 arrays when the episode ends — and replaces it by an `ObjectRef` (key, sha256, size); the generate
-activity loads it and verifies the digest (activities/generate.py `resolve_chat_ref`).
+activity loads it and verifies the digest (gateway/prompt.py `resolve_chat_ref`).
 
 Keys are deterministic per (episode, call, content), written with put_if_absent: a retried request
 finds its own bytes.

@@ -1,6 +1,6 @@
 """`python -m gateway` / the `gateway` command: serve the capture gateway with uvicorn.
 
-Registered in grove/cli.py as `grove gateway`.
+Registered in cli/main.py as `grove gateway`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and the identity's rewrite mode, in this order:
    discarding it and admitting the retry as that context's root keeps exactly one rewrite;
 3. a rewrite the harness declared (x-grove-rewrite)              -> REWRITE (new context, a root);
 4. messages == head's messages + head's response + only new user/tool messages, compared
-   semantically and type-strictly (gateway/chat_render.check_extension) -> CONTINUE (extends the head);
+   semantically and type-strictly (chat/render.check_extension) -> CONTINUE (extends the head);
 5. the head's response was empty (the model ended its turn at once: EOS only) and the request is the
    head's messages + only new user/tool messages, without that empty assistant turn: harnesses leave
    an empty reply out of the history they send next (OpenCode does)  -> SKIP_EMPTY (discard the head:
@@ -23,7 +23,7 @@ and the identity's rewrite mode, in this order:
                                                                     new messages start this request);
 6. an adapter recognised a rewrite (OpenCode's post-compaction request, an auxiliary context)
                                                                  -> REWRITE;
-7. otherwise chat_render.UndeclaredDiscontinuityError naming the first differing message index and
+7. otherwise chat.render.UndeclaredDiscontinuityError naming the first differing message index and
    field; nothing is admitted.
 
 Pure module.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gateway.chat_render import (
+from chat.render import (
     NEW_MESSAGE_ROLES,
     Predecessor,
     UndeclaredDiscontinuityError,

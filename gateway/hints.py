@@ -1,7 +1,7 @@
 """Errors for the common identity mistakes of a harness, each naming the header that fixes it.
 
 A request that does not extend its context's head is an undeclared discontinuity (HTTP 400,
-gateway/chat_render.py). Most of those in practice are one of three wiring mistakes; the gateway then
+chat/render.py). Most of those in practice are one of three wiring mistakes; the gateway then
 answers with a subclass that says which, so the error's `code` names the mistake and its message the
 header (gateway/identity.py):
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.chat_render import UndeclaredDiscontinuityError
+from chat.render import UndeclaredDiscontinuityError
 from gateway.identity import (
     AGENT_HEADER,
     KIND_HEADER,

@@ -5,7 +5,7 @@ launches the harness again (activities/harness.py) with `x-grove-launch: <n>` on
 OpenCode run sends the same requests as before (same folder, same prompts) until it reaches the point
 where the first launch died, but under new session ids. For each request of launch n > 1:
 
-1. its prompt digest (messages and tools in their canonical, type-strict form: chat_render's semantic
+1. its prompt digest (messages and tools in their canonical, type-strict form: chat.render's semantic
    equality, tool-call ids left out) is looked up in the episode's prompt index
    (`staging/{episode}/prompts/{digest}/{call id}`, written with every chat record);
 2. a recorded call of an earlier launch with that prompt, still live in the ledger (completed: not
@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.chat_render import _canonical_tools, canonical_message, typed
+from chat.render import _canonical_tools, canonical_message, typed
 from gateway.identity import AUX_SEPARATOR
 from storage.base import ObjectNotFoundError, ObjectStore
 from trainer.staging_format import staging_prefix

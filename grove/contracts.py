@@ -14,11 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from activities.sampling import SamplingConfig, SamplingProcessing
+from grove.episodes import EpisodeRecord, FailureKind
+from grove.learner_config import LearnerConfig
 from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests
-from trainer.config import LearnerConfig
-from trainer.episodes import EpisodeRecord, FailureKind
-from workflows.ledger import ContextState, Ledger
+from grove.sampling import SamplingConfig, SamplingProcessing
 
 TrainAgents = Literal["all", "parent_only"]
 
@@ -112,7 +111,7 @@ class ChatPrompt(BaseModel):
     """A chat-rendered prompt: the whole conversation so far (text), rendered by the activity.
 
     With `parent_call_id`, the activity splices the parent's exact tokens (prompt + completion) and
-    renders only the new messages after them (gateway/chat_render.py); `parent_messages` are the
+    renders only the new messages after them (chat/render.py); `parent_messages` are the
     messages the parent's prompt was rendered from.
     """
 
@@ -241,30 +240,7 @@ class EpisodeSpec(BaseModel):
     # size (hand-over, materialization) instead of inline in a payload (~0.5 KB per call; 2 MB limit).
     ledger_page_items: int = Field(1000, ge=1, le=2000)
     keep_failed_staging: bool = False  # keep a failed episode's staged arrays (debugging)
-    carry: EpisodeCarry | None = None  # set by the episode itself when it continues-as-new
     policy: PolicyRef | None = None  # the policy its calls need (None: whatever the engine serves)
-
-
-class LedgerPage(BaseModel):
-    """One page of a ledger snapshot in the object store (a ledger too large for one payload)."""
-
-    contexts: dict[str, ContextState] = Field(default_factory=dict)
-    calls: dict[str, CallReceipt] = Field(default_factory=dict)
-
-
-class LedgerPageInput(BaseModel):
-    key: str
-    page: LedgerPage
-
-
-class EpisodeCarry(BaseModel):
-    """What an episode's next workflow run needs: its ledger (inline when small, else the keys of
-    its snapshot pages in the object store) and counters for the UI."""
-
-    run_index: int = Field(ge=1)  # 0 is the first run; this is the index of the run that starts
-    ledger: Ledger | None = None
-    ledger_pages: list[str] = Field(default_factory=list)
-    updates_before: int = Field(0, ge=0)  # Updates handled by the earlier runs
 
 
 class EpisodeProgress(BaseModel):
@@ -288,7 +264,7 @@ class HarnessOutcome(BaseModel):
     final_answer: str = ""
     outputs: dict[str, list[str]] = Field(default_factory=dict)  # agent -> selected completions' texts
     failure: str | None = None
-    failure_kind: FailureKind | None = None  # who is to blame for `failure` (trainer/episodes.py)
+    failure_kind: FailureKind | None = None  # who is to blame for `failure` (grove/episodes.py)
 
 
 class HarnessRunInput(BaseModel):
@@ -332,7 +308,7 @@ class EpisodeResult(BaseModel):
     failure: str | None = None
     # the reward's components as the task family's scorer reports them (delegation: parent, workers)
     reward_details: dict[str, float] = Field(default_factory=dict)
-    # who failed it (trainer/episodes.py): "policy" counts in the group baseline with the run's
+    # who failed it (grove/episodes.py): "policy" counts in the group baseline with the run's
     # failure_reward, "infrastructure" is excluded from it; None when ok
     failure_kind: FailureKind | None = None
 
@@ -431,7 +407,7 @@ class TrainStepInput(BaseModel):
     # step - 1 - max_policy_lag is refused; older-than-current tokens get truncated IS (trainer/loss.py).
     max_policy_lag: int | None = None  # None: not checked (callers before it)
     off_policy_is_cap: float = 2.0
-    # One record per episode of the step, rows or not (trainer/episodes.py); the learner's baseline,
+    # One record per episode of the step, rows or not (grove/episodes.py); the learner's baseline,
     # rollout count and rollouts_per_step are over these. Empty: rows-only (older callers).
     episodes: list[EpisodeRecord] = Field(default_factory=list)
 
@@ -569,7 +545,7 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _learner_agrees_with_sampling(self) -> RunConfig:
-        """learner.temperature/top_p are only a check (trainer/config.py): refuse them if they differ."""
+        """learner.temperature/top_p are only a check (grove/learner_config.py): refused if they differ."""
         for name in ("temperature", "top_p"):
             learner, sampled = getattr(self.learner, name), getattr(self.sampling, name)
             if learner is not None and learner != sampled:

@@ -17,7 +17,7 @@ Disarming a point (removing `armed/<point>`) releases everything held there and 
 pass. Keys are quoted into file names (`/` and other unsafe characters percent-encoded).
 
 Points used today: `generate` (activities/engine.py: a finished generation, before it is returned;
-key = request id `episode/call/attempt`), `store_put` (grove/worker.py: after the trainer's
+key = request id `episode/call/attempt`), `store_put` (cli/worker.py: after the trainer's
 store wrote an object; key = object key), `train_rank` (activities/train_ranks.py: a learner rank
 after each forward/backward pass; key = `run/step-NNNNNN/rank-R/pass-K`) and `harness_exited`
 (activities/harness.py: a launched harness process has ended, before the runner closes its episode;

@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from activities.sampling import SamplingProcessing
+from grove.sampling import SamplingProcessing
 
 
 class CallKind(StrEnum):

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from activities.sampling import UnmirrorableSamplingError
 from grove.contracts import RunConfig, SamplingMismatchError
+from grove.sampling import UnmirrorableSamplingError
 
 
 class RunConfigError(ValueError):

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 from temporalio.exceptions import ApplicationError
 
 from grove.contracts import CallRequest, CallResult, ChatPrompt, EpisodeSpec, HarnessOutcome, PromptSpec
+from grove.episodes import FailureKind
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
-from trainer.episodes import FailureKind
 
 Message = dict[str, Any]
 
@@ -42,7 +42,7 @@ GENERATION_FAILED = "GenerationFailed"
 
 
 def failure_kind(err: BaseException) -> FailureKind:
-    """Who is to blame when a native program raised (the failure rule of trainer/episodes.py).
+    """Who is to blame when a native program raised (the failure rule of grove/episodes.py).
 
     The program's own errors (a harness rule broken: reply before spawn, a malformed tool call, a
     ledger rule broken by the program's calls) are the policy's. A failed generation carries its

@@ -13,7 +13,7 @@ splice relies on. Every turn ends with `<|im_end|>` + newline; generation stops 
 The added tokens (control tokens and tool tags) are matched by the tokenizer anywhere in a string, so
 chat prompts are not tokenized as one string: the gateway and the generate activity encode only the
 template's own markers as added tokens and message content as plain text
-(gateway/content_tokens.py), so a user's literal `<|im_start|>` never becomes a control token.
+(chat/content_tokens.py), so a user's literal `<|im_start|>` never becomes a control token.
 """
 
 from __future__ import annotations

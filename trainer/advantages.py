@@ -1,6 +1,6 @@
 """GRPO advantages over logical rollouts (episodes), fanned out to the rows each episode owns.
 
-The baseline is computed over *episode records* (trainer/episodes.py), not over rows: an episode
+The baseline is computed over *episode records* (grove/episodes.py), not over rows: an episode
 that produced no rows (only an auxiliary call, no model call at all) or whose child workflow died
 before publishing any is still a logical rollout of its group, and rows alone cannot see it.
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.episodes import EpisodeRecord
+from grove.episodes import EpisodeRecord
 from trainer.rows import Row
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from activities.sampling import SamplingProcessing
+from grove.sampling import SamplingProcessing
 from trainer.attention import SegmentPlan
 from trainer.rows import Row, Span
 

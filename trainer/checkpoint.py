@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
+from grove.learner_config import NOT_FINGERPRINTED, LearnerConfig
 from storage.base import ObjectNotFoundError, ObjectStore, sha256_hex
 from trainer.checkpoint_layout import MODEL_DIR, commit_key, parse_step, run_prefix, step_prefix
-from trainer.config import NOT_FINGERPRINTED, LearnerConfig
 from trainer.learner import Learner
 
 OPTIMIZER_FILE = "optimizer.pt"

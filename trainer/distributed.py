@@ -35,8 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
+from grove.episodes import EpisodeRecord
 from trainer.batch import MicroBatch
-from trainer.episodes import EpisodeRecord
 from trainer.learner import BatchLoss, Learner, StepMetrics, _on, prepare_batch, score_tokens
 from trainer.loss import LossInputs, grpo_loss
 from trainer.off_policy import stale_mask

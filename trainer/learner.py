@@ -2,7 +2,7 @@
 
 Which GRPO this is (DESIGN.md section 7):
 - Logical-owner advantages (trainer/advantages.py): one reward and one advantage per episode,
-  baseline over the group's episode records (trainer/episodes.py: every episode of the step, with
+  baseline over the group's episode records (grove/episodes.py: every episode of the step, with
   0, 1 or many rows; policy failures count with `failure_reward`, infrastructure failures are
   excluded and counted in the metrics), fanned out to every eligible token the episode owns.
 - Token-level PPO-clip with ratio exp(logp - behaviour logp), optional k3 KL to a frozen reference
@@ -22,7 +22,7 @@ Which GRPO this is (DESIGN.md section 7):
 Usage:
     learner = Learner(model_dir, LearnerConfig(...))
     metrics = learner.step(rows, episodes)   # one optimizer step; learner.step_count += 1
-  `episodes`: one trainer.episodes.EpisodeRecord per episode of the step (rows-only if omitted,
+  `episodes`: one grove.episodes.EpisodeRecord per episode of the step (rows-only if omitted,
   which cannot see episodes that produced no rows).
 """
 
@@ -41,11 +41,11 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
+from grove.episodes import FAILURE_KINDS, EpisodeRecord
+from grove.learner_config import LearnerConfig
 from trainer.advantages import EpisodeAdvantage, episode_advantages
 from trainer.attention import SEGMENT_ATTENTION
 from trainer.batch import MicroBatch, plan_micro_batches, unique_eligible_tokens, validate_rows
-from trainer.config import LearnerConfig
-from trainer.episodes import FAILURE_KINDS, EpisodeRecord
 from trainer.logprobs import processed_logprobs
 from trainer.loss import LossInputs, grpo_loss
 from trainer.memory import enable_activation_checkpointing, token_budget

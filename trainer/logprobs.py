@@ -9,7 +9,7 @@ one, masked logits set to -inf. vLLM skips the mask entirely when top_p == 1, an
 Measured on this machine: processed logprobs match this recipe to 1.4e-6 (shared/research/vllm_cpu.md).
 
 The processing is per token, never per run: every call may sample with its own temperature/top_p
-(a gateway request's overrides), recorded in its receipt and its row span (activities/sampling.py).
+(a gateway request's overrides), recorded in its receipt and its row span (grove/sampling.py).
 `processed_logprobs` therefore takes either one value for all tokens or one value per token
 (float tensors [N]), and applies each token's own values in one vectorised pass, like vLLM's sampler
 does for a batch of requests with different settings: temperatures are float32 tensors dividing

@@ -29,7 +29,7 @@ Durability rules (DESIGN.md section 10, issue 12):
   the object store (workflows/handover.py). The workflow id stays the same, so callers that address
   it by id (the gateway) follow the hand-over.
 
-Every failure is classified (EpisodeResult.failure_kind, the rule in trainer/episodes.py): the native
+Every failure is classified (EpisodeResult.failure_kind, the rule in grove/episodes.py): the native
 program's own errors, a generation refused for the policy's request (prompt too long, empty prompt,
 token ids outside the vocabulary, a malformed prompt spec) and an external harness's reported failure
 are "policy" (the episode counts in its group's baseline with the run's failure_reward); lost attempts
@@ -57,17 +57,13 @@ with workflow.unsafe.imports_passed_through():
         CleanStagingInput,
         CloseRequest,
         DiscardRequest,
-        EpisodeCarry,
         EpisodeProgress,
         EpisodeResult,
-        EpisodeSpec,
         GenerateInput,
         GenerateResult,
         HarnessOutcome,
         HarnessRunInput,
         HarnessRunResult,
-        LedgerPage,
-        LedgerPageInput,
         MaterializeInput,
         MaterializeResult,
         RewardInput,
@@ -78,7 +74,17 @@ with workflow.unsafe.imports_passed_through():
     from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_outcome, run_program
     from harnesses.programs import PROGRAMS
     from workflows.accounting import LedgerSummary
-    from workflows.handover import changed_pages, join_pages, ledger_items, ledger_prefix, page_key
+    from workflows.handover import (
+        EpisodeCarry,
+        EpisodeRun,
+        LedgerPage,
+        LedgerPageInput,
+        changed_pages,
+        join_pages,
+        ledger_items,
+        ledger_prefix,
+        page_key,
+    )
     from workflows.ledger import ContextState, Ledger, LedgerError
 
 STATUS = SearchAttributeKey.for_keyword("GroveStatus")
@@ -156,7 +162,7 @@ async def _io(activity: str, arg: object, result_type: type | None) -> object:
 @workflow.defn
 class EpisodeWorkflow:
     @workflow.init
-    def __init__(self, spec: EpisodeSpec) -> None:
+    def __init__(self, spec: EpisodeRun) -> None:
         self.spec = spec
         carry = spec.carry
         self.run_index = carry.run_index if carry else 0
@@ -181,7 +187,7 @@ class EpisodeWorkflow:
         self.last_activity = workflow.now()
 
     @workflow.run
-    async def run(self, spec: EpisodeSpec) -> EpisodeResult:
+    async def run(self, spec: EpisodeRun) -> EpisodeResult:
         if not self.restored:
             await self._restore_pages()
         self._set_status("running")

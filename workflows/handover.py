@@ -19,9 +19,43 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from grove.contracts import LedgerPage
+from pydantic import BaseModel, Field
+
+from grove.contracts import EpisodeSpec
 from grove.receipts import CallReceipt
 from workflows.ledger import ContextState, Ledger
+
+
+class LedgerPage(BaseModel):
+    """One page of a ledger snapshot in the object store (a ledger too large for one payload)."""
+
+    contexts: dict[str, ContextState] = Field(default_factory=dict)
+    calls: dict[str, CallReceipt] = Field(default_factory=dict)
+
+
+class LedgerPageInput(BaseModel):
+    key: str
+    page: LedgerPage
+
+
+class EpisodeCarry(BaseModel):
+    """What an episode's next workflow run needs: its ledger (inline when small, else the keys of
+    its snapshot pages in the object store) and counters for the UI."""
+
+    run_index: int = Field(ge=1)  # 0 is the first run; this is the index of the run that starts
+    ledger: Ledger | None = None
+    ledger_pages: list[str] = Field(default_factory=list)
+    updates_before: int = Field(0, ge=0)  # Updates handled by the earlier runs
+
+
+class EpisodeRun(EpisodeSpec):
+    """The input of one workflow run of an episode: its spec, plus what the previous run handed over
+    when it continued-as-new (None for the first run). The carry is the workflow's own state, so it is
+    declared here beside the ledger and not in the spec that starters and harnesses share; a starter's
+    EpisodeSpec arrives as an EpisodeRun without a carry."""
+
+    carry: EpisodeCarry | None = None
+
 
 LEDGER_ROOT = "ledger"
 

@@ -34,8 +34,8 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord, TokenDigests
+from grove.sampling import SamplingProcessing
 from workflows.accounting import (
     ContextSummary,
     LedgerAccounting,

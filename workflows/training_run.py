@@ -17,7 +17,7 @@ All run state is one RunState, carried whole through continue-as-new every few s
 Cancel (`grove run cancel`, the `cancel` signal) stops the run cleanly at the next step boundary: the
 step in progress finishes (its episodes settle, its checkpoint commits, its weights are published), no
 new step starts, and the run completes with `RunResult.cancelled` and GroveStatus "cancelled". Starting
-the same run id again resumes at the next step (grove/runs.py). Temporal's own cancellation or
+the same run id again resumes at the next step (cli/runs.py). Temporal's own cancellation or
 termination is the hard stop: nothing is half-written either way (checkpoints have COMMIT markers),
 but such a run is closed for good (`grove run start` refuses to resume it under the same id).
 

@@ -15,6 +15,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from chat.content_tokens import ControlTextError, UnsupportedTokenizerError
+from chat.render import (
+    ChatRenderError,
+    NoChatTemplateError,
+    UndeclaredDiscontinuityError,
+)
 from gateway.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
 from gateway.capture import (
     ContextConflictError,
@@ -26,13 +32,7 @@ from gateway.capture import (
     UndeliveredHeadsError,
     UnspawnedAgentError,
 )
-from gateway.chat_render import (
-    ChatRenderError,
-    NoChatTemplateError,
-    UndeclaredDiscontinuityError,
-)
 from gateway.chat_request import ChatRequestError, ResponsesApiNotServedError, UnknownModelError
-from gateway.content_tokens import ControlTextError, UnsupportedTokenizerError
 from gateway.episode_ref import InvalidEpisodeRefError
 from gateway.episodes import (
     EpisodeFailedError,

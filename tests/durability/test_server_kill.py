@@ -17,7 +17,6 @@ import uuid
 
 import pytest
 
-from activities.sampling import SamplingConfig
 from grove import queues
 from grove.contracts import (
     EpisodeResult,
@@ -29,6 +28,8 @@ from grove.contracts import (
     TrainStepResult,
 )
 from grove.data_order import task_indices
+from grove.learner_config import LearnerConfig
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
 from tests.durability.helpers import (
@@ -41,7 +42,6 @@ from tests.durability.helpers import (
     wait_until,
     workflow_ids_of_run,
 )
-from trainer.config import LearnerConfig
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow
 

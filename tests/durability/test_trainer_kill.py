@@ -21,9 +21,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from activities.sampling import SamplingConfig
 from grove import queues
 from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState, TrainStepInput, TrainStepResult
+from grove.learner_config import LearnerConfig
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
 from tests.durability.helpers import (
@@ -41,7 +42,6 @@ from trainer.checkpoint import (
     read_manifest,
 )
 from trainer.checkpoint_layout import commit_key, step_prefix
-from trainer.config import LearnerConfig
 from trainer.learner import Learner
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow

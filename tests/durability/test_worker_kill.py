@@ -16,10 +16,10 @@ import uuid
 
 import pytest
 
-from activities.sampling import SamplingConfig
 from grove import queues
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, MaterializeInput
 from grove.receipts import CallState
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
 from tests.durability.helpers import (

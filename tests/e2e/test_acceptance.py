@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from activities.sampling import SamplingConfig
 from grove import queues
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, RunConfig, RunResult, RunState
+from grove.learner_config import LearnerConfig
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from tests.inference.reference import learner_logprobs
 from tests.learner.forests import Call, Episode
 from tests.learner.test_reference import learner_loss, per_call_reference
 from trainer.advantages import episode_advantages
 from trainer.checkpoint import latest_committed_step
-from trainer.config import LearnerConfig
 from trainer.learner import load_policy
 from trainer.rows import Row, rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow, step_specs

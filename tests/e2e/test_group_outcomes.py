@@ -20,12 +20,12 @@ import uuid
 
 import pytest
 
-from activities.sampling import SamplingConfig
 from activities.training import episodes_key
 from grove import queues
 from grove.contracts import EpisodeResult, HarnessSpec, RunConfig, RunResult, RunState
+from grove.learner_config import LearnerConfig
+from grove.sampling import SamplingConfig
 from harnesses import scenario
-from trainer.config import LearnerConfig
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow, step_specs
 

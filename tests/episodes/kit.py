@@ -20,11 +20,11 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from activities.sampling import SamplingConfig
 from gateway.episodes import HANDING_OVER, Episodes
 from grove import queues
 from grove.contracts import CallRequest, CallResult, EpisodeSpec, HarnessSpec, PromptSpec
 from grove.receipts import ContextOrigin, ContextRecord
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from trainer.staging_format import staging_key
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, ContextOrigin, ContextRecord
+from grove.sampling import SamplingProcessing
 from trainer.forest import EpisodeRef, Reconstruction, ReconstructionOptions, reconstruct
 from trainer.staging_format import CallTokens, staging_key
 from workflows.accounting import LedgerAccounting

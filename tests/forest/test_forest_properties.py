@@ -16,8 +16,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
+from grove.sampling import SamplingProcessing
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import rows_to_parquet
 from trainer.staging_format import CallTokens, staging_key

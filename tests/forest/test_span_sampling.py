@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from activities.sampling import SamplingProcessing
+from grove.sampling import SamplingProcessing
 from tests.forest.kit import Episode, tokens
 from trainer.forest import EpisodeRef, MissingSamplingError, ReconstructionOptions, reconstruct
 from trainer.rows import SpanSamplingColumnsError, rows_from_parquet, rows_to_parquet

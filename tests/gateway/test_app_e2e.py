@@ -21,7 +21,6 @@ import openai
 import pytest
 import uvicorn
 
-from activities.sampling import SamplingConfig
 from gateway.app import create_app
 from gateway.auth import issue_token
 from gateway.episode_ref import episode_ref
@@ -29,6 +28,7 @@ from gateway.settings import GatewaySettings
 from grove import queues
 from grove.contracts import EpisodeSpec, HarnessSpec
 from grove.receipts import CallState, ContextOrigin
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from trainer.rows import rows_from_parquet
 from workflows.accounting import LedgerSummary

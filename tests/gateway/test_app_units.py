@@ -12,7 +12,6 @@ import openai
 import pytest
 from fastapi import FastAPI
 
-from activities.sampling import SamplingConfig
 from gateway import opencode
 from gateway.app import create_app
 from gateway.auth import (
@@ -52,6 +51,7 @@ from gateway.routes.errors import domain_error
 from gateway.routing import RoutingError, identify, live_contexts, route, spawn_target
 from gateway.settings import GatewaySettings, GatewaySettingsError
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
+from grove.sampling import SamplingConfig
 from storage.local import LocalStore
 from workflows.accounting import ContextSummary, LedgerSummary
 

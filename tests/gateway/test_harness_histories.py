@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from chat.render import Predecessor, render_chat, render_root
 from gateway import opencode
-from gateway.chat_render import Predecessor, render_chat, render_root
 from gateway.continuation import Move, UndeclaredDiscontinuityError, decide, is_empty_response
 from gateway.identity import RewriteMode
 from gateway.records import ChatRecord, Usage

@@ -16,11 +16,11 @@ import uuid
 import openai
 import pytest
 
-from activities.sampling import SamplingConfig
 from gateway.identity import canonical_agent
 from grove import queues
 from grove.contracts import EpisodeSpec, HarnessOutcome, HarnessSpec
 from grove.receipts import ContextOrigin
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
     MODEL,

@@ -236,8 +236,8 @@ def test_limits_come_from_the_environment():
 
 def test_temperature_above_the_engines_maximum_is_refused():
     # vLLM refuses temperature > 2; SamplingConfig allowed up to 100, so 3.0 was admitted and failed (502)
-    from activities.sampling import SamplingConfig
     from gateway.chat_request import InvalidSamplingError, parse_chat_request, sampling_for
+    from grove.sampling import SamplingConfig
 
     request = parse_chat_request(chat([USER], temperature=3.0), MODEL)
     with pytest.raises(InvalidSamplingError, match="temperature"):

@@ -1,4 +1,4 @@
-"""Every sampling parameter the learner cannot mirror (activities/sampling.py UNMIRRORABLE) is refused
+"""Every sampling parameter the learner cannot mirror (grove/sampling.py UNMIRRORABLE) is refused
 by the gateway's request parser, by name, before anything is admitted (the parser runs before the
 episode is touched; tests/gateway/test_app_e2e.py checks the 400 and the unchanged ledger end to end).
 This ties the gateway's list to the one SamplingConfig refuses, so the two cannot drift apart."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from activities.sampling import UNMIRRORABLE
 from gateway.chat_request import UnsupportedParameterError, parse_chat_request
+from grove.sampling import UNMIRRORABLE
 
 VALUES = {
     "top_k": 5,

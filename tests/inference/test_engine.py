@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from activities.engine import EmptyPromptError, PromptTooLongError, TokenIdOutOfRangeError
-from activities.sampling import SamplingConfig
+from grove.sampling import SamplingConfig
 from tests.inference.reference import learner_logprobs
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM

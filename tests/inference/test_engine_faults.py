@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from activities.engine import NonFiniteLogprobError
-from activities.sampling import SamplingConfig
+from grove.sampling import SamplingConfig
 from tests.inference.reference import learner_logprobs
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM

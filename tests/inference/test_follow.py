@@ -16,8 +16,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.inference_worker import InferenceActivities
-from activities.sampling import SamplingConfig
 from grove.contracts import GenerateInput, PolicyRef, PromptSpec, PublishInput
+from grove.sampling import SamplingConfig
 from tests.inference.checkpoints import commit_checkpoint, perturbed_copy
 from tests.inference.reference import learner_logprobs
 from trainer.staging_format import decode_call_tokens

@@ -11,8 +11,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.generate import call_seed, receipt_key, stage
 from activities.inference_worker import InferenceActivities
-from activities.sampling import SamplingConfig
 from grove.contracts import ChatPrompt, GenerateInput, PromptSpec
+from grove.sampling import SamplingConfig
 from storage.base import sha256_hex
 from tests.inference.reference import learner_logprobs
 from trainer.staging_format import decode_call_tokens, staging_key

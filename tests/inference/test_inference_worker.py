@@ -14,9 +14,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
 from activities.inference_worker import DataConverterError, build_inference_worker
-from activities.sampling import SamplingConfig
 from grove import queues
 from grove.contracts import GenerateInput, GenerateResult, PromptSpec
+from grove.sampling import SamplingConfig
 from trainer.staging_format import decode_call_tokens
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM

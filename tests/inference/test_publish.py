@@ -18,9 +18,9 @@ from activities.engine import (
     WeightsMismatchError,
 )
 from activities.inference_worker import InferenceActivities
-from activities.sampling import SamplingConfig
 from grove.contracts import PublishInput
 from grove.gates import GateControl, Gates
+from grove.sampling import SamplingConfig
 from tests.inference.checkpoints import commit_checkpoint, perturbed_copy
 from tests.inference.reference import learner_logprobs
 

@@ -21,12 +21,12 @@ import torch
 from temporalio.testing import ActivityEnvironment
 
 from activities.inference_worker import InferenceActivities
-from activities.sampling import SamplingConfig, SamplingProcessing
 from gateway.capture import Capture
 from gateway.chat_request import parse_chat_request
 from grove.contracts import CallRequest, CallResult, EpisodeSpec, GenerateInput, HarnessSpec, TaskSpec
+from grove.learner_config import LearnerConfig
 from grove.receipts import ContextRecord
-from trainer.config import LearnerConfig
+from grove.sampling import SamplingConfig, SamplingProcessing
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.learner import load_policy, prepare_batch, score_tokens
 from trainer.rows import rows_from_parquet, rows_to_parquet

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from grove.learner_config import LearnerConfig
 from tests.learner.test_reference import controlled_batch, rows_of
-from trainer.config import LearnerConfig
 from trainer.distributed import DistributedLearner
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from activities.sampling import SamplingProcessing
 from grove.receipts import CallKind, CallReceipt, CallState
+from grove.sampling import SamplingProcessing
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import Row
 from trainer.staging_format import CallTokens

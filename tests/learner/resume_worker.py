@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from grove.data_order import task_indices
+from grove.learner_config import LearnerConfig
 from storage.local import LocalStore
 from tests.learner.forests import random_episode, rows_from_calls
 from trainer.checkpoint import open_learner, save_checkpoint
 from trainer.checkpoint_layout import commit_key
-from trainer.config import LearnerConfig
 from trainer.learner import Learner
 from trainer.rows import Row
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from grove.learner_config import LearnerConfig
 from tests.learner.forests import random_batch, rows_from_calls
 from trainer.batch import (
     BehaviorLogprobError,
@@ -19,7 +20,6 @@ from trainer.batch import (
     unique_eligible_tokens,
     validate_rows,
 )
-from trainer.config import LearnerConfig
 from trainer.learner import accumulate_gradients, load_policy, prepare_batch
 from trainer.rows import Row, Span
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grove.learner_config import LearnerConfig
 from storage.base import sha256_hex
 from tests.learner.forests import random_batch, rows_from_calls
 from trainer.checkpoint import (
@@ -27,7 +28,6 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.checkpoint_layout import commit_key, step_prefix
-from trainer.config import LearnerConfig
 from trainer.learner import Learner
 
 RUN = "run-ckpt"

@@ -7,7 +7,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from trainer.config import LearnerConfig
+from grove.learner_config import LearnerConfig
 
 
 def test_warmup_then_cosine_in_rollouts():

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from grove.learner_config import LearnerConfig
 from tests.learner.test_reference import controlled_batch, rows_of
-from trainer.config import LearnerConfig
 from trainer.distributed import split_micro_batches
 from trainer.learner import Learner, prepare_batch
 

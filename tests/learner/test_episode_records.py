@@ -14,6 +14,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from grove.episodes import EpisodeRecord
+from grove.learner_config import LearnerConfig
 from tests.learner.forests import Call, Episode, random_episode, rows_from_calls
 from trainer.advantages import (
     DuplicateEpisodeError,
@@ -22,8 +24,6 @@ from trainer.advantages import (
     UnknownEpisodeError,
     episode_advantages,
 )
-from trainer.config import LearnerConfig
-from trainer.episodes import EpisodeRecord
 from trainer.learner import Learner, prepare_batch
 
 EPS = 1e-6

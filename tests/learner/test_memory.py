@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grove.learner_config import LearnerConfig
 from tests.learner.test_reference import controlled_batch, rows_of
-from trainer.config import LearnerConfig
 from trainer.learner import Learner, accumulate_gradients, prepare_batch
 from trainer.memory import MemoryBudgetError, activation_bytes_per_token, token_budget
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
+from grove.learner_config import LearnerConfig
 from tests.learner.forests import (
     Call,
     Episode,
@@ -37,7 +38,6 @@ from tests.learner.test_reference import (
     worst_relative,
 )
 from trainer.attention import Segment, plan_segments, segment_attention
-from trainer.config import LearnerConfig
 from trainer.learner import Learner, load_policy, prepare_batch, score_tokens
 from trainer.packing import layout, plan_layouts, plan_packed_micro_batches
 

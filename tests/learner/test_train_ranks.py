@@ -24,6 +24,7 @@ from activities.train_ranks import RANK_GATE, RankLostError, rank_gate_key
 from activities.training import TrainerActivities
 from grove.contracts import TrainStepInput
 from grove.gates import ENV, GateControl
+from grove.learner_config import LearnerConfig
 from storage.local import LocalStore
 from tests.durability.helpers import wait_exited
 from tests.learner.test_reference import controlled_batch, rows_of
@@ -36,7 +37,6 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.checkpoint_layout import step_prefix
-from trainer.config import LearnerConfig
 from trainer.learner import Learner
 from trainer.rows import rows_to_parquet
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from grove.learner_config import LearnerConfig
 from tests.learner.forests import Call, Episode, rows_from_calls
 from trainer.batch import plan_micro_batches
-from trainer.config import LearnerConfig
 from trainer.learner import Learner, accumulate_gradients, prepare_batch
 
 CPU = torch.device("cpu")

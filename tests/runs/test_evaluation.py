@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from activities.sampling import SamplingConfig
 from grove.contracts import EpisodeResult, RunConfig, RunState
+from grove.sampling import SamplingConfig
 from workflows.evaluation import HeldOutOverlapError, eval_record, eval_specs, evaluates_at
 from workflows.training_run import step_specs
 

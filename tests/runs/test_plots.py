@@ -6,8 +6,8 @@ import csv
 
 import pytest
 
+from cli.demo import plot, reward_figure, smooth, write_metrics
 from grove.contracts import EpisodeResult, EvalRecord, StepRecord
-from grove.demo import plot, reward_figure, smooth, write_metrics
 from workflows.training_run import reward_components
 
 

@@ -2,7 +2,7 @@
 the learner on CPU) serving the example config's run.
 
 One run, followed through its life with the commands as a user types them (subprocesses of
-`python -m grove.cli`): start from examples/ with overrides, start again (attach), a refused start with
+`python -m cli.main`): start from examples/ with overrides, start again (attach), a refused start with
 another config, cancel while step 1's episodes are in flight, status, episodes, list, then start
 again, which resumes at step 2 without redoing step 1. The moment of the cancel is made by a gate the
 test controls on the engine (step 1's first model call waits until the cancel was sent), never by
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.run_commands import EXIT_CONFLICT, EXIT_INVALID_CONFIG, EXIT_NOT_FOUND, EXIT_UNREACHABLE
 from grove.contracts import EpisodeResult, RunResult
-from grove.run_cli import EXIT_CONFLICT, EXIT_INVALID_CONFIG, EXIT_NOT_FOUND, EXIT_UNREACHABLE
 from trainer.checkpoint_layout import CHECKPOINTS_ROOT, commit_key
 
 pytestmark = pytest.mark.timeout(900)
@@ -31,10 +31,10 @@ EXAMPLE = ROOT / "examples" / "delegation-parent-and-workers.yaml"
 
 
 async def grove_run(address: str | None, *args: str) -> tuple[int, str, str]:
-    """`python -m grove.cli run ARGS --address ADDRESS` as a subprocess: (exit code, stdout, stderr)."""
+    """`python -m cli.main run ARGS --address ADDRESS` as a subprocess: (exit code, stdout, stderr)."""
     extra = ["--address", address] if address else []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "grove.cli", "run", *args, *extra,
+        sys.executable, "-m", "cli.main", "run", *args, *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
     )  # fmt: skip

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from grove.cli import app
+from cli.main import app
+from cli.run_commands import EXIT_INVALID_CONFIG
 from grove.contracts import RunConfig, RunState
-from grove.run_cli import EXIT_INVALID_CONFIG
 from grove.runconfig import (
     ConfigFileError,
     ConfigValidationError,

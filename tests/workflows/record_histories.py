@@ -45,7 +45,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.worker import Worker
 
-from activities.sampling import SamplingConfig
+from cli.worker import run_worker
 from grove import queues
 from grove.client import connect
 from grove.contracts import (
@@ -58,11 +58,11 @@ from grove.contracts import (
     RunResult,
     RunState,
 )
-from grove.worker import run_worker
+from grove.learner_config import LearnerConfig
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from infra.temporal import TemporalDevServer
 from storage.local import LocalStore
-from trainer.config import LearnerConfig
 from workflows.episode import EpisodeWorkflow
 from workflows.training_run import TrainingRunWorkflow
 

@@ -26,8 +26,9 @@ from temporalio.worker import Replayer
 # through as the real workflow modules do (one class per model inside and outside the sandbox).
 with workflow.unsafe.imports_passed_through():
     from grove import queues
-    from grove.contracts import EpisodeResult, EpisodeSpec, GenerateResult, RunResult, RunState
+    from grove.contracts import EpisodeResult, GenerateResult, RunResult, RunState
     from workflows.episode import EpisodeWorkflow
+    from workflows.handover import EpisodeRun
     from workflows.training_run import TrainingRunWorkflow, step_specs
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -96,7 +97,7 @@ class EpisodeWithTimerFirst(EpisodeWorkflow):
     """Waits a second before driving the harness: a timer the recorded runs never started."""
 
     @workflow.run
-    async def run(self, spec: EpisodeSpec) -> EpisodeResult:
+    async def run(self, spec: EpisodeRun) -> EpisodeResult:
         await workflow.sleep(timedelta(seconds=1))
         return await super().run(spec)
 
@@ -106,7 +107,7 @@ class EpisodeWithRetryBackoff(EpisodeWorkflow):
     """Backs off before re-admitting a lost call: changes only the crash-recovery branch."""
 
     @workflow.run
-    async def run(self, spec: EpisodeSpec) -> EpisodeResult:
+    async def run(self, spec: EpisodeRun) -> EpisodeResult:
         return await super().run(spec)
 
     async def _generate(self, call_id, req) -> GenerateResult:

@@ -1,4 +1,4 @@
-"""Fixtures of the gateway tests: the tiny model's tokenizer with its own template and with a second,
+"""Fixtures of the chat-format tests: the tiny model's tokenizer with its own template and with a second,
 hand-written Qwen2.5-style template (hermes tool calls on their own lines, tool results grouped in a
 user turn, a default system prompt)."""
 

@@ -1,4 +1,4 @@
-"""Tool calls of other model families through vLLM's parsers (gateway/tool_parsers.py): the text a
+"""Tool calls of other model families through vLLM's parsers (chat/tool_parsers.py): the text a
 policy of each family writes, as token ids of a real tokenizer decoded the way the engine decodes them,
 becomes the OpenAI message; malformed output stays plain content; a continuation splices the exact
 sampled tokens whichever parser made the message.
@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from gateway.chat_render import Predecessor, UndeclaredDiscontinuityError, render_chat, render_root
-from gateway.tool_parsers import (
+from chat.render import Predecessor, UndeclaredDiscontinuityError, render_chat, render_root
+from chat.tool_parsers import (
     HERMES,
     ToolParserUnavailableError,
     UnknownToolParserError,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.chat_render import (
+from chat.render import (
     NoChatTemplateError,
     Predecessor,
     TemplateNotPrefixStableError,

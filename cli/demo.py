@@ -27,13 +27,13 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from tqdm import tqdm
 
-from activities.sampling import SamplingConfig
 from grove import queues
 from grove.client import connect
 from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState, StepRecord
+from grove.learner_config import LearnerConfig
 from grove.paths import grove_home
+from grove.sampling import SamplingConfig
 from infra.procs import log_tail, stop_pid
-from trainer.config import LearnerConfig
 
 
 class DemoConfig(BaseModel):
@@ -87,7 +87,7 @@ def start_worker(args: list[str], log: Path, env: dict[str, str]) -> subprocess.
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "grove.cli", "worker", *args],
+            [sys.executable, "-m", "cli.main", "worker", *args],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )  # fmt: skip
 

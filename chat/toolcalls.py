@@ -4,7 +4,7 @@ Hermes format (the tiny model's template, Qwen2.5, NousResearch Hermes): the ass
 optional content, then one `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block per call,
 separated by whitespace only. `parse_tool_calls` turns generated text into an assistant message;
 `format_tool_calls` writes the canonical text of such a message (the tiny template's rendering).
-The exact text *any* template renders for a message is `chat_render.assistant_turn_text`.
+The exact text *any* template renders for a message is `chat.render.assistant_turn_text`.
 
 Model output is untrusted: anything that is not a well-formed sequence of blocks (an unclosed tag,
 invalid JSON, a block without a string "name" or with non-object "arguments", non-whitespace text

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.chat_render import assistant_turn_text
-from gateway.toolcalls import format_tool_calls, parse_tool_calls
+from chat.render import assistant_turn_text
+from chat.toolcalls import format_tool_calls, parse_tool_calls
 
 
 def call(name: str, arguments: dict) -> dict:

@@ -38,9 +38,9 @@ from typing import Any
 
 import jinja2
 
-from gateway.content_tokens import ControlTextError, Shield
-from gateway.content_tokens import encode as encode_text
-from gateway.toolcalls import ParsedAssistant, parse_tool_calls
+from chat.content_tokens import ControlTextError, Shield
+from chat.content_tokens import encode as encode_text
+from chat.toolcalls import ParsedAssistant, parse_tool_calls
 
 NEW_MESSAGE_ROLES = frozenset({"user", "tool"})
 _SENTINEL = "\x00grove-sentinel\x00"
@@ -274,7 +274,7 @@ def render_text(
 
 def encode(tokenizer: Any, text: str, shield: Shield | None = None) -> list[int]:
     """Ids of rendered text: added tokens only where the template wrote them, content as plain text
-    (gateway/content_tokens.py). The template writes every special token itself (BOS included)."""
+    (chat/content_tokens.py). The template writes every special token itself (BOS included)."""
     return encode_text(tokenizer, text, shield)
 
 
@@ -355,7 +355,7 @@ def response_of(
 ) -> ParsedAssistant:
     """The assistant message the gateway returns for a completion: text without the final stop token
     (a stop id, the tokenizer's EOS, or the token that starts the template's turn `closing`), tool
-    calls parsed by `tool_parser` (gateway/tool_parsers.py; default grove's hermes parser; malformed
+    calls parsed by `tool_parser` (chat/tool_parsers.py; default grove's hermes parser; malformed
     tool-call text stays content)."""
     ids = list(completion_ids)
     stops = {*stop_ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])}

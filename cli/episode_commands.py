@@ -84,7 +84,7 @@ def start(
 
 def _exit_now(code: int) -> None:
     """Exit without interpreter finalization (the Temporal client's native threads can abort it;
-    grove/run_cli.py _exit_now)."""
+    cli/run_commands.py _exit_now)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -103,10 +103,10 @@ async def _start(
 ) -> None:
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
-    from activities.sampling import SamplingConfig
     from grove import queues
     from grove.client import connect
     from grove.contracts import EpisodeSpec, HarnessSpec
+    from grove.sampling import SamplingConfig
     from harnesses.programs import family
 
     make_task, _ = family(family_name)

@@ -14,8 +14,8 @@ app.add_typer(model_app, name="model")
 
 
 def _register_runs() -> None:
-    from grove.episode_cli import episode_app
-    from grove.run_cli import run_app
+    from cli.episode_commands import episode_app
+    from cli.run_commands import run_app
 
     app.add_typer(run_app, name="run")
     app.add_typer(episode_app, name="episode")
@@ -106,8 +106,8 @@ def worker(
     import asyncio
     import signal
 
+    from cli.worker import parse_queues, run_worker
     from grove.client import connect
-    from grove.worker import parse_queues, run_worker
     from storage.config import store_from_env
 
     names = parse_queues(queues)
@@ -148,7 +148,7 @@ def demo(
     eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
-    from grove.demo import DemoConfig, main
+    from cli.demo import DemoConfig, main
 
     cfg = DemoConfig(
         name=name, model=model, steps=steps, group_size=group_size, tasks_per_step=tasks_per_step, lr=lr,

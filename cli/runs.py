@@ -1,7 +1,7 @@
 """Operating training runs through Temporal: start or resume, status, list, cancel, episodes of a step.
 
 Thin shells over the Temporal client and TrainingRunWorkflow's queries and results; `grove run ...`
-(grove/run_cli.py) prints what these return. A run is the workflow whose id is its `run_id`:
+(cli/run_commands.py) prints what these return. A run is the workflow whose id is its `run_id`:
 
 - start: no such workflow -> a new run. Running with the same config -> attach (a resumed client,
   a worker restart: the workflow carried on by itself). Completed -> if it stopped early (cancelled) or

@@ -1,6 +1,6 @@
 """`grove run ...`: start, inspect and stop training runs from YAML run configs.
 
-Thin shells: config loading is grove/runconfig.py, talking to Temporal is grove/runs.py. Exit codes
+Thin shells: config loading is grove/runconfig.py, talking to Temporal is cli/runs.py. Exit codes
 (for scripts; `--json` prints one JSON document on stdout):
 
     0  ok                     3  invalid run config (file, override or validation)
@@ -80,7 +80,7 @@ Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout 
 
 def _call(as_json: bool, work: Callable[[Any], Awaitable[tuple[Any, str, int]]], address: str | None) -> None:
     """Connect, run `work(client)` -> (data, text, exit code), print; map typed errors to exit codes."""
-    from grove import runs
+    from cli import runs
 
     async def main() -> tuple[Any, str, int]:
         return await work(await runs.open_client(address))
@@ -124,7 +124,7 @@ def start(
     as_json: Json = False,
 ) -> None:
     """Start a run, or re-attach to / resume the run with the same run_id."""
-    from grove import runs
+    from cli import runs
 
     try:
         cfg = runconfig.load_run_config(config, overrides or [])
@@ -152,7 +152,7 @@ def status(
     run_id: str = typer.Argument(..., help="Run id."), address: Address = None, as_json: Json = False
 ) -> None:
     """Step, last metrics, failed episodes (with reasons) and the UI link of a run."""
-    from grove import runs
+    from cli import runs
 
     async def work(client):
         s = await runs.run_status(client, run_id)
@@ -183,7 +183,7 @@ def status(
 @run_app.command("list")
 def list_(address: Address = None, as_json: Json = False) -> None:
     """Every run on the server (visibility query on GroveRun), latest execution of each."""
-    from grove import runs
+    from cli import runs
 
     async def work(client):
         rows = await runs.list_runs(client)
@@ -202,7 +202,7 @@ def cancel(
     run_id: str = typer.Argument(..., help="Run id."), address: Address = None, as_json: Json = False
 ) -> None:
     """Stop a run cleanly: the step in progress finishes, no new step starts (`grove run start` resumes)."""
-    from grove import runs
+    from cli import runs
 
     async def work(client):
         out = await runs.cancel_run(client, run_id)
@@ -223,7 +223,7 @@ def episodes(
     as_json: Json = False,
 ) -> None:
     """The episodes of one step: ids, status, reward, row counts, failure reasons."""
-    from grove import runs
+    from cli import runs
 
     async def work(client):
         rows = await runs.step_episodes(client, run_id, step)

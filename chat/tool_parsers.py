@@ -6,7 +6,7 @@ JSON after `<|python_tag|>`, Mistral's `[TOOL_CALLS]name[ARGS]{json}`, pythonic 
 maintains a parser for each (the registry behind its OpenAI server's `--tool-call-parser`,
 `vllm.tool_parsers.ToolParserManager`); grove reuses it. The engine's `EngineConfig.tool_call_parser`
 selects one per served model: "hermes" (the default) is grove's own strict parser
-(gateway/toolcalls.py); any other name is vLLM's parser of that name (`available_parsers()`).
+(chat/toolcalls.py); any other name is vLLM's parser of that name (`available_parsers()`).
 
 What a parser may and may not change:
 - It turns the generated text into the assistant message the harness gets (content + tool calls). It
@@ -36,9 +36,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.toolcalls import ParsedAssistant, parse_tool_calls
+from chat.toolcalls import ParsedAssistant, parse_tool_calls
 
-HERMES = "hermes"  # grove's own parser (gateway/toolcalls.py), the default
+HERMES = "hermes"  # grove's own parser (chat/toolcalls.py), the default
 # A function name as OpenAI's tools have them (plus '.' and ':', which MCP-style names use); a parser that
 # returns anything else misread the output (e.g. Mistral's parser on the older JSON-list format)
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")

@@ -1,0 +1,1 @@
+"""The `grove` command: its subcommands, the run operations under them, the demo, the worker."""
