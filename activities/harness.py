@@ -82,6 +82,7 @@ class RunnerConfig:
     secret: str  # the gateway's token secret (GROVE_GATEWAY_SECRET)
     root: Path  # launch folders: <root>/<episode hash>/{project,home}
     keep_dirs: bool = False  # keep finished launch folders (events.jsonl, stderr.log); failed ones stay
+    model_name: str = "grove"  # the model id the gateway serves (GatewaySettings.model_name)
 
 
 def episode_folder(root: Path, episode_id: str) -> Path:
@@ -155,7 +156,7 @@ class HarnessRunner:
         options = spec.harness.opencode
         config = opencode_config(
             setup, base_url, token, launch=launch, context_limit=options.context_limit,
-            output_limit=options.output_limit or spec.sampling.max_tokens,
+            output_limit=options.output_limit or spec.sampling.max_tokens, model=self.config.model_name,
         )  # fmt: skip
         (project / "opencode.json").write_text(json.dumps(config, indent=2))
         activity.logger.info("episode %s: OpenCode launch %d in %s", spec.episode_id, launch, project)
@@ -362,7 +363,9 @@ async def harness_runner(client: Client, store, options: HarnessWorkerOptions, w
                 f"the harness worker needs the gateway's token secret to reach {options.gateway_url}: set "
                 f"{SECRET_VAR} as for `grove gateway`"
             )
-        yield HarnessRunner(RunnerConfig(options.gateway_url, secret, root, options.keep_dirs), client)
+        model_name = os.environ.get("GROVE_GATEWAY_MODEL", "grove")  # what `grove gateway` serves
+        config = RunnerConfig(options.gateway_url, secret, root, options.keep_dirs, model_name)
+        yield HarnessRunner(config, client)
         return
     from gateway.embedded import serve_gateway
 
@@ -375,7 +378,9 @@ async def harness_runner(client: Client, store, options: HarnessWorkerOptions, w
     async with serve_gateway(settings, store) as url:
         activity_log = f"harness worker: embedded gateway at {url}"
         print(activity_log, flush=True)
-        config = RunnerConfig(url, settings.secret.get_secret_value(), root, options.keep_dirs)
+        config = RunnerConfig(
+            url, settings.secret.get_secret_value(), root, options.keep_dirs, settings.model_name
+        )
         yield HarnessRunner(config, client)
 
 

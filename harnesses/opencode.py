@@ -5,11 +5,12 @@ The harness runner (activities/harness.py) launches one `opencode run` per episo
 pure part of it (no I/O): everything here is a function of the episode and the gateway's address.
 
 - Config: a provider `grove` (`@ai-sdk/openai-compatible`, bundled in the binary) whose `baseURL` is the
-  episode's gateway URL and whose `apiKey` is the episode's token, one model `grove/policy` with
-  `tool_call: true` and `limit: {context, output}` (OpenCode compacts on the usage the gateway reports
-  against `limit.context`), `x-grove-launch: <n>` on every request (which launch of the episode sent
-  it), sharing/autoupdate/LSP off, and the agents the task family defines (`TASK_SETUPS`; a restricted
-  primary agent with only the `task` tool keeps the fixed prompt ~1,800 tokens in grove's tokenizer).
+  episode's gateway URL and whose `apiKey` is the episode's token, one model `grove/<the gateway's model
+  id>` with `tool_call: true` and `limit: {context, output}` (OpenCode compacts on the usage the gateway
+  reports against `limit.context`), `x-grove-launch: <n>` on every request (which launch of the episode
+  sent it), sharing/autoupdate/LSP off, and the agents the task family defines (`TASK_SETUPS`; a
+  restricted primary agent with only the `task` tool keeps the fixed prompt ~1,840 tokens in the tiny
+  model's tokenizer, ~960 in tiny-tools').
 - Environment: only what OpenCode needs: PATH, its own HOME and XDG folders under the launch's folder,
   and its offline switches (shared/research/harnesses.md). Nothing of the worker's environment (secrets,
   other episodes' tokens) reaches it.
@@ -33,7 +34,7 @@ from typing import Any
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
 
 PROVIDER = "grove"
-MODEL = "policy"
+MODEL = "grove"  # the gateway's served model id (GatewaySettings.model_name), unless told otherwise
 LAUNCH_HEADER = "x-grove-launch"
 OFFLINE_ENV = {
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
@@ -114,9 +115,16 @@ def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:
 
 
 def opencode_config(
-    setup: OpenCodeSetup, base_url: str, token: str, *, launch: int, context_limit: int, output_limit: int
+    setup: OpenCodeSetup,
+    base_url: str,
+    token: str,
+    *,
+    launch: int,
+    context_limit: int,
+    output_limit: int,
+    model: str = MODEL,
 ) -> dict[str, Any]:
-    """The `opencode.json` of one launch (see the module docstring)."""
+    """The `opencode.json` of one launch (see the module docstring); `model`: the id the gateway serves."""
     config: dict[str, Any] = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
@@ -125,16 +133,16 @@ def opencode_config(
                 "name": "grove",
                 "options": {"baseURL": base_url, "apiKey": token, "headers": {LAUNCH_HEADER: str(launch)}},
                 "models": {
-                    MODEL: {
-                        "name": MODEL,
+                    model: {
+                        "name": model,
                         "tool_call": True,
                         "limit": {"context": context_limit, "output": output_limit},
                     }
                 },
             }
         },
-        "model": f"{PROVIDER}/{MODEL}",
-        "small_model": f"{PROVIDER}/{MODEL}",
+        "model": f"{PROVIDER}/{model}",
+        "small_model": f"{PROVIDER}/{model}",
         "share": "disabled",
         "autoupdate": False,
         "lsp": False,

@@ -87,8 +87,8 @@ def test_config_points_the_provider_at_the_episode_and_env_is_built_from_scratch
         "apiKey": "grove-tok",
         "headers": {"x-grove-launch": "2"},
     }
-    assert provider["models"]["policy"]["limit"] == {"context": 2048, "output": 64}
-    assert config["model"] == config["small_model"] == "grove/policy"
+    assert provider["models"]["grove"]["limit"] == {"context": 2048, "output": 64}
+    assert config["model"] == config["small_model"] == "grove/grove"  # the gateway's default model id
     assert config["default_agent"] == "lead" and config["share"] == "disabled"
     env = opencode_env("/h")
     assert env["HOME"] == "/h" and env["XDG_DATA_HOME"] == "/h/.local/share"
