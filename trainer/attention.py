@@ -88,6 +88,16 @@ class SegmentPlan:
 
 
 def _group(segments: list[Segment]) -> list[list[Segment]]:
+    """Buckets of segments with context and, apart, of segments without: a bucket holding one segment
+    with context needs an explicit mask, and SDPA then computes every (query, key) pair of the
+    bucket, where a causal bucket computes half; mixing them doubled the cost of the long context-free
+    segments (a tree's root prefix)."""
+    with_context = [s for s in segments if s.context]
+    without = [s for s in segments if not s.context]
+    return [g for part in (without, with_context) if part for g in _group_similar(part)]
+
+
+def _group_similar(segments: list[Segment]) -> list[list[Segment]]:
     """Greedy buckets over segments sorted by key length: padded area <= BUCKET_SLACK x real area."""
     ordered = sorted(segments, key=lambda s: (-(s.context_len + s.length), -s.length, s.start))
     groups: list[list[Segment]] = []

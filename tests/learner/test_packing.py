@@ -157,6 +157,20 @@ def test_segment_attention_equals_sdpa_under_the_dense_ancestor_mask():
     assert torch.allclose(got, want, atol=1e-12)
 
 
+def test_tree_attention_computes_few_more_pairs_than_the_ancestor_pairs():
+    """Pairs the buckets compute vs the real (query, ancestor-or-self) pairs, counted from the layout's
+    depths (each token sees depth + 1 keys). A bucket mixing the context-free root prefix with the
+    workers' context segments computed the root's square in full: 1.46x the real pairs here (1.9x at
+    parent 2048), 1.25x without the mix."""
+    ep = long_prefix_episode(
+        np.random.default_rng(0), "L", "g", 1.0, vocab=512, parent_tokens=1024, worker_tokens=512
+    )
+    flat = layout(rows_from_calls(ep), "tree")
+    real = int((flat.position_ids.astype(np.int64) + 1).sum())
+    plan = plan_segments(flat.segments, flat.input_ids.size)
+    assert plan.computed_pairs <= 1.3 * real, (plan.computed_pairs, real)
+
+
 def test_segment_plan_must_cover_the_sequence():
     with pytest.raises(ValueError, match="position 3"):
         plan_segments([Segment(0, 3, ())], 5)
