@@ -130,11 +130,25 @@ def restore_rng(states: RngStates) -> None:
         torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in states.cuda])
 
 
+def _keep_architectures(saved: Path, loaded: Path) -> None:
+    """save_pretrained names the model's class in config.json `architectures`, which vLLM resolves; an
+    FSDP2-sharded model's class is a generated subclass (FSDPQwen3ForCausalLM) that vLLM does not know.
+    The weights are those of the folder's architecture, so its `architectures` are written back."""
+    if not loaded.is_file():
+        return
+    original = json.loads(loaded.read_text()).get("architectures")
+    config = json.loads(saved.read_text())
+    if original and config.get("architectures") != original:
+        config["architectures"] = original
+        saved.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def model_folder_files(learner: Learner, state_dict: dict | None = None) -> dict[str, bytes]:
     """The `model/` files: save_pretrained output (of `state_dict` when given: the gathered weights of
     a sharded model) plus the tokenizer files of the folder the learner loaded."""
     with tempfile.TemporaryDirectory(prefix="grove-ckpt-") as tmp:
         learner.model.save_pretrained(tmp, state_dict=state_dict)
+        _keep_architectures(Path(tmp) / "config.json", learner.model_dir / "config.json")
         files = {f"{MODEL_DIR}/{p.name}": p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
     tokenizer = [name for name in TOKENIZER_FILES if (learner.model_dir / name).is_file()]
     if not any(name in tokenizer for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):

@@ -9,6 +9,7 @@ services). Rank processes are slow to start on the shared 2-core machine (~20 s 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -146,6 +147,9 @@ def test_two_ranks_resumed_equal_uninterrupted_ranks_bit_for_bit_and_one_process
 
     # the checkpoint is a model folder transformers (and so vLLM, which reads the same files) loads
     folder = download_model_folder(store, "a", 2, root / "hf-a2")
+    # vLLM picks its model class by config.json `architectures`: the base's, not FSDP's generated class
+    base_config = json.loads((learner_model_dir / "config.json").read_text())
+    assert json.loads((folder / "config.json").read_text())["architectures"] == base_config["architectures"]
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     loaded = model.state_dict()
     assert all(torch.equal(loaded[k], got[k]) for k in got)
