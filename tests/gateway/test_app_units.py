@@ -657,3 +657,25 @@ async def test_the_responses_api_is_refused_naming_the_chat_completions_fix(bare
         stranger = openai.AsyncOpenAI(base_url=base, api_key="sk-x", http_client=http_client, max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             await stranger.responses.create(model="m", input="hi")
+
+
+async def test_the_agents_sdk_default_model_gets_the_fix_in_its_error(bare_app):
+    """The real OpenAI Agents SDK with its default model (the Responses API), as a new user runs it."""
+    import agents  # the `harnesses` extra (infra/bootstrap.sh installs it)
+
+    agents.set_tracing_disabled(True)
+    transport = httpx.ASGITransport(app=bare_app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport) as http_client:
+        client = openai.AsyncOpenAI(
+            base_url=f"http://gw/episodes/{episode_ref('ep/1')}/v1",
+            api_key=issue_token(SECRET, "ep/1"),
+            http_client=http_client,
+            max_retries=0,
+        )
+        tutor = agents.Agent(
+            name="Math Tutor", model=agents.OpenAIResponsesModel(model="m", openai_client=client)
+        )
+        with pytest.raises(openai.NotFoundError) as err:
+            await agents.Runner.run(tutor, "What is 2 + 2?")
+    assert err.value.body["code"] == "ResponsesApiNotServedError"
+    assert 'set_default_openai_api("chat_completions")' in err.value.body["message"]
