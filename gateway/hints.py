@@ -11,8 +11,10 @@ header (gateway/identity.py):
 - `UndeclaredAuxiliaryCallError`: the request looks like a summary/title call: it has no tools where the
   agent's context has them. Fix: `x-grove-call-kind: auxiliary`.
 - `MissingIdentityHeadersError`: the request has no identity header at all, so it went to the default
-  agent "parent", whose context it does not extend: most likely another agent (a worker) sent it.
-  Fix: `x-grove-agent` (and `x-grove-spawned-by` for a worker).
+  agent "parent", whose context it does not extend, and it looks like another conversation (other
+  tools, another first message, or no assistant turn yet): most likely another agent (a worker) sent
+  it. Fix: `x-grove-agent` (and `x-grove-spawned-by` for a worker). An edit of the parent's own
+  history (same start, assistant turns) stays a plain `UndeclaredDiscontinuityError`.
 
 Each keeps the base class's `index` / `field` (the OpenAI error's `param`). Pure module.
 """
@@ -105,7 +107,8 @@ def diagnose(
             f"with the header `{KIND_HEADER}: auxiliary` (a context of its own, never trained); if it is "
             f"another agent's request, name the agent with `{AGENT_HEADER}`",
         )
-    if not identity.named:
+    fresh = not any(m.get("role") == "assistant" for m in messages)  # a conversation's first request
+    if not identity.named and (err.index is None or err.index == 0 or fresh):
         return _with(
             MissingIdentityHeadersError,
             err,

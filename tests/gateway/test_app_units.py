@@ -442,6 +442,9 @@ def test_common_wiring_mistakes_get_errors_that_name_the_fixing_header():
     err = _diagnosed(worker, TOOLS, {}, head)
     assert isinstance(err, MissingIdentityHeadersError) and "x-grove-agent" in str(err)
     assert "x-grove-spawned-by" in str(err) and err.index == 0
+    # the parent editing its own history (same start, an assistant turn) is a plain discontinuity
+    edited = [SYSTEM, {"role": "user", "content": "Read b.txt"}, OK, MORE]
+    assert type(_diagnosed(edited, TOOLS, {}, head)) is UndeclaredDiscontinuityError
     # the same request naming its agent is a plain discontinuity
     assert type(_diagnosed(worker, TOOLS, {"x-grove-agent": "parent"}, head)) is UndeclaredDiscontinuityError
     # a summary call (no tools, one user message) without the auxiliary header
