@@ -3,8 +3,8 @@ policy of each family writes, as token ids of a real tokenizer decoded the way t
 becomes the OpenAI message; malformed output stays plain content; a continuation splices the exact
 sampled tokens whichever parser made the message.
 
-Llama 3 and Mistral mark tool calls with special tokens of their own vocabularies; the tiny model's
-tokenizer gets them added (as those models have them) for their cases."""
+Each case runs on the tiny model's and SmolLM2's tokenizers. Llama 3 and Mistral mark tool calls with
+special tokens of their own vocabularies; the tokenizers get them added (as those models have them)."""
 
 from __future__ import annotations
 
@@ -38,9 +38,20 @@ MARKERS = ["<|python_tag|>", "[TOOL_CALLS]", "[ARGS]"]
 
 
 @pytest.fixture(scope="module")
-def marked_tokenizer(tiny_tokenizer):
-    """The tiny tokenizer with Llama 3's and Mistral's tool-call marker tokens."""
-    tok = copy.deepcopy(tiny_tokenizer)
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    from models.smollm2 import find_smollm2_source
+
+    src = find_smollm2_source()
+    return AutoTokenizer.from_pretrained(str(src.gguf_path.parent), gguf_file=src.gguf_path.name)
+
+
+@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+def marked_tokenizer(request, tiny_tokenizer, smollm2_tokenizer):
+    """grove's real tokenizers (the tiny model's, SmolLM2's) with Llama 3's and Mistral's tool-call marker
+    tokens added."""
+    tok = copy.deepcopy(tiny_tokenizer if request.param == "tiny" else smollm2_tokenizer)
     tok.add_special_tokens({"additional_special_tokens": MARKERS})
     return tok
 
