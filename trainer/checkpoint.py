@@ -130,6 +130,20 @@ def restore_rng(states: RngStates) -> None:
         torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in states.cuda])
 
 
+def _without_tied_copies(model: torch.nn.Module, state_dict: dict) -> dict:
+    """A gathered state dict holds a tied parameter under every name (lm_head.weight beside
+    embed_tokens.weight): two tensors, so save_pretrained cannot see they are one and writes both;
+    vLLM refuses the extra key. Keep the first name of each parameter, as model.state_dict() does."""
+    first: dict[int, str] = {}
+    copies = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            copies.add(name)
+        else:
+            first[id(param)] = name
+    return {k: v for k, v in state_dict.items() if k not in copies}
+
+
 def _keep_architectures(saved: Path, loaded: Path) -> None:
     """save_pretrained names the model's class in config.json `architectures`, which vLLM resolves; an
     FSDP2-sharded model's class is a generated subclass (FSDPQwen3ForCausalLM) that vLLM does not know.
@@ -146,6 +160,8 @@ def _keep_architectures(saved: Path, loaded: Path) -> None:
 def model_folder_files(learner: Learner, state_dict: dict | None = None) -> dict[str, bytes]:
     """The `model/` files: save_pretrained output (of `state_dict` when given: the gathered weights of
     a sharded model) plus the tokenizer files of the folder the learner loaded."""
+    if state_dict is not None:
+        state_dict = _without_tied_copies(learner.model, state_dict)
     with tempfile.TemporaryDirectory(prefix="grove-ckpt-") as tmp:
         learner.model.save_pretrained(tmp, state_dict=state_dict)
         _keep_architectures(Path(tmp) / "config.json", learner.model_dir / "config.json")
