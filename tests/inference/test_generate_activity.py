@@ -167,7 +167,11 @@ async def test_chat_continuation_splices_the_parents_exact_tokens(policy_engine,
     tail = policy_engine.tokenizer.decode(
         child_staged.prompt_ids.tolist()[len(head) :], skip_special_tokens=False
     )
-    closing = "\n" if parent.finish_reason == "stop" else "<|im_end|>\n"
+    # The turn is closed by the model's own <|im_end|> when it sampled one; otherwise (length, or
+    # another stop token such as <|endoftext|>: which one depends on the weights earlier tests loaded)
+    # the template closes it.
+    ended_itself = parent_staged.completion_ids.tolist()[-1:] == ids_of(policy_engine, "<|im_end|>")
+    closing = "\n" if ended_itself else "<|im_end|>\n"
     assert tail == closing + "<|im_start|>user\nThanks! And tomorrow?<|im_end|>\n<|im_start|>assistant\n"
 
 

@@ -91,7 +91,10 @@ async def test_tied_embedding_head_is_repacked(policy_engine, tmp_path):
 
 
 async def test_versions_only_move_forward(policy_engine, store, tmp_path):
-    current, source = policy_engine.version, policy_engine.source_dir
+    source = policy_engine.source_dir
+    # a version to be stale against, whatever earlier tests left the shared engine at
+    await policy_engine.publish(source, policy_engine.version + 1)
+    current = policy_engine.version
     other = perturbed_copy(source, tmp_path / "other", seed=3)
     with pytest.raises(StaleVersionError, match=f"already serves version {current}"):
         await policy_engine.publish(other, current - 1)
@@ -100,17 +103,26 @@ async def test_versions_only_move_forward(policy_engine, store, tmp_path):
     same = await policy_engine.publish(source, current)
     assert same.already_current and policy_engine.version == current
 
-    # Through the activity the refusal is a non-retryable ApplicationError naming the error type.
     relabel = await policy_engine.publish(source, current, run_id="run-b")  # same weights: no reload
     assert relabel.already_current and policy_engine.run_id == "run-b"
     commit_checkpoint(store, "run-b", current - 1, other)
+    commit_checkpoint(store, "run-b", current, other)
     acts = InferenceActivities(policy_engine, store, weights_root=tmp_path / "weights")
+    # Through the activity, the run's own older publication arrives after a call of the run made the
+    # engine load a newer committed version (activities/follow.py): it is answered as already served,
+    # and the engine keeps the newer weights.
+    late = await ActivityEnvironment().run(
+        acts.publish_weights, PublishInput(run_id="run-b", version=current - 1)
+    )
+    assert (late.version, late.previous_version) == (current, current)
+    # The served version number with other weights is refused: a non-retryable ApplicationError
+    # naming the error type (a retry cannot make the two weight sets one).
     with pytest.raises(ApplicationError) as err:
-        await ActivityEnvironment().run(
-            acts.publish_weights, PublishInput(run_id="run-b", version=current - 1)
-        )
-    assert err.value.type == "StaleVersionError" and err.value.non_retryable
-    assert policy_engine.version == current
+        await ActivityEnvironment().run(acts.publish_weights, PublishInput(run_id="run-b", version=current))
+    assert err.value.type == "VersionConflictError" and err.value.non_retryable
+    assert (policy_engine.version, policy_engine.run_id) == (current, "run-b")
+    diff, version = await max_diff_to(policy_engine, source, 43, "after-late-publications")
+    assert version == current and diff <= TOL
 
 
 async def test_checkpoint_of_another_architecture_is_refused(policy_engine, tmp_path):
