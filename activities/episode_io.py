@@ -20,6 +20,7 @@ import numpy as np
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import retryable_storage_failure
 from gateway.opencode import text_of
 from gateway.records import load_record
 from grove.contracts import (
@@ -33,11 +34,17 @@ from grove.contracts import (
 )
 from grove.receipts import CallReceipt, ContextRecord
 from harnesses.programs import family
-from storage.base import DigestMismatchError, InvalidKeyError, ObjectNotFoundError, ObjectStore
+from storage.base import (
+    DigestMismatchError,
+    InvalidKeyError,
+    ObjectNotFoundError,
+    ObjectStore,
+    StorageError,
+)
 from trainer.forest import MEMBER_STATES, EpisodeRef, ForestError, ReconstructionOptions, reconstruct
 from trainer.rows import Row, rows_to_parquet
 from trainer.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
-from workflows.handover import LedgerPage, LedgerPageInput, join_pages
+from workflows.handover import LedgerPage, join_pages, pack_page, unpack_page
 
 # Retrying cannot fix these: the data is wrong or gone (a storage outage raises other errors).
 BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (
@@ -62,6 +69,8 @@ def io_attempt(phase: str, **details: object) -> Iterator[None]:
         raise ApplicationError(
             f"{phase}: {type(err).__name__}: {err}", type=type(err).__name__, non_retryable=True
         ) from err
+    except StorageError as err:
+        raise retryable_storage_failure(phase, err) from None
 
 
 def placeholder_row(inp: MaterializeInput) -> Row:
@@ -116,6 +125,8 @@ class EpisodeIO:
             return inp.contexts, inp.receipts
         pages = [LedgerPage.model_validate_json(self.store.get(key)) for key in inp.ledger_pages]
         ledger = join_pages(inp.episode_id, inp.group_id, pages)  # later pages override earlier ones
+        if inp.close_reason is not None:  # pages of the ledger before its close: close it as the workflow did
+            ledger.close(cancel_outstanding=True, reason=inp.close_reason)
         return [c.record for c in ledger.contexts.values()], ledger.receipts()
 
     @activity.defn(name="materialize_episode")
@@ -145,19 +156,24 @@ class EpisodeIO:
             activity.heartbeat({"phase": "clean staging", "attempt": activity.info().attempt})
         prefixes = ([] if inp.keep else [staging_prefix(inp.episode_id)]) + inp.extra_prefixes
         deleted = 0
-        for prefix in prefixes:
-            for key in self.store.list(prefix):
-                self.store.delete(key)
-                deleted += 1
+        try:
+            for prefix in prefixes:
+                for key in self.store.list(prefix):
+                    self.store.delete(key)
+                    deleted += 1
+        except StorageError as err:
+            raise retryable_storage_failure("clean staging", err) from None
         return CleanStagingResult(deleted=deleted)
 
     @activity.defn(name="store_ledger_page")
-    def store_ledger_page(self, inp: LedgerPageInput) -> None:
-        """Write one snapshot page (idempotent: a retry finds and verifies its own bytes)."""
-        with io_attempt("store ledger page", key=inp.key):
-            self.store.put_if_absent(inp.key, inp.page.model_dump_json().encode())
+    def store_ledger_page(self, key: str, packed: bytes) -> None:
+        """Write one snapshot page, packed by the workflow (workflows/handover.py pack_page), as plain
+        JSON (idempotent: a retry finds and verifies its own bytes)."""
+        with io_attempt("store ledger page", key=key):
+            self.store.put_if_absent(key, unpack_page(packed).model_dump_json().encode())
 
     @activity.defn(name="load_ledger_page")
-    def load_ledger_page(self, key: str) -> LedgerPage:
+    def load_ledger_page(self, key: str) -> bytes:
+        """One snapshot page, packed for the workflow (a fraction of its JSON's bytes in the history)."""
         with io_attempt("load ledger page", key=key):
-            return LedgerPage.model_validate_json(self.store.get(key))
+            return pack_page(LedgerPage.model_validate_json(self.store.get(key)))

@@ -30,6 +30,7 @@ import torch
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import retryable_storage_failure
 from activities.train_ranks import (
     ADVANTAGES_FILE,
     CHECKPOINT_DIR,
@@ -41,7 +42,7 @@ from activities.train_ranks import (
 from grove.contracts import TrainStepInput, TrainStepResult
 from grove.episodes import EpisodeRecord
 from models.registry import ensure_model
-from storage.base import ObjectStore
+from storage.base import ObjectStore, StorageError
 from trainer.checkpoint import (
     MODEL_DIR,
     check_config,
@@ -137,7 +138,11 @@ class TrainerActivities:
 
     @activity.defn(name="train_step")
     async def train_step(self, inp: TrainStepInput) -> TrainStepResult:
-        if self.store.exists(commit_key(inp.run_id, inp.step)):
+        try:
+            committed = self.store.exists(commit_key(inp.run_id, inp.step))
+        except StorageError as err:
+            raise retryable_storage_failure(f"train_step {inp.step}", err) from None
+        if committed:
             return TrainStepResult(
                 step=inp.step,
                 policy_version=inp.step,
@@ -159,6 +164,8 @@ class TrainerActivities:
             raise ApplicationError(
                 f"train_step {inp.run_id} step {inp.step}: {exc}", type="PolicyLagError", non_retryable=True
             ) from exc
+        except StorageError as err:  # an outage: retried by the run's policy, shown short in the UI
+            raise retryable_storage_failure(f"train_step {inp.step}", err) from None
         return TrainStepResult(
             step=inp.step, policy_version=inp.step, reused_checkpoint=False, metrics=metrics
         )

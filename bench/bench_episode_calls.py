@@ -11,7 +11,7 @@ pages above `--page-items` contexts + calls). Prints calls/s per segment of `--p
 rate decay as the ledger grows?), close -> result time, then per workflow run: Updates, history events
 and bytes, so history per run and per call can be read off directly.
 
-    .venv/bin/python bench/bench_episode_calls.py                 # 20,000 calls (long: ~1 h on 2 cores)
+    .venv/bin/python bench/bench_episode_calls.py                 # 20,000 calls (~20 min on 2 cores)
     .venv/bin/python bench/bench_episode_calls.py --quick         # 600 calls, 200 per run: a smoke run
 """
 
@@ -103,8 +103,24 @@ async def drive(episodes: CountingEpisodes, episode_id: str, n: int, concurrency
     return rates
 
 
-async def run_histories(client, episode_id: str) -> list[tuple[int, int, int]]:
-    """(updates, events, bytes) of every run of the episode, first to last."""
+def _activity_bytes(history, activity: str, event: str) -> int:
+    """Bytes of the `event` events ("scheduled" / "completed") of `activity` in one run's history."""
+    scheduled: dict[int, str] = {}
+    total = 0
+    for e in history.events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            name = e.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[e.event_id] = name
+            total += e.ByteSize() if event == "scheduled" and name == activity else 0
+        elif e.HasField("activity_task_completed_event_attributes") and event == "completed":
+            sid = e.activity_task_completed_event_attributes.scheduled_event_id
+            total += e.ByteSize() if scheduled.get(sid) == activity else 0
+    return total
+
+
+async def run_histories(client, episode_id: str) -> list[dict[str, int]]:
+    """Per run of the episode, first to last: Updates, events, bytes, and of those bytes the ledger
+    restored (load_ledger_page results, the carried inline ledger) and written (store_ledger_page)."""
     out = []
     run_id = None
     while True:
@@ -112,8 +128,17 @@ async def run_histories(client, episode_id: str) -> list[tuple[int, int, int]]:
         updates = sum(
             1 for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")
         )
-        out.append((updates, len(history.events), sum(e.ByteSize() for e in history.events)))
         started = history.events[0].workflow_execution_started_event_attributes
+        out.append(
+            {
+                "updates": updates,
+                "events": len(history.events),
+                "bytes": sum(e.ByteSize() for e in history.events),
+                "start_input": started.input.ByteSize(),
+                "loaded": _activity_bytes(history, "load_ledger_page", "completed"),
+                "written": _activity_bytes(history, "store_ledger_page", "scheduled"),
+            }
+        )
         if not started.continued_execution_run_id:
             return out[::-1]
         run_id = started.continued_execution_run_id
@@ -166,14 +191,23 @@ async def main(args: argparse.Namespace) -> None:
             f"{len(rows)} rows ({result.num_rows} reported)"
         )
         runs = await run_histories(client, eid)
-        print(f"{len(runs)} workflow runs:   updates   events      bytes   bytes/update")
-        for k, (updates, events, size) in enumerate(runs):
-            print(f"  run {k:>3}  {updates:>16} {events:>8} {size:>10} {size / max(updates, 1):>12.0f}")
-        total_events = sum(r[1] for r in runs)
-        total_bytes = sum(r[2] for r in runs)
         print(
-            f"max run: {max(r[1] for r in runs)} events, {max(r[2] for r in runs) / 1e6:.2f} MB; per call "
-            f"{total_events / args.calls:.1f} events, {total_bytes / args.calls / 1e3:.2f} KB"
+            f"{len(runs)} workflow runs ({len(runs) - 1} hand-overs): updates  events  bytes  bytes/update"
+            "  start-input  ledger-loaded  ledger-written"
+        )
+        for k, r in enumerate(runs):
+            print(
+                f"  run {k:>3} {r['updates']:>8} {r['events']:>7} {r['bytes']:>10} "
+                f"{r['bytes'] / max(r['updates'], 1):>8.0f} {r['start_input']:>10} {r['loaded']:>12} "
+                f"{r['written']:>12}"
+            )
+        total_events = sum(r["events"] for r in runs)
+        total_bytes = sum(r["bytes"] for r in runs)
+        biggest = max(runs, key=lambda r: r["bytes"])
+        print(
+            f"max run: {max(r['events'] for r in runs)} events, {biggest['bytes'] / 1e6:.2f} MB (of which "
+            f"ledger loaded {biggest['loaded'] / 1e6:.2f} MB, written {biggest['written'] / 1e6:.2f} MB); "
+            f"per call {total_events / args.calls:.1f} events, {total_bytes / args.calls / 1e3:.2f} KB"
         )
     finally:
         if worker is not None:

@@ -52,11 +52,17 @@ def episodes_worker(client: Client) -> Worker:
     )
 
 
+def _gated(store):
+    """Tests only: `store` holding at armed write points (grove/gates.py); `store` itself otherwise."""
+    gates = Gates.from_env()
+    return store if gates is None else GatedStore(store, gates)
+
+
 def io_worker(client: Client, store) -> Worker:
     from activities.episode_io import EpisodeIO
     from activities.tracking import track_step
 
-    io = EpisodeIO(store)
+    io = EpisodeIO(_gated(store))
     return Worker(
         client,
         task_queue=queues.IO,
@@ -75,10 +81,7 @@ def io_worker(client: Client, store) -> Worker:
 def trainer_worker(client: Client, store, work_dir: Path, device: str | None) -> Worker:
     from activities.training import TrainerActivities
 
-    gates = Gates.from_env()  # tests only: hold the trainer after chosen object writes (grove/gates.py)
-    if gates is not None:
-        store = GatedStore(store, gates)
-    acts = TrainerActivities(store, work_dir / "trainer", device=device)
+    acts = TrainerActivities(_gated(store), work_dir / "trainer", device=device)
     # one step at a time: the learner is a single in-memory model
     return Worker(
         client, task_queue=queues.TRAINER, activities=[acts.train_step], max_concurrent_activities=1

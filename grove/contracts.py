@@ -378,6 +378,10 @@ class MaterializeInput(BaseModel):
     # A large ledger travels as snapshot pages (keys of LedgerPage objects), `contexts` and `receipts`
     # then stay empty: Temporal payloads stay small whatever the episode's length.
     ledger_pages: list[str] = Field(default_factory=list)
+    # Set when the pages hold the ledger as it was *before* its close: materialize closes the joined
+    # ledger itself (cancel_outstanding=True, this reason), exactly as the workflow did, so the close's
+    # settlement of every call is not written through the history once more.
+    close_reason: str | None = None
 
 
 class MaterializeResult(BaseModel):

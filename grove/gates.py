@@ -17,11 +17,12 @@ Disarming a point (removing `armed/<point>`) releases everything held there and 
 pass. Keys are quoted into file names (`/` and other unsafe characters percent-encoded).
 
 Points used today: `generate` (activities/engine.py: a finished generation, before it is returned;
-key = request id `episode/call/attempt`), `store_put` (cli/worker.py: after the trainer's
-store wrote an object; key = object key), `train_rank` (activities/train_ranks.py: a learner rank
-after each forward/backward pass; key = `run/step-NNNNNN/rank-R/pass-K`) and `harness_exited`
-(activities/harness.py: a launched harness process has ended, before the runner closes its episode;
-key = episode id).
+key = request id `episode/call/attempt`), `store_put` (cli/worker.py: after the trainer's or the io
+worker's store wrote an object; key = object key), `store_before_put` (the same stores, before they
+write an object: a test can stop the object store while a write is about to happen), `train_rank`
+(activities/train_ranks.py: a learner rank after each forward/backward pass; key =
+`run/step-NNNNNN/rank-R/pass-K`) and `harness_exited` (activities/harness.py: a launched harness
+process has ended, before the runner closes its episode; key = episode id).
 """
 
 from __future__ import annotations
@@ -128,15 +129,24 @@ class GateControl:
 
 
 class GatedStore:
-    """An object store whose `put` holds at point `store_put` (key = object key) after writing."""
+    """An object store whose writes (`put`, `put_if_absent`) hold at point `store_before_put` before
+    writing and at `store_put` after writing (key = object key)."""
 
     def __init__(self, store, gates: Gates) -> None:
         self._store = store
         self._gates = gates
 
     def put(self, key: str, data: bytes) -> None:
+        self._gates.hold_sync("store_before_put", key)
         self._store.put(key, data)
         self._gates.hold_sync("store_put", key)
+
+    def put_if_absent(self, key: str, data: bytes):
+        # the wrapped store's own put_if_absent calls its own put, which would bypass the gates
+        self._gates.hold_sync("store_before_put", key)
+        outcome = self._store.put_if_absent(key, data)
+        self._gates.hold_sync("store_put", key)
+        return outcome
 
     def __getattr__(self, name: str):
         return getattr(self._store, name)

@@ -77,13 +77,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.handover import (
         EpisodeCarry,
         EpisodeRun,
-        LedgerPage,
-        LedgerPageInput,
         changed_pages,
         join_pages,
         ledger_items,
         ledger_prefix,
+        pack_page,
         page_key,
+        unpack_page,
     )
     from workflows.ledger import ContextState, Ledger, LedgerError
 
@@ -105,6 +105,12 @@ IO_RETRY = RetryPolicy(
 POLICY_GENERATION_ERRORS = frozenset(
     {"PromptTooLongError", "EmptyPromptError", "TokenIdOutOfRangeError", "PromptSpecError"}
 )
+
+
+CLOSE_REASON = "harness finished"  # the reason the ledger's close gives the calls it cancels
+# A Temporal continue-as-new suggestion is followed only once the run has this many events of its own
+# (~280 calls at ~7 events each; Temporal's count suggestion comes at 4,096 events per run).
+HANDOVER_MIN_OWN_EVENTS = 2_000
 
 
 def rows_key(episode_id: str) -> str:
@@ -152,9 +158,9 @@ def _failure_text(err: ActivityError) -> str:
     return f"{type(cause).__name__ if cause else 'ActivityError'}: {cause or err}"
 
 
-async def _io(activity: str, arg: object, result_type: type | None) -> object:
+async def _io(activity: str, arg: object, result_type: type | None, *more: object) -> object:
     return await workflow.execute_activity(
-        activity, arg, task_queue=queues.IO, start_to_close_timeout=IO_TIMEOUT,
+        activity, args=[arg, *more], task_queue=queues.IO, start_to_close_timeout=IO_TIMEOUT,
         schedule_to_close_timeout=IO_PATIENCE, retry_policy=IO_RETRY, result_type=result_type,
     )  # fmt: skip
 
@@ -185,11 +191,13 @@ class EpisodeWorkflow:
         self.in_flight = 0
         self.handing_over = False
         self.last_activity = workflow.now()
+        self.events_at_start = 0  # history length once the ledger is restored (see _hand_over_due)
 
     @workflow.run
     async def run(self, spec: EpisodeRun) -> EpisodeResult:
         if not self.restored:
             await self._restore_pages()
+        self.events_at_start = workflow.info().get_current_history_length()
         self._set_status("running")
         if self.run_index == 0:
             workflow.upsert_memo(
@@ -197,9 +205,10 @@ class EpisodeWorkflow:
             )
         outcome = await self._drive_harness()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        accounting = self.ledger.close(cancel_outstanding=True, reason="harness finished")
+        pages = await self._pages_before_close(CLOSE_REASON)
+        accounting = self.ledger.close(cancel_outstanding=True, reason=CLOSE_REASON)
         reward, outcome = await self._reward(outcome)
-        rows, outcome = await self._materialize(outcome, reward)
+        rows, outcome = await self._materialize(outcome, reward, pages)
         await self._clean(outcome)
         status = "failed" if outcome.failure else "ok"
         self._set_status(status)
@@ -339,11 +348,11 @@ class EpisodeWorkflow:
         return result.reward, outcome
 
     async def _materialize(
-        self, outcome: HarnessOutcome, reward: float
+        self, outcome: HarnessOutcome, reward: float, pages: list[str] | None
     ) -> tuple[MaterializeResult, HarnessOutcome]:
         """Rows, or (rows that cannot be built: a typed error, or storage gone for IO_PATIENCE) the
         placeholder row of a failed episode. Only a placeholder that cannot be written fails the workflow."""
-        inp = await self._materialize_input(outcome, reward)
+        inp = self._materialize_input(outcome, reward, pages)
         try:
             return await _io("materialize_episode", inp, MaterializeResult), outcome
         except ActivityError as err:
@@ -354,7 +363,9 @@ class EpisodeWorkflow:
         placeholder = inp.model_copy(update={"valid": False, "failure": failed.failure, "reward": 0.0})
         return await _io("materialize_episode", placeholder, MaterializeResult), failed
 
-    async def _materialize_input(self, outcome: HarnessOutcome, reward: float) -> MaterializeInput:
+    def _materialize_input(
+        self, outcome: HarnessOutcome, reward: float, pages: list[str] | None
+    ) -> MaterializeInput:
         spec = self.spec
         inp = MaterializeInput(
             episode_id=spec.episode_id,
@@ -368,8 +379,8 @@ class EpisodeWorkflow:
             train_agents=spec.train_agents,
             train_auxiliary=spec.train_auxiliary,
         )
-        if ledger_items(self.ledger) > self.spec.ledger_page_items:
-            return inp.model_copy(update={"ledger_pages": await self._store_pages("final")})
+        if pages is not None:
+            return inp.model_copy(update={"ledger_pages": pages, "close_reason": CLOSE_REASON})
         contexts = [c.record for c in self.ledger.contexts.values()]
         return inp.model_copy(update={"contexts": contexts, "receipts": self.ledger.receipts()})
 
@@ -383,11 +394,17 @@ class EpisodeWorkflow:
     # ---------------------------------------------------------------------------------- hand-over
 
     def _hand_over_due(self) -> bool:
-        # Only hand-run external harnesses: a runner's activity would be lost with this run (not built yet).
+        """Only hand-run external harnesses (a runner's activity would be lost with this run).
+        After max_updates_per_run Updates, or when Temporal suggests it (4,096 events or 4 MiB) and
+        this run has added HANDOVER_MIN_OWN_EVENTS itself: a restored ledger of a long episode alone
+        can pass 4 MiB, and then every new run would hand over at once, forever, doing no calls."""
         if self.handing_over or self.close_request is not None or self.spec.harness.kind != "external":
             return False
-        full = self.updates_this_run >= self.spec.max_updates_per_run
-        return full or workflow.info().is_continue_as_new_suggested()
+        if self.updates_this_run >= self.spec.max_updates_per_run:
+            return True
+        info = workflow.info()
+        own_events = info.get_current_history_length() - self.events_at_start
+        return own_events >= HANDOVER_MIN_OWN_EVENTS and info.is_continue_as_new_suggested()
 
     async def _hand_over(self) -> None:
         """Drain (new Updates are refused with HandingOver), then continue-as-new with the ledger.
@@ -416,15 +433,24 @@ class EpisodeWorkflow:
         size = self.spec.ledger_page_items
         pages = changed_pages(self.ledger, self.saved_contexts, self.saved_calls, size)
         keys = [page_key(eid, self.run_index, purpose, i) for i in range(len(pages))]
-        writes = [LedgerPageInput(key=k, page=p) for k, p in zip(keys, pages, strict=True)]
-        await asyncio.gather(*(_io("store_ledger_page", w, None) for w in writes))
+        await asyncio.gather(
+            *(_io("store_ledger_page", k, None, pack_page(p)) for k, p in zip(keys, pages, strict=True))
+        )
         return self.saved_pages + keys
+
+    async def _pages_before_close(self, reason: str) -> list[str] | None:
+        """A ledger too large for a payload is paged *before* its close (only what changed since the
+        last pages: this run's calls); materialize applies the close (MaterializeInput.close_reason).
+        Paged after the close, the settlement of every call of the episode went through the history."""
+        if ledger_items(self.ledger) <= self.spec.ledger_page_items:
+            return None
+        return await self._store_pages("final")
 
     async def _restore_pages(self) -> None:
         carry = self.spec.carry
         assert carry is not None
-        pages = await asyncio.gather(*(_io("load_ledger_page", k, LedgerPage) for k in carry.ledger_pages))
-        self.ledger = join_pages(self.spec.episode_id, self.spec.group_id, pages)
+        packed = await asyncio.gather(*(_io("load_ledger_page", k, bytes) for k in carry.ledger_pages))
+        self.ledger = join_pages(self.spec.episode_id, self.spec.group_id, map(unpack_page, packed))
         self.saved_contexts = {k: v.model_copy(deep=True) for k, v in self.ledger.contexts.items()}
         self.saved_calls = dict(self.ledger.calls)
         self.restored = True

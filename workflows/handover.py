@@ -12,11 +12,17 @@ restored from (`changed_pages`), and a ledger is the pages of all runs joined in
 overriding earlier ones (`join_pages`). Each run's history thus carries the calls of that run once
 on the way out; on the way in it still carries the whole ledger (the workflow holds it in memory).
 
+Pages cross Temporal packed (`pack_page`: zlib-compressed JSON, a raw bytes payload; ~4.6x smaller,
+measured 622 -> 134 bytes per call), and sit in the store as plain JSON. So what a run loads grows
+by ~0.14 KB per call of the episode, and the close no longer writes every call again (the ledger is
+paged before its close and the materialize activity applies the close: `MaterializeInput.close_reason`).
+
 Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandbox).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
@@ -31,11 +37,6 @@ class LedgerPage(BaseModel):
 
     contexts: dict[str, ContextState] = Field(default_factory=dict)
     calls: dict[str, CallReceipt] = Field(default_factory=dict)
-
-
-class LedgerPageInput(BaseModel):
-    key: str
-    page: LedgerPage
 
 
 class EpisodeCarry(BaseModel):
@@ -58,6 +59,7 @@ class EpisodeRun(EpisodeSpec):
 
 
 LEDGER_ROOT = "ledger"
+PACK_LEVEL = 6  # zlib: level 9 saves < 1% more on receipts (sha256 hex dominates what is left)
 
 
 def ledger_prefix(episode_id: str) -> str:
@@ -113,3 +115,12 @@ def join_pages(episode_id: str, group_id: str, pages: Iterable[LedgerPage], **st
         ledger.contexts.update(page.contexts)
         ledger.calls.update(page.calls)
     return ledger
+
+
+def pack_page(page: LedgerPage) -> bytes:
+    """A page as it crosses Temporal: compressed JSON (deterministic for one zlib build)."""
+    return zlib.compress(page.model_dump_json().encode(), PACK_LEVEL)
+
+
+def unpack_page(data: bytes) -> LedgerPage:
+    return LedgerPage.model_validate_json(zlib.decompress(data))

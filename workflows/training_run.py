@@ -70,7 +70,11 @@ TRAIN_HEARTBEAT = timedelta(seconds=60)
 PUBLISH_TIMEOUT = timedelta(minutes=10)
 TRACK_TIMEOUT = timedelta(minutes=2)
 TRACK_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2))
-RETRY = RetryPolicy(maximum_attempts=10, initial_interval=timedelta(seconds=2))
+# train_step / publish_weights: a storage or trainer outage is waited out for ~19 min (2, 4, ... 30 s,
+# then every 30 s: a store back after an outage is found within 30 s), never turned into a failed run.
+RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30), maximum_attempts=40
+)
 
 
 def episode_id(run_id: str, step: int, task: int, j: int) -> str:

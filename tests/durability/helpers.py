@@ -53,7 +53,7 @@ class WorkerProcess:
         queue_names: Iterable[str],
         *,
         address: str,
-        store_dir: Path,
+        store_url: str,
         model: Path,
         log_dir: Path,
         extra_env: dict[str, str] | None = None,
@@ -62,7 +62,7 @@ class WorkerProcess:
         self.extra_env = dict(extra_env or {})
         self.queues = list(queue_names)
         self.address = address
-        self.store_dir = Path(store_dir)
+        self.store_url = store_url
         self.model = Path(model)
         self.log_dir = Path(log_dir)
         self.proc: subprocess.Popen | None = None
@@ -83,7 +83,7 @@ class WorkerProcess:
         return dict(
             os.environ,
             GROVE_TEMPORAL_ADDRESS=self.address,
-            GROVE_STORE=self.store_dir.as_uri(),
+            GROVE_STORE=self.store_url,
             PYTHONUNBUFFERED="1",
             **self.extra_env,
         )
@@ -318,11 +318,15 @@ class DurabilityStack:
     switches to that run's lineage (activities/engine.py).
     """
 
-    def __init__(self, root: Path, model: Path) -> None:
+    def __init__(self, root: Path, model: Path, *, store_url: str | None = None, store_env=None) -> None:
+        """`store_url`: the workers' GROVE_STORE (default a local store under root/store); `store_env`:
+        more environment for them (an S3 store's credentials)."""
         from infra.temporal import TemporalDevServer
 
         self.root = Path(root)
         self.store_dir = self.root / "store"
+        self.store_url = store_url or self.store_dir.as_uri()
+        self.store_env = dict(store_env or {})
         self.server = TemporalDevServer(self.root / "temporal")
         self.model = Path(model)
         # Test gates (grove/gates.py): the workers hold at armed points until the test releases them.
@@ -333,8 +337,8 @@ class DurabilityStack:
 
     def _worker(self, name: str, queue_names: Iterable[str]) -> WorkerProcess:
         return WorkerProcess(
-            name, queue_names, address=self.server.address, store_dir=self.store_dir, model=self.model,
-            log_dir=self.root / "logs", extra_env=self.gates.env,
+            name, queue_names, address=self.server.address, store_url=self.store_url, model=self.model,
+            log_dir=self.root / "logs", extra_env={**self.gates.env, **self.store_env},
         )  # fmt: skip
 
     async def up(self) -> DurabilityStack:

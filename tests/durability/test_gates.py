@@ -46,3 +46,22 @@ def test_the_gated_store_holds_after_writing_the_object(tmp_path):
     control.disarm("store_put")
     writer.join(5)
     assert store.get("ck/step-2/b") == b"3"
+
+
+def test_the_gated_store_holds_before_a_write_and_gates_put_if_absent(tmp_path):
+    control = GateControl(tmp_path / "gates")
+    store = GatedStore(LocalStore(tmp_path / "store"), Gates(control.root))
+    control.arm("store_before_put", r"^rows/")
+    writer = threading.Thread(target=lambda: store.put_if_absent("rows/ep.parquet", b"rows"))
+    writer.start()
+    while not control.held("store_before_put"):
+        writer.join(0.001)
+    assert not store.exists("rows/ep.parquet")  # held before the write
+    control.arm("store_put", r"^rows/")
+    control.disarm("store_before_put")
+    while not control.held("store_put"):
+        writer.join(0.001)
+    assert store.get("rows/ep.parquet") == b"rows"  # written, then held after
+    control.disarm("store_put")
+    writer.join(5)
+    assert not writer.is_alive()

@@ -145,12 +145,19 @@ def _completed_after_handing_over(history) -> int:
     return completed
 
 
+@pytest.mark.parametrize(
+    "n, per_run",
+    [
+        pytest.param(240, 40, id="240-calls"),
+        pytest.param(2_400, 300, id="2400-calls", marks=[pytest.mark.long, pytest.mark.timeout(900)]),
+    ],
+)
 async def test_long_episode_continues_as_new_with_its_ledger(
-    temporal_client: Client, grove_worker, e2e_store
+    temporal_client: Client, grove_worker, e2e_store, n: int, per_run: int
 ):
-    """240 calls, 8 at a time, 40 Updates per run, ledger pages of 64 items: several hand-overs with calls
-    in flight across each; every call is settled and trained exactly once."""
-    n, per_run = 240, 40
+    """n calls, 8 at a time, per_run Updates per run, ledger pages of 64 items: several hand-overs with
+    calls in flight across each; every call is settled and trained exactly once. (The long suite's
+    2,400 calls restore ledgers of up to 37 pages and page the last run's calls before the close.)"""
     spec = episode_spec("long", max_updates_per_run=per_run, ledger_page_items=64)
     episodes = CountingEpisodes(temporal_client)
     episode_id = await start(temporal_client, spec)
@@ -180,6 +187,8 @@ async def test_long_episode_continues_as_new_with_its_ledger(
     last = temporal_client.get_workflow_handle(episode_id)
     [materialize] = await decoded_inputs(temporal_client, last, "materialize_episode", MaterializeInput)
     assert materialize.ledger_pages and not materialize.receipts
+    # paged before its close (only the last run's changes), closed by materialize as the workflow did
+    assert materialize.close_reason == "harness finished"
     assert e2e_store.list(ledger_prefix(episode_id)) == []
     print(
         f"\n{n} calls, {len(runs)} runs, HandingOver retries {episodes.handover_retries}, "

@@ -9,7 +9,7 @@ from gateway.prompt import ClaimCheckError, resolve_chat_ref
 from grove.contracts import CallRequest, ChatPrompt, CloseRequest, PromptSpec, close_digest
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
 from storage.local import LocalStore
-from workflows.handover import changed_pages, join_pages, split_pages
+from workflows.handover import changed_pages, join_pages, pack_page, split_pages, unpack_page
 from workflows.ledger import Ledger
 
 
@@ -51,6 +51,28 @@ def test_incremental_pages_carry_only_what_changed_and_join_to_the_ledger():
     assert [(list(p.contexts), list(p.calls)) for p in delta] == [(["parent"], ["parent.c3", "parent.c10"])]
     rejoined = join_pages("e/1", "g", first + delta)
     assert rejoined == restored and list(rejoined.calls) == list(restored.calls)
+
+
+def test_a_packed_page_is_the_same_page_in_a_fraction_of_its_json():
+    [page] = split_pages(_ledger(200), 1_000)
+    packed = pack_page(page)
+    assert unpack_page(packed) == page
+    # what crosses Temporal for a page: at most a third of its JSON (the history bytes of a hand-over)
+    assert len(packed) < len(page.model_dump_json()) / 3
+
+
+def test_pages_written_before_the_close_close_to_the_workflows_accounting():
+    """The workflow pages its ledger before closing it; whoever joins the pages and closes them with
+    the same reason gets the receipts and accounting the workflow's own close produced."""
+    ledger = _ledger(6)
+    ledger.admit("parent.c6", "parent", extends="parent.c0", branch=True)  # outstanding at close
+    ledger.discard("parent.c2", "not used")
+    pages = split_pages(ledger, 4)
+    expected = ledger.close(cancel_outstanding=True, reason="harness finished")
+    joined = join_pages("e/1", "g", [unpack_page(pack_page(p)) for p in pages])
+    assert joined.close(cancel_outstanding=True, reason="harness finished") == expected
+    assert joined.receipts() == ledger.receipts()
+    assert joined.calls["parent.c6"].state.value == "cancelled"
 
 
 def test_a_stashed_chat_prompt_comes_back_only_unchanged(tmp_path):
