@@ -47,3 +47,11 @@ def test_fingerprint_changes_with_any_field_and_is_stable():
     for change in ({"lr": 2e-6}, {"clip_high": 0.28}, {"micro_batch_tokens": 4096}, {"seed": 1}):
         assert LearnerConfig(**change).fingerprint() != base.fingerprint(), change
     assert not math.isnan(base.lr_at(0))
+
+
+def test_rank_count_is_not_fingerprinted_so_checkpoints_resume_onto_any_count():
+    # where a step runs, not what it computes (tests/learner/test_train_ranks.py resumes 2 -> 3 -> 1)
+    assert LearnerConfig(ranks=4).fingerprint() == LearnerConfig().fingerprint()
+    assert LearnerConfig(ranks=4, lr=2e-6).fingerprint() == LearnerConfig(lr=2e-6).fingerprint()
+    with pytest.raises(ValueError, match="ranks"):
+        LearnerConfig(ranks=0)
