@@ -39,8 +39,10 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.engine import Generation, PolicyEngine
+from chat.toolcalls import ParsedAssistant
 from gateway.prompt import build_prompt, resolve_chat_ref
 from grove.contracts import GenerateInput, GenerateResult
+from grove.receipts import ToolCallOutcome
 from grove.sampling import SamplingProcessing
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
 from trainer.staging_format import (
@@ -112,7 +114,17 @@ def _result(
         policy_version=receipt.policy_version,
         reused_staged=reused,
         sampling=receipt.sampling,
+        tool_call=tool_call_outcome(parsed, tools),
     )
+
+
+def tool_call_outcome(parsed: ParsedAssistant, tools: list[dict[str, Any]] | None) -> ToolCallOutcome | None:
+    """How a completion parsed, for a request that offered tools (None when it offered none)."""
+    if not tools:
+        return None
+    if parsed.tool_calls:
+        return ToolCallOutcome.WELL_FORMED
+    return ToolCallOutcome.MALFORMED if parsed.malformed else ToolCallOutcome.NONE
 
 
 def staged_result(

@@ -121,15 +121,18 @@ async def history_of(handle) -> tuple[list[StepRecord], bool]:
 def write_metrics(path: Path, histories: dict[str, list[StepRecord]]) -> None:
     keys = sorted({k for h in histories.values() for r in h for k in r.metrics})
     parts = sorted({k for h in histories.values() for r in h for k in r.reward_components})
+    rollout = sorted({k for h in histories.values() for r in h for k in r.rollout})
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["run", "step", "mean_reward", "episodes", "failed_episodes", "policy_version", *keys,
-                    *(f"reward/{k}" for k in parts), "eval_mean_reward"])  # fmt: skip
+                    *(f"reward/{k}" for k in parts), *(f"rollout/{k}" for k in rollout),
+                    "eval_mean_reward"])  # fmt: skip
         for run_id, history in histories.items():
             for r in history:
                 w.writerow([run_id, r.step, f"{r.mean_reward:.6f}", r.episodes, r.failed_episodes,
                             r.policy_version, *(r.metrics.get(k, "") for k in keys),
                             *(r.reward_components.get(k, "") for k in parts),
+                            *(r.rollout.get(k, "") for k in rollout),
                             f"{r.eval.mean_reward:.6f}" if r.eval else ""])  # fmt: skip
 
 

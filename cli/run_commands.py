@@ -170,6 +170,10 @@ def status(
             )
             if metrics:
                 lines.append(f"    {metrics}")
+            # episode statistics: reward spread, size, tool-call validity, compactions
+            rollout = ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.get("rollout", {}).items()))
+            if rollout:
+                lines.append(f"    rollout: {rollout}")
         if not s["progress_available"]:
             lines.append("  (no worker answered the progress query: is `grove worker` running?)")
         for e in s["failed_episodes"]:

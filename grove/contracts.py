@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grove.episodes import EpisodeRecord, FailureKind
 from grove.learner_config import LearnerConfig
-from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests
+from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests, ToolCallOutcome
 from grove.sampling import SamplingConfig, SamplingProcessing
 
 TrainAgents = Literal["all", "parent_only"]
@@ -311,6 +311,9 @@ class EpisodeResult(BaseModel):
     # who failed it (grove/episodes.py): "policy" counts in the group baseline with the run's
     # failure_reward, "infrastructure" is excluded from it; None when ok
     failure_kind: FailureKind | None = None
+    # counts over the episode's ledger (workflows/step_metrics.py `call_stats`): calls offered tools
+    # and how their completions parsed, rewrite (compaction) contexts
+    call_stats: dict[str, int] = Field(default_factory=dict)
 
     def record(self) -> EpisodeRecord:
         """What the learner needs of this episode (its rows are loaded from rows_key)."""
@@ -347,6 +350,9 @@ class GenerateResult(BaseModel):
     # What the engine sampled with (shapes the behaviour logprobs); the ledger records it in the
     # receipt. None only in results recorded before it existed (replayed histories).
     sampling: SamplingProcessing | None = None
+    # How the completion parsed when the request offered tools (None: no tools offered); the
+    # ledger records it in the call's receipt.
+    tool_call: ToolCallOutcome | None = None
 
 
 class RewardInput(BaseModel):

@@ -41,6 +41,14 @@ TERMINAL_STATES: frozenset[CallState] = frozenset(
 )
 
 
+class ToolCallOutcome(StrEnum):
+    """What a completion offered tools came out as (its request listed tools; else no outcome)."""
+
+    WELL_FORMED = "well_formed"  # parsed as one or more well-formed tool calls
+    MALFORMED = "malformed"  # tried to call a tool but did not parse (kept as plain content)
+    NONE = "none"  # plain content: no tool call attempted
+
+
 class ContextOrigin(StrEnum):
     """How a context was opened."""
 
@@ -95,3 +103,6 @@ class CallReceipt(BaseModel):
     finish_reason: str | None = None
     sampling: SamplingProcessing | None = None
     note: str | None = None  # why a call ended discarded / cancelled / failed (shown in the UI)
+    # how the completion parsed when its request offered tools (None: no tools offered, or a
+    # receipt recorded before outcomes were): the run's tool-call validity metrics count these
+    tool_call: ToolCallOutcome | None = None

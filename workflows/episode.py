@@ -86,6 +86,7 @@ with workflow.unsafe.imports_passed_through():
         unpack_page,
     )
     from workflows.ledger import ContextState, Ledger, LedgerError
+    from workflows.step_metrics import call_stats
 
 STATUS = SearchAttributeKey.for_keyword("GroveStatus")
 
@@ -225,6 +226,9 @@ class EpisodeWorkflow:
             failure=outcome.failure,
             reward_details=self.reward_details,
             failure_kind=outcome.failure_kind if outcome.failure is not None else None,
+            call_stats=call_stats(
+                self.ledger.calls.values(), (c.record for c in self.ledger.contexts.values())
+            ),
         )
 
     # ---------------------------------------------------------------------------------- harness
@@ -491,7 +495,7 @@ class EpisodeWorkflow:
             try:
                 self.ledger.complete(
                     call_id, result.staging_key, result.digests, result.policy_version, result.finish_reason,
-                    sampling=result.sampling,
+                    sampling=result.sampling, tool_call=result.tool_call,
                 )  # fmt: skip
             except LedgerError as err:
                 raise _ledger_failure(err) from err

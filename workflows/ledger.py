@@ -34,7 +34,15 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord, TokenDigests
+from grove.receipts import (
+    CallKind,
+    CallReceipt,
+    CallState,
+    ContextOrigin,
+    ContextRecord,
+    TokenDigests,
+    ToolCallOutcome,
+)
 from grove.sampling import SamplingProcessing
 from workflows.accounting import (
     ContextSummary,
@@ -627,11 +635,13 @@ class Ledger(BaseModel):
         policy_version: int,
         finish_reason: str | None = None,
         sampling: SamplingProcessing | None = None,
+        tool_call: ToolCallOutcome | None = None,
     ) -> CallReceipt:
         """Record the generation receipt of an admitted call (state COMPLETED).
 
         `sampling` is what the generate activity sampled with (its GenerateResult.sampling); the
-        reconstruction refuses a trained call completed without it.
+        reconstruction refuses a trained call completed without it. `tool_call` is how the completion
+        parsed when tools were offered (GenerateResult.tool_call), counted by the step metrics.
         """
         if self.validate_complete(call_id, staging_key, digests, policy_version, finish_reason, sampling):
             self.calls[call_id] = self.calls[call_id].model_copy(
@@ -642,6 +652,7 @@ class Ledger(BaseModel):
                     policy_version=policy_version,
                     finish_reason=finish_reason,
                     sampling=sampling,
+                    tool_call=tool_call,
                 )
             )
         return self.calls[call_id]

@@ -8,18 +8,51 @@ learner/, time/.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from grove.contracts import EpisodeResult, StepRecord
+from grove.receipts import CallReceipt, ContextOrigin, ContextRecord, ToolCallOutcome
+
+TOOLS_OFFERED = "tools_offered"  # calls whose request offered tools (each has a ToolCallOutcome)
+REWRITES = "rewrite_contexts"  # declared rewrites (compactions): each opened a REWRITE context
+
+
+def call_stats(calls: Iterable[CallReceipt], contexts: Iterable[ContextRecord]) -> dict[str, int]:
+    """An episode's tool-call outcomes and compactions, counted from its ledger (EpisodeResult.call_stats).
+
+    Keys: `tools_offered`, `tool_calls_<outcome>` per ToolCallOutcome, `rewrite_contexts`."""
+    outcomes = [c.tool_call for c in calls if c.tool_call is not None]
+    stats = {TOOLS_OFFERED: len(outcomes)}
+    stats |= {f"tool_calls_{o.value}": sum(1 for x in outcomes if x == o) for o in ToolCallOutcome}
+    stats[REWRITES] = sum(1 for c in contexts if c.origin == ContextOrigin.REWRITE)
+    return stats
+
+
+def tool_call_metrics(results: list[EpisodeResult]) -> dict[str, float]:
+    """Over every episode of the step that reported its calls (ok or failed: a malformed call is often
+    what failed it): the fraction of tool-offering calls per outcome, and compactions per episode."""
+    counted = [r for r in results if r.call_stats]
+    if not counted:
+        return {}
+    out = {"compactions_per_episode": sum(r.call_stats.get(REWRITES, 0) for r in counted) / len(counted)}
+    offered = sum(r.call_stats.get(TOOLS_OFFERED, 0) for r in counted)
+    if offered:
+        for o in ToolCallOutcome:
+            key = f"tool_calls_{o.value}"
+            out[f"{key}_fraction"] = sum(r.call_stats.get(key, 0) for r in counted) / offered
+    return out
 
 
 def rollout_metrics(results: list[EpisodeResult]) -> dict[str, float]:
-    """Reward spread and episode size over the step's ok episodes (calls, rows, trained tokens)."""
+    """Reward spread and episode size over the step's ok episodes (calls, rows, trained tokens), and
+    tool-call validity and compactions over all its episodes (`tool_call_metrics`)."""
     ok = [r for r in results if r.status == "ok"]
+    out = tool_call_metrics(results)
     if not ok:
-        return {}
+        return out
     rewards = [r.reward for r in ok]
     mean = sum(rewards) / len(rewards)
-    return {
+    return out | {
         "reward_std": math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)),
         "calls_per_episode": sum(sum(r.counts.values()) for r in ok) / len(ok),
         "rows_per_episode": sum(r.num_rows for r in ok) / len(ok),

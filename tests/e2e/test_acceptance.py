@@ -272,6 +272,9 @@ async def test_single_agent_with_one_compaction_gives_two_rows(
     # two calls, the summary call (c2), a declared rewrite, two more calls
     assert set(served) == {"parent.0.c0", "parent.0.c1", "parent.0.c2", "parent.1.c0", "parent.1.c1"}
     assert result.status == "ok" and result.counts == {"selected": 5} and result.num_rows == 2
+    # the episode's ledger counted one rewrite context; the scenario offers no tools
+    assert result.call_stats == {"tools_offered": 0, "tool_calls_well_formed": 0, "tool_calls_malformed": 0,
+                                 "tool_calls_none": 0, "rewrite_contexts": 1}  # fmt: skip
     rows = rows_from_parquet(e2e_store.get(result.rows_key))
     assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
         "parent.0.c2": ["parent.0.c0", "parent.0.c1", "parent.0.c2"],
