@@ -155,9 +155,16 @@ class TrainerActivities:
             task = asyncio.create_task(self._train_ranks(inp))
         else:
             task = asyncio.create_task(asyncio.to_thread(self._train, inp))
-        while not task.done():  # heartbeat while the step runs in a thread (a dead worker times out)
-            activity.heartbeat({"run": inp.run_id, "step": inp.step, "rows": len(inp.row_keys)})
-            await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+        try:
+            while not task.done():  # heartbeat while the step runs (a dead worker times out)
+                activity.heartbeat({"run": inp.run_id, "step": inp.step, "rows": len(inp.row_keys)})
+                await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+        except asyncio.CancelledError:
+            # the activity was cancelled: stop the step too (on ranks, run_ranks kills and reaps them;
+            # a thread cannot be interrupted and finishes on its own, committing nothing new twice)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
         try:
             metrics = task.result()
         except PolicyLagError as exc:  # the same rows would fail again: fail the step, name the call

@@ -232,3 +232,26 @@ def test_a_rank_killed_mid_step_loses_the_attempt_and_the_retry_trains_once(
     once = saved_weights(store, "d", 1, tmp_path / "dl-d1")
     reference = saved_weights(store_a, "a", 1, tmp_path / "dl-a1")  # an attempt nobody killed
     assert all(torch.equal(once[k], reference[k]) for k in reference)
+
+
+def test_cancelling_an_attempt_kills_and_reaps_its_ranks(learner_model_dir, tmp_path, monkeypatch):
+    store = new_store(tmp_path)
+    gates = GateControl(tmp_path / "gates")
+    monkeypatch.setenv(ENV, str(gates.root))
+    keys = [rank_gate_key("e", 1, rank, 0) for rank in (0, 1)]
+    gates.arm(RANK_GATE, r"^e/step-000001/rank-\d/pass-0$")  # held mid-step until the test is done
+    acts = TrainerActivities(store, tmp_path / "work", device="cpu", rank_threads=1)
+
+    async def cancel_mid_step() -> list[int]:
+        task = asyncio.create_task(acts._train_ranks(step_input("e", 1, learner_model_dir)))
+        await _wait_for_held(gates, keys, task)
+        pids = [gates.holder(RANK_GATE, key) for key in keys]
+        task.cancel()  # what a cancelled train_step does to its attempt
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pids
+
+    pids = asyncio.run(cancel_mid_step())
+    wait_exited(pids, timeout=5)  # both ranks were killed and reaped by the supervisor, still held
+    assert store.list(step_prefix("e", 1)) == []
+    assert not list((tmp_path / "work").iterdir())  # the attempt folder is gone too
