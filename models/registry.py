@@ -13,6 +13,7 @@ renamed into place only when complete, so an interrupted build never leaves a ha
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 from grove.paths import grove_home
 from models.manifest import read_manifest
 from models.smollm2 import convert_smollm2, find_smollm2_source
-from models.tiny import TinyModelSpec, build_tiny_model
+from models.tiny import TinyModelSpec, ToolDrillSpec, build_tiny_model
 
 # "tiny": 200 copy-drill steps then 160 corpus steps, each of 16 x 128 tokens (737k tokens), ~100 s on one
 # core of the dev machine. It then ends turns with <|im_end|>, emits hermes tool calls, and sometimes
@@ -34,6 +35,17 @@ TINY_SPECS: dict[str, TinyModelSpec] = {
         pretrain_steps=TINY_PRETRAIN_STEPS, drill_steps=200, seq_len=128, init_std=0.06, learning_rate=6e-3
     ),
     "tiny-random": TinyModelSpec(pretrain_steps=0),
+    # "tiny" plus tool-calling phases on OpenCode-shaped drills (models/tool_drills.py) and positions for
+    # OpenCode's prompts (its default agent's first request is ~9,700 tokens in this tokenizer).
+    "tiny-tools": TinyModelSpec(
+        pretrain_steps=TINY_PRETRAIN_STEPS,
+        drill_steps=200,
+        seq_len=128,
+        init_std=0.06,
+        learning_rate=6e-3,
+        max_position_embeddings=32768,
+        tools=ToolDrillSpec(short_steps=250, long_steps=100),
+    ),
 }
 SMOLLM2 = "smollm2"
 KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, SMOLLM2)
@@ -71,6 +83,22 @@ def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None
         source = find_smollm2_source()
         return _ensure_cached(root, name, source.fingerprint(), lambda out: convert_smollm2(source, out))
     return _existing_folder(Path(name_or_path))
+
+
+def known_positions(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None = None) -> int | None:
+    """The model's max_position_embeddings if it is known without building anything: a tiny spec's,
+    a folder's config.json, a built smollm2 entry's; else None (the engine checks at start)."""
+    name = str(name_or_path)
+    if name in TINY_SPECS:
+        return TINY_SPECS[name].max_position_embeddings
+    root = Path(cache_dir) if cache_dir is not None else models_cache_dir()
+    folders = sorted(root.glob(f"{SMOLLM2}-*")) if name == SMOLLM2 else [Path(name)]
+    for folder in folders:
+        config = folder / "config.json"
+        if config.is_file():
+            value = json.loads(config.read_text()).get("max_position_embeddings")
+            return int(value) if value is not None else None
+    return None
 
 
 def _existing_folder(path: Path) -> Path:

@@ -19,9 +19,11 @@ library versions. `TinyModelSpec.fingerprint()` names the cache entry (models/re
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from models.corpus import generate_copy_drills, generate_corpus
 from models.manifest import write_manifest
-from models.tokenizer import END_OF_TEXT, IM_END, save_tokenizer, train_tokenizer
+from models.tokenizer import END_OF_TEXT, IM_END, IM_START, save_tokenizer, train_tokenizer
+from models.tool_drills import generate_tool_drills, harness_texts
+
+log = logging.getLogger(__name__)
 
 # Bump when the builder's output changes for an unchanged spec: it is part of every fingerprint.
 BUILDER_VERSION = "tiny-3"
@@ -39,6 +44,33 @@ BUILDER_VERSION = "tiny-3"
 
 class NonDeterministicBuildError(RuntimeError):
     """The process cannot pin torch to one thread, so the build would not be byte-reproducible."""
+
+
+class ToolDrillSpec(BaseModel):
+    """The tool-calling phases of a `tiny-tools` build (models/tool_drills.py), after the corpus steps:
+    `short_steps` on compact dialogues in short windows, then `long_steps` on dialogues with OpenCode's
+    full prompt text in long windows. Windows start at dialogue starts. Prompt tokens (everything but
+    the assistant's turns) weigh `prompt_loss_weight` in the loss: the signal is in the answers (the
+    copied words), which a plain mean over ~1,000-token prompts would dilute."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Names the drill generator's output (models/tool_drills.py, its captured OpenCode text): bump it
+    # when they change, so the cache fingerprint does.
+    drills_version: str = "opencode-1.18.33-2"
+    short_documents: int = Field(6000, gt=0)
+    short_steps: int = Field(0, ge=0)
+    short_seq_len: int = Field(512, gt=1)
+    short_batch_size: int = Field(16, gt=0)
+    long_documents: int = Field(1500, gt=0)
+    long_steps: int = Field(0, ge=0)
+    long_seq_len: int = Field(2048, gt=1)
+    long_batch_size: int = Field(4, gt=0)
+    prompt_loss_weight: float = Field(0.1, ge=0, le=1)
+    # copies of OpenCode's captured request texts in the tokenizer's training text: its fixed prompt
+    # text then takes ~2x fewer tokens (the `task` schema and the default agent's prompt)
+    harness_text_copies: int = Field(4, ge=0)
+    tokenizer_documents: int = Field(1000, ge=0)  # long drills added to the tokenizer's training text
 
 
 class TinyModelSpec(BaseModel):
@@ -68,6 +100,7 @@ class TinyModelSpec(BaseModel):
     learning_rate: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
     weight_decay: float = Field(0.1, ge=0)
+    tools: ToolDrillSpec | None = None  # None: no tool-calling phases (the "tiny" model)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TinyModelSpec:
@@ -77,16 +110,31 @@ class TinyModelSpec(BaseModel):
                 f"TinyModelSpec: num_heads={self.num_heads} must be a multiple of num_kv_heads="
                 f"{self.num_kv_heads} (grouped-query attention); change one of them."
             )
-        if self.seq_len > self.max_position_embeddings:
-            raise ValueError(
-                f"TinyModelSpec: seq_len={self.seq_len} exceeds max_position_embeddings="
-                f"{self.max_position_embeddings}; lower seq_len."
-            )
+        lengths = {"seq_len": self.seq_len}
+        if self.tools is not None:
+            lengths |= {
+                "tools.short_seq_len": self.tools.short_seq_len,
+                "tools.long_seq_len": self.tools.long_seq_len,
+            }
+        for name, length in lengths.items():
+            if length > self.max_position_embeddings:
+                raise ValueError(
+                    f"TinyModelSpec: {name}={length} exceeds max_position_embeddings="
+                    f"{self.max_position_embeddings}; lower {name}."
+                )
         return self
 
+    @property
+    def total_steps(self) -> int:
+        tool_steps = self.tools.short_steps + self.tools.long_steps if self.tools else 0
+        return self.drill_steps + self.pretrain_steps + tool_steps
+
     def fingerprint(self) -> str:
-        """16 hex chars of sha256(BUILDER_VERSION + spec JSON): the cache entry's name suffix."""
-        payload = BUILDER_VERSION + "\n" + self.model_dump_json()
+        """16 hex chars of sha256(BUILDER_VERSION + spec JSON): the cache entry's name suffix. `tools` is
+        left out when None, so specs without tool phases keep the fingerprints they had before it."""
+        payload = (
+            BUILDER_VERSION + "\n" + self.model_dump_json(exclude={"tools"} if self.tools is None else None)
+        )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -99,6 +147,7 @@ class TinyBuildReport(BaseModel):
     losses: list[float]  # pretraining loss per step (empty without pretraining)
     seconds_total: float
     seconds_pretrain: float
+    cpu_seconds_total: float = 0.0  # this process's CPU time: the cost on a shared machine
 
 
 @contextmanager
@@ -165,32 +214,118 @@ def _token_stream(tok: Any, docs: list[str]) -> np.ndarray:
 
 
 def _lr_at(step: int, spec: TinyModelSpec) -> float:
-    """Warmup, then one cosine over the drill and corpus steps together."""
+    """Warmup, then one cosine over all steps together (drills, corpus, tool phases)."""
     warm = min(1.0, (step + 1) / max(1, spec.warmup_steps))
-    total = spec.drill_steps + spec.pretrain_steps
-    return spec.learning_rate * warm * 0.5 * (1.0 + math.cos(math.pi * step / total))
+    return spec.learning_rate * warm * 0.5 * (1.0 + math.cos(math.pi * step / spec.total_steps))
 
 
-def _pretrain(
-    model: torch.nn.Module, drills: np.ndarray, stream: np.ndarray, spec: TinyModelSpec
-) -> list[float]:
-    """AdamW on random windows of the drill stream (`drill_steps`), then of the corpus stream
-    (`pretrain_steps`); returns the loss of each step."""
+ASSISTANT_OPEN = IM_START + "assistant\n"
+
+
+def assistant_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the assistant turns' bodies in a rendered chat, each with its <|im_end|>."""
+    spans, at = [], text.find(ASSISTANT_OPEN)
+    while at >= 0:
+        body = at + len(ASSISTANT_OPEN)
+        end = text.find(IM_END, body)
+        end = len(text) if end < 0 else end + len(IM_END)
+        spans.append((body, end))
+        at = text.find(ASSISTANT_OPEN, end)
+    return spans
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """Windows of one training phase: a token stream, per-token loss weights, window starts."""
+
+    tokens: torch.Tensor  # int64 [N + seq_len] (padded so every start has a full window)
+    weights: torch.Tensor | None  # float32, like tokens; None: plain mean
+    starts: torch.Tensor | None  # int64 [D] document starts to draw from; None: any offset
+    seq_len: int
+    batch_size: int
+    steps: int
+
+
+def _weighted_stream(
+    tok: Any, docs: list[str], prompt_weight: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, weights, document starts): assistant-turn tokens weigh 1, the rest `prompt_weight`."""
+    eot = tok.token_to_id(END_OF_TEXT)
+    ids: list[int] = []
+    weights: list[float] = []
+    starts: list[int] = []
+    for text, enc in zip(docs, tok.encode_batch(docs), strict=True):
+        starts.append(len(ids))
+        spans = assistant_spans(text)
+        ids.extend(enc.ids)
+        weights.extend(1.0 if any(a <= s < b for a, b in spans) else prompt_weight for s, _ in enc.offsets)
+        ids.append(eot)
+        weights.append(prompt_weight)
+    return np.asarray(ids, np.int64), np.asarray(weights, np.float32), np.asarray(starts, np.int64)
+
+
+def _tool_phases(tok: Any, spec: TinyModelSpec) -> list[_Phase]:
+    tools = spec.tools
+    if tools is None:
+        return []
+    phases = []
+    for shape, n_docs, steps, seq_len, batch, seed in (
+        ("short", tools.short_documents, tools.short_steps, tools.short_seq_len, tools.short_batch_size, 3),
+        ("long", tools.long_documents, tools.long_steps, tools.long_seq_len, tools.long_batch_size, 4),
+    ):
+        if not steps:
+            continue
+        docs = generate_tool_drills(spec.seed + seed, n_documents=n_docs, shape=shape)
+        ids, weights, starts = _weighted_stream(tok, docs, tools.prompt_loss_weight)
+        pad = np.full(seq_len, tok.token_to_id(END_OF_TEXT), np.int64)
+        phases.append(
+            _Phase(
+                tokens=torch.from_numpy(np.concatenate([ids, pad])),
+                weights=torch.from_numpy(np.concatenate([weights, np.zeros(seq_len, np.float32)])),
+                starts=torch.from_numpy(starts),
+                seq_len=seq_len,
+                batch_size=batch,
+                steps=steps,
+            )
+        )
+    return phases
+
+
+def _plain_phase(stream: np.ndarray, steps: int, spec: TinyModelSpec) -> _Phase:
+    return _Phase(torch.from_numpy(stream), None, None, spec.seq_len, spec.batch_size, steps)
+
+
+def _batch(phase: _Phase, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    offsets = torch.arange(phase.seq_len)
+    if phase.starts is None:
+        starts = torch.randint(0, len(phase.tokens) - phase.seq_len, (phase.batch_size,), generator=gen)
+    else:
+        starts = phase.starts[torch.randint(0, len(phase.starts), (phase.batch_size,), generator=gen)]
+    index = starts[:, None] + offsets
+    return phase.tokens[index], None if phase.weights is None else phase.weights[index]
+
+
+def _loss(logits: torch.Tensor, batch: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    flat_logits, targets = logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
+    if weights is None:
+        return torch.nn.functional.cross_entropy(flat_logits, targets)
+    w = weights[:, 1:].reshape(-1)
+    per_token = torch.nn.functional.cross_entropy(flat_logits, targets, reduction="none")
+    return (per_token * w).sum() / w.sum().clamp_min(1e-6)
+
+
+def _pretrain(model: torch.nn.Module, phases: list[_Phase], spec: TinyModelSpec) -> list[float]:
+    """AdamW over the phases in order (copy drills, corpus, tool drills); returns each step's loss."""
     gen = torch.Generator().manual_seed(spec.seed + 1)
     opt = torch.optim.AdamW(
         model.parameters(), lr=spec.learning_rate, betas=(0.9, 0.95), weight_decay=spec.weight_decay
     )
-    offsets = torch.arange(spec.seq_len)
     losses = []
     model.train()
-    phases = [torch.from_numpy(drills)] * spec.drill_steps + [torch.from_numpy(stream)] * spec.pretrain_steps
-    for step, tokens in enumerate(phases):
-        starts = torch.randint(0, len(tokens) - spec.seq_len, (spec.batch_size,), generator=gen)
-        batch = tokens[starts[:, None] + offsets]
-        logits = model(input_ids=batch).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
-        )
+    schedule = [phase for phase in phases for _ in range(phase.steps)]
+    for step, phase in enumerate(schedule):
+        batch, weights = _batch(phase, gen)
+        loss = _loss(model(input_ids=batch).logits, batch, weights)
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, spec)
         opt.zero_grad(set_to_none=True)
@@ -198,6 +333,8 @@ def _pretrain(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
+        if step % 50 == 0 or step == len(schedule) - 1:
+            log.info("tiny build: step %d/%d loss %.3f", step, len(schedule), losses[-1])
     model.eval()
     return losses
 
@@ -240,22 +377,27 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None, **knobs: 
     spec = spec if spec is not None else TinyModelSpec(**knobs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     docs = generate_corpus(spec.seed, n_documents=spec.corpus_documents)
-    tok = train_tokenizer(docs, vocab_size=spec.vocab_size)
+    tok = train_tokenizer(docs + _tokenizer_extra_text(spec), vocab_size=spec.vocab_size)
     eot_id, im_end_id = tok.token_to_id(END_OF_TEXT), tok.token_to_id(IM_END)
     with _deterministic_torch():
         model = Qwen3ForCausalLM(_hf_config(spec, eos_id=eot_id))
         _init_weights(model, spec)
         t1 = time.perf_counter()
         losses = []
-        if spec.drill_steps or spec.pretrain_steps:
+        if spec.total_steps:
             drills = (
                 generate_copy_drills(spec.seed + 2, n_documents=spec.drill_documents)
                 if spec.drill_steps
                 else []
             )
-            losses = _pretrain(model, _token_stream(tok, drills), _token_stream(tok, docs), spec)
+            phases = [
+                _plain_phase(_token_stream(tok, drills), spec.drill_steps, spec),
+                _plain_phase(_token_stream(tok, docs), spec.pretrain_steps, spec),
+                *_tool_phases(tok, spec),
+            ]
+            losses = _pretrain(model, phases, spec)
         t2 = time.perf_counter()
         model.save_pretrained(str(out_dir))
     num_parameters = sum(p.numel() for p in model.parameters())
@@ -269,4 +411,15 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None, **knobs: 
         losses=losses,
         seconds_total=time.perf_counter() - t0,
         seconds_pretrain=t2 - t1,
+        cpu_seconds_total=time.process_time() - cpu0,
+    )
+
+
+def _tokenizer_extra_text(spec: TinyModelSpec) -> list[str]:
+    """Tool builds also train the tokenizer on their drills and on OpenCode's captured prompt text."""
+    if spec.tools is None:
+        return []
+    n_docs = spec.tools.tokenizer_documents
+    return generate_tool_drills(spec.seed + 5, n_documents=n_docs, shape="long") + harness_texts() * (
+        spec.tools.harness_text_copies
     )

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 from safetensors.numpy import load_file
 
-from models.tiny import TinyModelSpec, build_tiny_model
+from models.tiny import TinyModelSpec, ToolDrillSpec, build_tiny_model
 
 # A build small enough for a unit test that still runs the whole pipeline, copy drills and pretraining
 # included.
@@ -106,6 +106,48 @@ def test_fingerprint_names_every_knob():
         TinyModelSpec(drill_steps=1),
     ]
     assert len({base.fingerprint(), *(v.fingerprint() for v in variants)}) == 5
+    with_tools = [TinyModelSpec(tools=ToolDrillSpec()), TinyModelSpec(tools=ToolDrillSpec(long_steps=1))]
+    assert len({base.fingerprint(), *(v.fingerprint() for v in with_tools)}) == 3
+    # a spec without tool phases serialises as it did before the field existed: cached entries stay valid
+    assert "tools" not in json.loads(TinyModelSpec().model_dump_json(exclude={"tools"}))
+    assert TinyModelSpec(tools=None).fingerprint() == base.fingerprint()
+
+
+# The whole tool pipeline at toy size: tokenizer on drills + OpenCode's text, copy drills, corpus,
+# short and long tool phases with weighted losses.
+TOOLS_SMALL = dict(
+    SMALL,
+    pretrain_steps=2,
+    max_position_embeddings=32768,
+    tools=ToolDrillSpec(
+        short_documents=40,
+        short_steps=3,
+        short_seq_len=256,
+        short_batch_size=2,
+        long_documents=12,
+        long_steps=2,
+        long_seq_len=1024,
+        long_batch_size=1,
+        tokenizer_documents=30,
+    ),
+)
+
+
+def test_tool_build_is_deterministic_and_holds_long_contexts(tmp_path):
+    a = build_tiny_model(tmp_path / "a", **TOOLS_SMALL)
+    b = build_tiny_model(tmp_path / "b", **TOOLS_SMALL)
+    for name in sorted(p.name for p in (tmp_path / "a").iterdir()):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert len(a.losses) == 5 + 2 + 3 + 2 and all(math.isfinite(x) for x in a.losses) and a.losses == b.losses
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 32768
+    tokenizer = json.loads((tmp_path / "a" / "tokenizer_config.json").read_text())
+    assert tokenizer["model_max_length"] == 32768
+
+
+def test_tool_windows_must_fit_the_positions():
+    with pytest.raises(ValidationError, match="tools.long_seq_len=2048 exceeds max_position_embeddings=1024"):
+        TinyModelSpec(max_position_embeddings=1024, seq_len=128, tools=ToolDrillSpec())
 
 
 def test_inconsistent_spec_is_rejected():
