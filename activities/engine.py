@@ -17,7 +17,7 @@ Faults (issue 12, section 8):
 - Chunked prefill is off on CPU: vLLM rewinds a seeded request's generator after a partial prefill with a
   CUDA-only offset call, so on CPU a group of long prompts that overflow one step's token budget
   killed the engine core. Without chunking each prompt is prefilled in one step (a step schedules
-  at most `max_num_batched_tokens` >= max_model_len tokens; others wait), seeds and logprobs unchanged.
+  at most `step_token_budget` >= max_model_len tokens; others wait), seeds and logprobs unchanged.
 - The engine's child processes die with the process that owns it, even on SIGKILL
   (activities/vllm_worker_ext.py; this module names the owner in $GROVE_ENGINE_OWNER_PID).
 - An engine core that dies (a crash inside a step, its process killed) is final: the call in flight
@@ -51,6 +51,7 @@ import asyncio
 import contextlib
 import gc
 import hashlib
+import json
 import logging
 import os
 import time
@@ -65,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors import safe_open
 
 from chat.tool_parsers import HermesParser, ToolCallParser, tool_parser
+from grove.contracts import DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN, EngineLimits
 from grove.gates import Gates
 from grove.sampling import LOGPROBS_MODE, SamplingConfig
 
@@ -133,6 +135,23 @@ class NonFiniteLogprobError(EngineError):
     weights). The call fails here, at generation, instead of poisoning a training step later."""
 
 
+class EngineLimitsError(EngineError, ValueError):
+    """The engine's limits do not fit the model or each other (checked before vLLM starts)."""
+
+
+class ContextExceedsModelError(EngineLimitsError):
+    """max_model_len is longer than the model's max_position_embeddings: vLLM-CPU would serve the
+    positions past them with NaN logits, silently (measured: shared/research/harnesses.md)."""
+
+
+class StepBudgetTooSmallError(EngineLimitsError):
+    """max_num_batched_tokens < max_model_len on CPU, where prompts are never split over steps."""
+
+
+class KVCacheTooSmallError(EngineLimitsError):
+    """The KV cache cannot hold one context of max_model_len tokens."""
+
+
 class EngineConfig(BaseModel):
     """How a worker starts its engine."""
 
@@ -141,8 +160,9 @@ class EngineConfig(BaseModel):
     model_dir: Path
     initial_version: int = Field(default=0, ge=0)
     dtype: str = "float32"
-    max_model_len: int = Field(default=2048, ge=16)
-    kv_cache_bytes: int = Field(default=256 * 2**20, ge=16 * 2**20)
+    max_model_len: int = Field(default=DEFAULT_MAX_MODEL_LEN, ge=16)
+    kv_cache_bytes: int = Field(default=DEFAULT_KV_CACHE_BYTES, ge=16 * 2**20)
+    max_num_batched_tokens: int | None = Field(default=None, ge=16)  # None: step_token_budget's default
     max_num_seqs: int = Field(default=64, ge=1)
     enforce_eager: bool = True  # torch.compile costs ~75 s of startup on CPU for no gain at this size
     enable_prefix_caching: bool = True
@@ -152,10 +172,66 @@ class EngineConfig(BaseModel):
     # Checked against the model's tokenizer when the engine starts.
     tool_call_parser: str = "hermes"
 
+    @classmethod
+    def from_limits(cls, model_dir: Path, limits: EngineLimits | None, **fields: Any) -> EngineConfig:
+        """The config of an engine for `model_dir` under a run's (or a worker's flags') limits."""
+        return cls(model_dir=model_dir, **(limits or EngineLimits()).model_dump(), **fields)
+
     @property
-    def max_num_batched_tokens(self) -> int:
+    def step_token_budget(self) -> int:
         """Tokens one engine step may schedule: at least one whole prompt (chunked prefill is off)."""
-        return max(self.max_model_len, 2048)
+        return self.max_num_batched_tokens or max(self.max_model_len, 2048)
+
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def model_positions(model_dir: Path) -> int | None:
+    """The model's max_position_embeddings from its config.json (None if it does not say)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = config.get("text_config", config)
+    value = config.get("max_position_embeddings")
+    return int(value) if value is not None else None
+
+
+def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:
+    """KV-cache bytes one token takes: K and V for every layer's key-value heads."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = config.get("text_config", config)
+    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * heads * head_dim * _DTYPE_BYTES.get(dtype, 4)
+
+
+def check_positions(max_model_len: int, positions: int | None, where: str) -> None:
+    """Raise ContextExceedsModelError if a context of `max_model_len` goes past the model's positions."""
+    if positions is not None and max_model_len > positions:
+        raise ContextExceedsModelError(
+            f"{where}: max_model_len={max_model_len} exceeds the model's max_position_embeddings="
+            f"{positions} (positions past them give NaN logits); lower --max-model-len / "
+            f"engine.max_model_len to at most {positions}, or serve a model with more positions "
+            "(tiny-tools has 32768)"
+        )
+
+
+def check_engine_limits(config: EngineConfig, *, chunked_prefill: bool = False) -> None:
+    """Refuse limits the model or the engine cannot honour, with what to change (before vLLM starts)."""
+    where = f"engine for model {str(config.model_dir)!r}"
+    check_positions(config.max_model_len, model_positions(config.model_dir), where)
+    if not chunked_prefill and config.step_token_budget < config.max_model_len:
+        raise StepBudgetTooSmallError(
+            f"{where}: max_num_batched_tokens={config.step_token_budget} < max_model_len="
+            f"{config.max_model_len}; without chunked prefill (CPU) a prompt is scheduled whole, so a long "
+            "one would never run: raise --max-num-batched-tokens / engine.max_num_batched_tokens or leave "
+            "it unset"
+        )
+    need = kv_bytes_per_token(config.model_dir, config.dtype) * config.max_model_len
+    if config.kv_cache_bytes < need:
+        raise KVCacheTooSmallError(
+            f"{where}: kv_cache_bytes={config.kv_cache_bytes} cannot hold one context of max_model_len="
+            f"{config.max_model_len} tokens ({need} bytes at {config.dtype}); raise --kv-cache-bytes / "
+            f"engine.kv_cache_bytes to at least {need} or lower max_model_len"
+        )
 
 
 @dataclass(frozen=True)
@@ -318,8 +394,15 @@ def _on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
-def _cpu_scheduling(config: EngineConfig) -> dict[str, Any]:
-    return {"enable_chunked_prefill": False, "max_num_batched_tokens": config.max_num_batched_tokens}
+def _scheduling(config: EngineConfig, on_cpu: bool) -> dict[str, Any]:
+    if on_cpu:
+        return {"enable_chunked_prefill": False, "max_num_batched_tokens": config.step_token_budget}
+    # GPUs keep chunked prefill; an explicit budget still applies
+    return (
+        {}
+        if config.max_num_batched_tokens is None
+        else {"max_num_batched_tokens": config.max_num_batched_tokens}
+    )
 
 
 class PolicyEngine:
@@ -346,11 +429,14 @@ class PolicyEngine:
 
     @classmethod
     async def start(cls, config: EngineConfig) -> PolicyEngine:
-        """Start the engine (10-30 s on CPU) and label its weights with `config.initial_version`."""
+        """Start the engine (10-30 s on CPU) and label its weights with `config.initial_version`.
+        Raises an EngineLimitsError (before vLLM starts) for limits the model cannot honour."""
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        on_cpu = _on_cpu()
+        check_engine_limits(config, chunked_prefill=not on_cpu)
         # A parser the model's tokenizer cannot serve fails here, before any engine process starts.
         parser = tool_parser(config.tool_call_parser, AutoTokenizer.from_pretrained(str(config.model_dir)))
         args = AsyncEngineArgs(
@@ -371,7 +457,7 @@ class PolicyEngine:
             # the next step, every seeded request is sampled from an untouched generator (per-call
             # determinism holds) and logprobs are unchanged. CUDA generators have offsets: GPUs keep
             # vLLM's default (chunked prefill, its own token budget).
-            **(_cpu_scheduling(config) if _on_cpu() else {}),
+            **_scheduling(config, on_cpu),
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,

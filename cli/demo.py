@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from grove import queues
 from grove.client import connect
-from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState, StepRecord
+from grove.contracts import EngineLimits, HarnessSpec, RunConfig, RunResult, RunState, StepRecord
 from grove.learner_config import LearnerConfig
 from grove.paths import grove_home
 from grove.sampling import SamplingConfig
@@ -81,6 +81,14 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
             )
         )
     return runs
+
+
+def engine_flags(limits: EngineLimits) -> list[str]:
+    """`grove worker` flags that give an inference worker the run's engine limits."""
+    flags = ["--max-model-len", str(limits.max_model_len), "--kv-cache-bytes", str(limits.kv_cache_bytes)]
+    if limits.max_num_batched_tokens is not None:
+        flags += ["--max-num-batched-tokens", str(limits.max_num_batched_tokens)]
+    return flags
 
 
 def start_worker(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -260,7 +268,17 @@ def main(cfg: DemoConfig) -> int:
     for r in runs:
         workers.append(
             start_worker(
-                ["--queues", "inference", "--inference-queue", r.inference_queue, "--model", str(model_dir)],
+                [
+                    *[
+                        "--queues",
+                        "inference",
+                        "--inference-queue",
+                        r.inference_queue,
+                        "--model",
+                        str(model_dir),
+                    ],
+                    *engine_flags(r.engine),
+                ],
                 logs / f"inference-{r.run_id}.log",
                 env,
             )  # fmt: skip

@@ -101,16 +101,41 @@ def worker(
         help="The model family's tool-call format: grove's 'hermes' or a vLLM --tool-call-parser name "
         "(qwen3_coder, llama3_json, mistral, pythonic, ...).",
     ),
+    max_model_len: int = typer.Option(
+        None,
+        help="Engine context in tokens, prompt + completion (default 2048; at most the model's positions).",
+    ),
+    max_num_batched_tokens: int = typer.Option(
+        None, help="Tokens one engine step may schedule (default max(max_model_len, 2048))."
+    ),
+    kv_cache_bytes: int = typer.Option(None, help="Engine KV cache size in bytes (default 256 MiB)."),
 ) -> None:
     """Serve grove's task queues (one process can serve all of them on a single machine)."""
     import asyncio
     import signal
 
-    from cli.worker import parse_queues, run_worker
+    from pydantic import ValidationError
+
+    from activities.engine import EngineLimitsError, check_positions
+    from cli.worker import engine_limits, parse_queues, run_worker
     from grove.client import connect
+    from models.registry import known_positions
     from storage.config import store_from_env
 
     names = parse_queues(queues)
+    try:
+        limits = engine_limits(
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            kv_cache_bytes=kv_cache_bytes,
+        )
+        if "inference" in names:  # refuse a context past the model's positions before connecting
+            check_positions(
+                limits.max_model_len, known_positions(model), f"worker engine for model {model!r}"
+            )
+    except (ValidationError, EngineLimitsError) as err:
+        typer.echo(f"worker: {err}", err=True)
+        raise typer.Exit(2) from None
 
     async def main() -> None:
         # SIGTERM cancels the worker so run_worker's cleanup shuts the vLLM engine down (its engine
@@ -122,10 +147,12 @@ def worker(
 
         await run_worker(
             client, names, store=store_from_env(), model=model, device=device,
-            inference_queue=inference_queue, engine_config={"tool_call_parser": tool_call_parser},
+            inference_queue=inference_queue,
+            engine_config={"tool_call_parser": tool_call_parser, **limits.model_dump()},
             harness=HarnessWorkerOptions(
                 gateway_url=gateway_url, policy_model=model, keep_dirs=keep_harness_dirs,
                 root=Path(harness_dir) if harness_dir else None,
+                max_model_len=limits.max_model_len,  # the embedded gateway measures with the engine's context
             ),
         )  # fmt: skip
 
@@ -133,6 +160,9 @@ def worker(
         asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         typer.echo("worker stopped")
+    except EngineLimitsError as err:
+        typer.echo(f"worker: {err}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("demo")

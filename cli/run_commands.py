@@ -54,6 +54,23 @@ def schema(
     typer.echo(runconfig.json_schema() if as_json else runconfig.describe_schema())
 
 
+class EngineLimitsConfigError(runconfig.RunConfigError):
+    """The run's engine limits do not fit its model (e.g. a context past the model's positions)."""
+
+
+def _load_checked(config: str, overrides: list[str] | None) -> Any:
+    """Load, override, validate, then check the engine limits against the model (typed errors)."""
+    from activities.engine import EngineLimitsError
+    from cli import runs
+
+    cfg = runconfig.load_run_config(config, overrides or [])
+    try:
+        runs.check_run_engine(cfg)
+    except EngineLimitsError as err:
+        raise EngineLimitsConfigError(f"invalid run config {config}: {err}") from err
+    return cfg
+
+
 @run_app.command("validate")
 def validate(
     config: str = typer.Argument(..., help="Run config YAML file."),
@@ -62,7 +79,7 @@ def validate(
 ) -> None:
     """Load a run config with its overrides and print it validated (nothing is started)."""
     try:
-        cfg = runconfig.load_run_config(config, overrides or [])
+        cfg = _load_checked(config, overrides)
     except runconfig.RunConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(EXIT_INVALID_CONFIG) from None
@@ -127,7 +144,7 @@ def start(
     from cli import runs
 
     try:
-        cfg = runconfig.load_run_config(config, overrides or [])
+        cfg = _load_checked(config, overrides)
     except runconfig.RunConfigError as err:
         if as_json:
             typer.echo(json.dumps({"error": type(err).__name__, "message": str(err)}))

@@ -182,7 +182,18 @@ async def _start(client: Client, state: RunState, reuse: WorkflowIDReusePolicy) 
     )
 
 
+def check_run_engine(cfg: RunConfig) -> None:
+    """Refuse a run whose engine context is longer than its model's positions (when known without
+    building the model; the engine checks again when it starts)."""
+    from activities.engine import check_positions
+    from models.registry import known_positions
+
+    where = f"run {cfg.run_id!r} (model {cfg.model!r})"
+    check_positions(cfg.engine.max_model_len, known_positions(cfg.model), where)
+
+
 async def start_run(client: Client, cfg: RunConfig) -> StartOutcome:
+    check_run_engine(cfg)
     handle = client.get_workflow_handle(cfg.run_id, result_type=RunResult)
     try:
         desc = await _describe(handle)

@@ -22,6 +22,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from grove import queues
+from grove.contracts import EngineLimits
 from grove.gates import GatedStore, Gates
 
 # A dead worker's sticky queue would otherwise hold the next workflow task for 10 s (infra_probe.md).
@@ -38,6 +39,12 @@ def parse_queues(spec: str | Sequence[str]) -> list[str]:
     if bad or not names:
         raise UnknownQueueError(f"unknown task queues {bad or names}; choose from {list(queues.ALL)}")
     return names
+
+
+def engine_limits(**flags: int | None) -> EngineLimits:
+    """The engine limits of `grove worker`'s flags; a flag left out (None) keeps EngineLimits' default.
+    Out-of-range values raise pydantic's ValidationError naming the field."""
+    return EngineLimits(**{k: v for k, v in flags.items() if v is not None})
 
 
 def episodes_worker(client: Client) -> Worker:

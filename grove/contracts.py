@@ -479,6 +479,37 @@ class TrackingConfig(BaseModel):
     )
 
 
+DEFAULT_MAX_MODEL_LEN = 2048
+DEFAULT_KV_CACHE_BYTES = 256 * 2**20
+
+
+class EngineLimits(BaseModel):
+    """The context and memory limits of the inference engine that serves a run (`grove worker` flags
+    --max-model-len, --max-num-batched-tokens, --kv-cache-bytes). Checked against the model when the
+    engine starts (activities/engine.py `check_engine_limits`): a context longer than the model's
+    positions is refused, never served with NaN logits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_model_len: int = Field(
+        DEFAULT_MAX_MODEL_LEN,
+        ge=16,
+        description="tokens of one call's context, prompt and completion together; at most the model's "
+        "max_position_embeddings (tiny: 2048, tiny-tools: 32768)",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=16,
+        description="tokens one engine step may schedule; null: max(max_model_len, 2048). On CPU (no "
+        "chunked prefill) at least max_model_len",
+    )
+    kv_cache_bytes: int = Field(
+        DEFAULT_KV_CACHE_BYTES,
+        ge=16 * 2**20,
+        description="bytes of the engine's KV cache; must hold at least one max_model_len context",
+    )
+
+
 class RunConfig(BaseModel):
     """One training run. Written as YAML (examples/*.yaml, `grove run schema`) or JSON; unknown keys
     are refused so a misspelt field never silently takes its default."""
@@ -509,6 +540,10 @@ class RunConfig(BaseModel):
         "are recorded, never trained)",
     )
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the GRPO learner")
+    engine: EngineLimits = Field(
+        default_factory=EngineLimits,
+        description="limits of the inference engine serving the run (its workers get them as flags)",
+    )
     continue_as_new_every: int = Field(
         5, ge=1, description="the run workflow continues as new every this many steps (bounds history)"
     )

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from gateway.toolcalls import parse_tool_calls
+from chat.toolcalls import parse_tool_calls
 from models.tokenizer import END_OF_TEXT, IM_END
 from models.tool_drills import draw_words, harness_requests
 

@@ -42,7 +42,7 @@ def long_distinct_prompts(engine, n: int, length: int) -> list[list[int]]:
 
 async def test_a_grpo_group_of_long_distinct_prompts_at_once_all_succeed(policy_engine):
     length = policy_engine.config.max_model_len - COMPLETION - 1
-    budget = policy_engine.config.max_num_batched_tokens
+    budget = policy_engine.config.step_token_budget
     assert GROUP * length > 3 * budget  # the group cannot share one engine step: prompts queue up
     prompts = long_distinct_prompts(policy_engine, GROUP, length)
     sampling = SamplingConfig(max_tokens=COMPLETION, ignore_eos=True)
