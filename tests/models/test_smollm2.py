@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from models.registry import ensure_model
-from models.smollm2 import find_smollm2_source
+from models.smollm2 import SMOLLM2_CHAT_TEMPLATE, find_smollm2_source
 from models.vllm_smoke import SmokeGeneration, SmokeRequest, run_smoke_subprocess
 from tests.models.reference import hf_sampled_logprobs
 
@@ -38,6 +38,8 @@ def test_folder_is_a_plain_fp32_llama(smollm2_dir):
     assert dtypes == {"F32"}
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         assert (smollm2_dir / name).is_file(), name
+    # the tools-capable template (tests/models/test_chat_template.py checks what it renders)
+    assert (smollm2_dir / "chat_template.jinja").read_text() == SMOLLM2_CHAT_TEMPLATE
 
 
 def test_weights_equal_the_gguf_and_the_model_answers(smollm2_dir):
