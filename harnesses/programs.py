@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
-from harnesses import delegation, scenario
+from harnesses import delegation, opencode_delegation, scenario
 from harnesses.native import Program
 
 PROGRAMS: dict[str, Program] = {
@@ -25,6 +25,8 @@ TASK_FAMILIES: dict[
 ] = {
     delegation.FAMILY: (delegation.make_task, delegation.score),
     scenario.NAME: (scenario.make_task, scenario.score),
+    # driven by stock OpenCode through the gateway (harnesses/opencode_delegation.py)
+    opencode_delegation.FAMILY: (opencode_delegation.make_task, opencode_delegation.score),
 }
 
 

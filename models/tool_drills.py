@@ -20,7 +20,8 @@ Two shapes: `short` dialogues (a compact `task` description, no environment bloc
 teach the formats cheaply in short windows, `long` ones (OpenCode's full prompt text) put the same
 behaviour at the positions and after the prefix of the real requests.
 
-Pure functions of their arguments.
+Pure functions of their arguments; importing this module needs only the standard library (task families
+that run in the workflow sandbox draw their words with it).
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
-
-from models.corpus import render_chat
 
 HARNESS_TEXT = Path(__file__).parent / "harness_text" / "opencode_1_18_33.json"
 Shape = Literal["short", "long"]
@@ -65,6 +64,8 @@ def harness_requests() -> dict[str, dict[str, Any]]:
 def harness_texts() -> list[str]:
     """Every fixed text of the captured requests (system prompts, tool schemas as the template renders
     them, user templates): what the tokenizer should learn to compress."""
+    from models.corpus import render_chat  # imports the tokenizer library: only where text is rendered
+
     texts = []
     for body in harness_requests().values():
         texts.append(render_chat(body["messages"], body.get("tools")))
@@ -84,9 +85,10 @@ def made_up_word(rng: random.Random) -> str:
     )
 
 
-def draw_word(rng: random.Random, *, held_out: bool = False) -> str:
-    """A made-up word (sometimes, in training, a common one) on the requested side of the split."""
-    if not held_out and rng.random() < 0.15:
+def draw_word(rng: random.Random, *, held_out: bool = False, common_share: float = 0.15) -> str:
+    """A made-up word (in training, a common one with probability `common_share`) on the requested side
+    of the split."""
+    if not held_out and rng.random() < common_share:
         return rng.choice(_COMMON)
     while True:
         word = made_up_word(rng)
@@ -94,10 +96,13 @@ def draw_word(rng: random.Random, *, held_out: bool = False) -> str:
             return word
 
 
-def draw_words(rng: random.Random, n: int, *, held_out: bool = False) -> list[str]:
+def draw_words(
+    rng: random.Random, n: int, *, held_out: bool = False, common_share: float = 0.15
+) -> list[str]:
+    """`n` distinct words (see `draw_word`)."""
     words: list[str] = []
     while len(words) < n:
-        w = draw_word(rng, held_out=held_out)
+        w = draw_word(rng, held_out=held_out, common_share=common_share)
         if w not in words:
             words.append(w)
     return words
@@ -245,6 +250,8 @@ class Dialogue:
 
     def render(self) -> str:
         """The text the tiny model's chat template makes of it (what the gateway would render)."""
+        from models.corpus import render_chat  # imports the tokenizer library: only where text is rendered
+
         return render_chat(self.messages, self.tools)
 
 

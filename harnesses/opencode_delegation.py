@@ -1,0 +1,87 @@
+"""The `opencode-delegation` task family: stock OpenCode, a restricted lead hands one word to each of two
+subagents through two concurrent `task` calls, the subagents answer, the lead resumes and answers.
+
+What the harness runner needs to run an episode of it (issue 11, part 4):
+
+- `OPENCODE_AGENTS` / `DEFAULT_AGENT`: the `agent` section of the episode's `opencode.json`: a primary
+  `lead` with only the `task` tool and a `worker` subagent with no tools; OpenCode's own `explore` and
+  `general` subagents and the title call are disabled, so the lead's first request is ~1,000 tokens in
+  the tiny-tools tokenizer (~1,900 in tiny's).
+- `user_message(task)`: the prompt given to `opencode run` (it arrives quoted, `"Words: w1 w2"`).
+
+The prompts are those the tiny-tools model was drilled on (models/tool_drills.py), with OpenCode's
+real request text around them (models/harness_text/).
+
+Reward, as `delegation`'s: 0.5 x the workers' mean similarity to their words + 0.5 x the fraction of the
+two words in the lead's final answer. OpenCode names its subagents by session (`worker-ses_...` in the
+gateway), and which session got which word is not in the outcome: the worker slots are filled by the
+assignment of workers to words that scores best (two workers: two assignments). A worker that answers
+the other worker's word therefore scores as if it had been handed that word; two workers answering the
+same word score once. Missing workers score 0. Tasks are a pure function of their index.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+
+from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
+from harnesses.delegation import similarity
+from models.tool_drills import LEAD_PROMPT, WORKER_PROMPT, draw_words
+
+FAMILY = "opencode-delegation"
+WORKER_PREFIX = "worker-"  # the gateway's name for an OpenCode subagent session (gateway/opencode.py)
+DEFAULT_AGENT = "lead"
+OPENCODE_AGENTS: dict[str, dict] = {
+    "lead": {"mode": "primary", "prompt": LEAD_PROMPT, "tools": {"*": False, "task": True}},
+    "worker": {
+        "mode": "subagent",
+        "description": "Repeats the word it is given.",
+        "prompt": WORKER_PROMPT,
+        "tools": {"*": False},
+    },
+    "explore": {"disable": True},
+    "general": {"disable": True},
+    "title": {"disable": True},
+}
+
+
+def make_task(index: int) -> TaskSpec:
+    """Task `index`: two distinct made-up words (from the drills' training side of the split, none of
+    the few common words the drills also use)."""
+    words = draw_words(random.Random(f"{FAMILY}-{index}"), 2, common_share=0.0)
+    return TaskSpec(family=FAMILY, task_id=f"{FAMILY}-{index}", params={"words": words})
+
+
+def user_message(task: TaskSpec) -> str:
+    return "Words: " + " ".join(task.params["words"])
+
+
+def worker_answers(outcome: HarnessOutcome) -> list[str]:
+    """The last answer of each subagent session, in the order the sessions first appear."""
+    return [
+        texts[-1] for agent, texts in outcome.outputs.items() if agent.startswith(WORKER_PREFIX) and texts
+    ]
+
+
+def best_assignment(answers: list[str], words: list[str]) -> list[float]:
+    """Per word, the similarity of the worker assigned to it, under the assignment that scores best."""
+    padded = answers + [""] * max(0, len(words) - len(answers))
+    best = [0.0] * len(words)
+    for chosen in itertools.permutations(padded, len(words)):
+        scores = [similarity(a, w) if a else 0.0 for a, w in zip(chosen, words, strict=True)]
+        if sum(scores) > sum(best):
+            best = scores
+    return best
+
+
+def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:
+    words: list[str] = task.params["words"]
+    workers = best_assignment(worker_answers(outcome), words)
+    said = set(re.findall(r"[a-z]+", outcome.final_answer.lower()))
+    parent = sum(w in said for w in words) / len(words)
+    worker_mean = sum(workers) / len(workers)
+    return RewardResult(
+        reward=0.5 * worker_mean + 0.5 * parent, details={"workers": worker_mean, "parent": parent}
+    )
