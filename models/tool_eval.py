@@ -47,6 +47,7 @@ class ToolEvalReport(BaseModel):
     model: str
     trials: int
     seconds: float
+    prompt_tokens: dict[str, int]  # each captured OpenCode request, rendered with the model's template
     greedy: dict[str, KindScores]
     t07: dict[str, KindScores]
 
@@ -148,6 +149,17 @@ class _Generator:
         return self.tok.decode(new, skip_special_tokens=False)
 
 
+def prompt_sizes(tokenizer: Any) -> dict[str, int]:
+    """Tokens of each captured OpenCode request (generation prompt included) in `tokenizer`."""
+    sizes = {}
+    for name, body in harness_requests().items():
+        text = tokenizer.apply_chat_template(
+            body["messages"], tools=body.get("tools"), add_generation_prompt=True, tokenize=False
+        )
+        sizes[name] = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return sizes
+
+
 def _trial(kind: str, words: list[str]) -> tuple[dict[str, Any], Any]:
     """The request of one trial and the function scoring its reply."""
     if kind == "lead":
@@ -187,7 +199,13 @@ def evaluate(model: str, *, trials: int = 48, seed: int = 1234) -> ToolEvalRepor
             kind: _run_kind(gen, kind, word_sets, temperature=temperature, seed=seed)
             for kind in ("lead", "worker", "resume")
         }
-    return ToolEvalReport(model=str(model), trials=trials, seconds=time.perf_counter() - t0, **out)
+    return ToolEvalReport(
+        model=str(model),
+        trials=trials,
+        seconds=time.perf_counter() - t0,
+        prompt_tokens=prompt_sizes(gen.tok),
+        **out,
+    )
 
 
 def main() -> None:
@@ -206,6 +224,7 @@ def main() -> None:
                 + f"   e.g. {ks.example[:100]!r}"
             )
     print(f"{report.trials} trials per kind, {report.seconds:.0f} s")
+    print("OpenCode prompt tokens: " + ", ".join(f"{k} {v}" for k, v in report.prompt_tokens.items()))
     if args.json:
         args.json.write_text(report.model_dump_json(indent=2))
 
