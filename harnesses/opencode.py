@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
+from harnesses import opencode_delegation
 
 PROVIDER = "grove"
 MODEL = "grove"  # the gateway's served model id (GatewaySettings.model_name), unless told otherwise
@@ -95,7 +96,20 @@ def restricted_agents(lead: str, worker: str, worker_description: str) -> dict[s
     }
 
 
-TASK_SETUPS: dict[str, Callable[[TaskSpec], OpenCodeSetup]] = {"delegation": delegation_setup}
+def opencode_delegation_setup(task: TaskSpec) -> OpenCodeSetup:
+    """The `opencode-delegation` family (harnesses/opencode_delegation.py): the prompts tiny-tools was
+    drilled on, with the lead's message as `opencode run` gets it."""
+    return OpenCodeSetup(
+        message=opencode_delegation.user_message(task),
+        agents=opencode_delegation.OPENCODE_AGENTS,
+        default_agent=opencode_delegation.DEFAULT_AGENT,
+    )
+
+
+TASK_SETUPS: dict[str, Callable[[TaskSpec], OpenCodeSetup]] = {
+    "delegation": delegation_setup,
+    opencode_delegation.FAMILY: opencode_delegation_setup,
+}
 
 
 def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:

@@ -12,12 +12,15 @@ What the harness runner needs to run an episode of it (issue 11, part 4):
 The prompts are those the tiny-tools model was drilled on (models/tool_drills.py), with OpenCode's
 real request text around them (models/harness_text/).
 
+harnesses/opencode.py registers it in `TASK_SETUPS`, so the harness runner configures episodes with it.
+
 Reward, as `delegation`'s: 0.5 x the workers' mean similarity to their words + 0.5 x the fraction of the
-two words in the lead's final answer. OpenCode names its subagents by session (`worker-ses_...` in the
-gateway), and which session got which word is not in the outcome: the worker slots are filled by the
-assignment of workers to words that scores best (two workers: two assignments). A worker that answers
-the other worker's word therefore scores as if it had been handed that word; two workers answering the
-same word score once. Missing workers score 0. Tasks are a pure function of their index.
+two words in the lead's final answer. Workers are whatever agents named `worker-...` the outcome holds:
+`worker-1`, `worker-2` in the runner's outcome (numbered in the lead's call order), `worker-ses_...` in
+the gateway's ledger; which one was handed which word is not in the outcome, so the worker slots are
+filled by the assignment of workers to words that scores best (two workers: two assignments). A worker
+that answers the other worker's word therefore scores as if it had been handed that word; two workers
+answering the same word score once. Missing workers score 0. Tasks are a pure function of their index.
 """
 
 from __future__ import annotations

@@ -60,3 +60,20 @@ def test_agents_are_the_restricted_lead_and_a_toolless_worker_of_the_captured_tr
     assert captured["lead_first"]["messages"][0]["content"].startswith(OPENCODE_AGENTS["lead"]["prompt"])
     assert captured["worker_first"]["messages"][0]["content"].startswith(OPENCODE_AGENTS["worker"]["prompt"])
     assert [t["function"]["name"] for t in captured["lead_first"]["tools"]] == ["task"]
+
+
+def test_the_harness_runner_sets_episodes_up_with_the_familys_agents_and_message():
+    from grove.contracts import OpenCodeOptions
+    from harnesses.opencode import setup_for  # the runner's own setup lookup
+
+    task = make_task(7)
+    setup = setup_for(task, OpenCodeOptions())
+    assert setup.message == user_message(task) and setup.agents == OPENCODE_AGENTS
+    assert setup.default_agent == DEFAULT_AGENT
+
+
+def test_the_runners_numbered_workers_score_like_session_named_ones():
+    task = make_task(8)
+    w1, w2 = task.params["words"]
+    numbered = HarnessOutcome(final_answer=f"{w2} {w1}", outputs={"worker-1": [w2], "worker-2": [w1]})
+    assert score(task, numbered).reward == 1.0
