@@ -7,7 +7,7 @@ replaced by held-out made-up words (`tool_drills.is_held_out`: never in any dril
 
 - lead: the restricted primary agent's first request (system prompt with OpenCode's environment block,
   only the `task` tool, user `"Words: w1 w2"`). `well_formed`: the reply parses as hermes tool calls
-  (gateway/toolcalls.py, the gateway's own parser), each naming an offered tool with every required
+  (chat/toolcalls.py, the gateway's own parser), each naming an offered tool with every required
   argument a string; `two_task_calls`: exactly two `task` calls to `worker`; `word_copied`: per word,
   some call's `prompt` contains it as a word; `both_copied`: per trial, both words.
 - worker: a subagent's first request ("Reply with the word w."); `exact`: the reply is the word

@@ -191,7 +191,7 @@ def test_smollm2_template_renders_text_chats_as_smollm2s_own(with_system):
 
 def test_smollm2_template_renders_tools_and_empty_content_tool_calls():
     """What SmolLM2's own template could not: the tool list and an assistant turn that is only calls."""
-    from gateway.toolcalls import parse_tool_calls
+    from chat.toolcalls import parse_tool_calls
     from models.smollm2 import SMOLLM2_CHAT_TEMPLATE, SMOLLM2_DEFAULT_SYSTEM
 
     with pytest.raises(TypeError):  # its own template: `'\n' + none` on the empty-content call

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from gateway.toolcalls import parse_tool_calls
+from chat.toolcalls import parse_tool_calls
 from models.tiny import _weighted_stream, assistant_spans
 from models.tokenizer import train_tokenizer
 from models.tool_drills import (
