@@ -49,6 +49,7 @@ from harnesses.clients import (
     header_safe,
 )
 
+SERVED_MODEL = "grove-served-model"  # placeholder until the first request asks the gateway
 SUMMARY_SOURCE = "summarization"  # LangChain's `lc_source` of SummarizationMiddleware's call and message
 _PUSH = "__pregel_push"
 
@@ -76,9 +77,11 @@ class GroveGraphs:
 
     def chat_model(self, model: str | None = None, **kwargs: Any) -> GroveChatOpenAI:
         """A ChatOpenAI on the episode (any ChatOpenAI argument may be given). `model` defaults to the
-        one the gateway serves."""
+        one the gateway serves, asked for at the first request (no I/O here: building the graph inside
+        a running event loop must not block it)."""
         return GroveChatOpenAI(
-            model=model or self.served_model(),
+            model=model or SERVED_MODEL,
+            grove_served_model=model is None,
             base_url=self.episode.base_url,
             api_key=self.episode.api_key,
             include_response_headers=True,  # x-grove-call-id: the spawner of the next workers
@@ -88,17 +91,27 @@ class GroveGraphs:
         )
 
     def served_model(self) -> str:
+        """The gateway's model name (GET /models once)."""
         if self._model_name is None:
             import httpx
 
-            r = httpx.get(
-                f"{self.episode.base_url}/models",
-                timeout=30,
-                headers={"authorization": f"Bearer {self.episode.api_key}"},
-            )
+            r = httpx.get(f"{self.episode.base_url}/models", timeout=60, headers=self._auth())
             r.raise_for_status()
             self._model_name = r.json()["data"][0]["id"]
         return self._model_name
+
+    async def aserved_model(self) -> str:
+        if self._model_name is None:
+            import httpx
+
+            async with httpx.AsyncClient(timeout=60) as client:
+                r = await client.get(f"{self.episode.base_url}/models", headers=self._auth())
+            r.raise_for_status()
+            self._model_name = r.json()["data"][0]["id"]
+        return self._model_name
+
+    def _auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.episode.api_key}"}
 
     def config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """`config` with grove's callback handler added (it sees which tasks `Send` started)."""
@@ -219,6 +232,7 @@ class GroveChatOpenAI(ChatOpenAI):
     grove: Any = Field(default=None, exclude=True)
     grove_agent: str | None = Field(default=None, exclude=True)
     grove_spawned_by: str | None = Field(default=None, exclude=True)
+    grove_served_model: bool = Field(default=False, exclude=True)  # send the gateway's model name
 
     def for_agent(self, agent: str, *, spawned_by: str | None = None) -> GroveChatOpenAI:
         """This model as an explicitly named agent (header-safe version of `agent`)."""
@@ -254,6 +268,8 @@ class GroveChatOpenAI(ChatOpenAI):
         **kwargs: Any,
     ) -> ChatResult:
         agent, headers = self._identity(messages, run_manager)
+        if self.grove_served_model:
+            kwargs = {**kwargs, "model": self.grove.served_model()}
         result = super()._generate(messages, stop, run_manager, **self._with_headers(kwargs, headers))
         self.grove.after(agent, headers, messages, self._response_headers(result))
         return result
@@ -266,6 +282,8 @@ class GroveChatOpenAI(ChatOpenAI):
         **kwargs: Any,
     ) -> ChatResult:
         agent, headers = self._identity(messages, run_manager)
+        if self.grove_served_model:
+            kwargs = {**kwargs, "model": await self.grove.aserved_model()}
         result = await super()._agenerate(messages, stop, run_manager, **self._with_headers(kwargs, headers))
         self.grove.after(agent, headers, messages, self._response_headers(result))
         return result
@@ -278,6 +296,8 @@ class GroveChatOpenAI(ChatOpenAI):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         agent, headers = self._identity(messages, run_manager)
+        if self.grove_served_model:
+            kwargs = {**kwargs, "model": self.grove.served_model()}
         seen = None
         for chunk in super()._stream(messages, stop, run_manager, **self._with_headers(kwargs, headers)):
             seen = seen or _chunk_headers(chunk)
@@ -292,6 +312,8 @@ class GroveChatOpenAI(ChatOpenAI):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         agent, headers = self._identity(messages, run_manager)
+        if self.grove_served_model:
+            kwargs = {**kwargs, "model": await self.grove.aserved_model()}
         seen = None
         async for chunk in super()._astream(
             messages, stop, run_manager, **self._with_headers(kwargs, headers)

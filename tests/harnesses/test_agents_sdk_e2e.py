@@ -1,0 +1,168 @@
+"""The OpenAI Agents SDK on real services: grove's ModelProvider against the real gateway (uvicorn), the
+Temporal dev server and a grove worker with a real vLLM engine on the tiny model; and the same provider
+behind Temporal's official integration (temporalio.contrib.openai_agents), with a real activity retry.
+
+The tiny model never writes a parseable tool call, so the lead's delegation is driven by the test: the
+worker tool is invoked as the SDK invokes it (`on_invoke_tool` with a ToolContext whose tool call is an
+item of the lead's real response). Every model call is a real engine call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from agents import Runner
+from agents.tool_context import ToolContext
+from openai.types.responses import ResponseFunctionToolCall
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import RetryPolicy
+from temporalio.contrib.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
+from temporalio.worker import Worker
+
+from gateway.auth import issue_token
+from grove.receipts import CallState, ContextOrigin
+from harnesses.clients import Episode, header_safe
+from harnesses.clients.agents_sdk import GroveModelProvider
+from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
+    SECRET,
+    base_url,
+    contexts,
+    extension_of,
+    gateway_url,
+    start_episode,
+    summary,
+)
+
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from agents_sdk_temporal import LeadWorkflow, lead_agent  # noqa: E402
+
+
+def nonzero(counts: dict) -> dict:
+    return {state: n for state, n in counts.items() if n}
+
+
+def tool_context(tool, call_id: str, spawning_item_id: str, topic: str, lead, run_config) -> ToolContext:
+    arguments = f'{{"input": "{topic}"}}'
+    call = ResponseFunctionToolCall(
+        id=spawning_item_id, call_id=call_id, name=tool.name, arguments=arguments, type="function_call"
+    )
+    return ToolContext(
+        context=None,
+        tool_name=tool.name,
+        tool_call_id=call_id,
+        tool_arguments=arguments,
+        tool_call=call,
+        agent=lead,
+        run_config=run_config,
+    )
+
+
+async def test_provider_names_agents_and_spawns_concurrent_workers(
+    gateway_url,  # noqa: F811
+    temporal_client,
+    recording_engine,
+):
+    eid = await start_episode(temporal_client, "agents-sdk")
+    provider = GroveModelProvider(Episode(base_url(gateway_url, eid), issue_token(SECRET, eid)))
+    lead, config = lead_agent(), provider.run_config()
+    result = await Runner.run(lead, "Fix the failing build.", run_config=config)
+    [response] = result.raw_responses
+    assert response.response_id == "parent.0.c0"  # chat completions through the gateway, the root agent
+    item_id = response.output[0].id  # the SDK hands such an item to a tool as ToolContext.tool_call
+    assert item_id == "parent.0.c0"
+
+    # the lead "calls" its worker tool twice in one response: two concurrent nested runs
+    [tool] = lead.tools
+    contexts_ = [tool_context(tool, f"call_t{i}", item_id, f"topic {i}", lead, config) for i in (0, 1)]
+    outputs = await asyncio.gather(*(tool.on_invoke_tool(c, c.tool_arguments) for c in contexts_))
+    assert all(isinstance(o, str) and "error occurred" not in o for o in outputs), outputs
+
+    ctx = contexts(await summary(temporal_client, eid))
+    workers = [header_safe(f"Research worker-call_t{i}") for i in (0, 1)]
+    assert workers[0] != workers[1] and all(" " not in w for w in workers)
+    for w in workers:
+        assert ctx[f"{w}.0"].origin == ContextOrigin.SPAWN and ctx[f"{w}.0"].spawned_by_call == "parent.0.c0"
+        assert nonzero(ctx[f"{w}.0"].counts) == {CallState.COMPLETED: 1}
+    assert ctx["parent.0"].origin == ContextOrigin.ROOT
+
+    # a second turn of the lead on its own history continues its context exactly
+    again = await Runner.run(
+        lead, [*result.to_input_list(), {"role": "user", "content": "Go on."}], run_config=config
+    )
+    assert again.raw_responses[0].response_id == "parent.0.c1"
+    assert extension_of(recording_engine, eid, "parent.0.c1", "parent.0.c0")
+    closed = await provider.episode.aclose(final_answer=str(again.final_output), wait=True)
+    assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 4}
+
+
+class FailFirstAttemptAfterResponse(GroveModelProvider):
+    """Fault injection: the first attempt of the first model activity fails after the gateway answered
+    (a worker that lost the response); Temporal retries the activity, which re-sends the request."""
+
+    failed = False
+
+    def get_model(self, model_name):
+        model = super().get_model(model_name)
+        get_response = model.get_response
+
+        async def once_failing(*args, **kwargs):
+            response = await get_response(*args, **kwargs)
+            if not FailFirstAttemptAfterResponse.failed and activity.info().attempt == 1:
+                FailFirstAttemptAfterResponse.failed = True
+                raise RuntimeError(f"injected: the worker lost the response of {response.response_id}")
+            return response
+
+        model.get_response = once_failing
+        return model
+
+
+async def test_temporal_native_agents_retry_is_recognised_by_the_gateway(
+    gateway_url,  # noqa: F811
+    temporal_server,
+    temporal_client,
+    recording_engine,
+    e2e_store,
+):
+    eid = await start_episode(temporal_client, "agents-temporal")
+    params = ModelActivityParameters(
+        start_to_close_timeout=timedelta(seconds=180),
+        retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=3),
+    )
+    plugin = OpenAIAgentsPlugin(model_params=params, model_provider=FailFirstAttemptAfterResponse())
+    client = await Client.connect(temporal_server.address, plugins=[plugin])
+    queue = f"agents-{uuid.uuid4().hex[:6]}"
+    async with Worker(client, task_queue=queue, workflows=[LeadWorkflow]):
+        answer = await client.execute_workflow(
+            LeadWorkflow.run,
+            args=[base_url(gateway_url, eid), issue_token(SECRET, eid)],
+            id=f"lead-{queue}",
+            task_queue=queue,
+            execution_timeout=timedelta(seconds=300),
+        )
+    assert FailFirstAttemptAfterResponse.failed
+    # the retried activity re-sent the same request: the gateway discarded the first call and admitted
+    # the retry in its place (same prompt tokens); the second turn continues the retry, exactly
+    served = recording_engine.calls_of(eid)
+    np.testing.assert_array_equal(served["parent.0.c0"].prompt_ids, served["parent.0.c1"].prompt_ids)
+    ctx = contexts(await summary(temporal_client, eid))["parent.0"]
+    assert (
+        nonzero(ctx.counts) == {CallState.DISCARDED: 1, CallState.COMPLETED: 2} and ctx.head == "parent.0.c2"
+    )
+    assert extension_of(recording_engine, eid, "parent.0.c2", "parent.0.c1")
+
+    closed = await Episode(base_url(gateway_url, eid), issue_token(SECRET, eid)).aclose(answer, wait=True)
+    result = closed["result"]
+    assert result["status"] == "ok" and result["counts"] == {"selected": 2, "discarded": 1}
+    from trainer.rows import rows_from_parquet
+
+    [row] = rows_from_parquet(e2e_store.get(result["rows_key"]))
+    assert [s.call_id for s in row.spans] == ["parent.0.c1", "parent.0.c2"]  # the lost attempt: no row
