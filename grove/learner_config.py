@@ -118,6 +118,12 @@ class LearnerConfig(BaseModel):
             raise ValueError(
                 f"warmup_rollouts ({self.warmup_rollouts}) must be < total_rollouts ({self.total_rollouts})"
             )
+        if self.ranks > 1 and self.kl_coef > 0:
+            # refused here, before a run is admitted, not as a rank failing every retry
+            raise ValueError(
+                f"ranks={self.ranks} with kl_coef={self.kl_coef}: the distributed learner does not load "
+                "the frozen reference model yet; use ranks=1 for a KL penalty, or kl_coef=0"
+            )
         return self
 
     def fingerprint(self) -> str:

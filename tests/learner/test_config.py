@@ -55,3 +55,5 @@ def test_rank_count_is_not_fingerprinted_so_checkpoints_resume_onto_any_count():
     assert LearnerConfig(ranks=4, lr=2e-6).fingerprint() == LearnerConfig(lr=2e-6).fingerprint()
     with pytest.raises(ValueError, match="ranks"):
         LearnerConfig(ranks=0)
+    with pytest.raises(ValueError, match="ranks=2 with kl_coef=0.1"):  # no reference model on ranks yet
+        LearnerConfig(ranks=2, kl_coef=0.1)
