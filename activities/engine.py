@@ -334,6 +334,9 @@ class _VersionGate:
 
     def __init__(self, version: int) -> None:
         self.version = version
+        self.admitted_total = 0  # generations admitted since start
+        self._busy_s = 0.0  # seconds with at least one generation admitted (engine utilisation)
+        self._busy_since: float | None = None
         self._active = 0
         self._open = asyncio.Event()
         self._open.set()
@@ -345,13 +348,24 @@ class _VersionGate:
         while not self._open.is_set():
             await self._open.wait()
         self._active += 1
+        self.admitted_total += 1
+        if self._active == 1:
+            self._busy_since = time.monotonic()
         self._idle.clear()
         try:
             yield self.version
         finally:
             self._active -= 1
             if self._active == 0:
+                self._busy_s += time.monotonic() - (self._busy_since or time.monotonic())
+                self._busy_since = None
                 self._idle.set()
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds during which at least one generation was admitted (so far, including now)."""
+        open_s = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
+        return self._busy_s + open_s
 
     @property
     def active(self) -> int:
@@ -490,6 +504,15 @@ class PolicyEngine:
     def in_flight(self) -> int:
         """Generations admitted and not yet finished."""
         return self._gate.active
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds with at least one generation in flight since the engine started."""
+        return self._gate.busy_seconds
+
+    @property
+    def calls_admitted(self) -> int:
+        return self._gate.admitted_total
 
     @property
     def publishing(self) -> bool:

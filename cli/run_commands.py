@@ -191,6 +191,7 @@ def status(
             rollout = ", ".join(f"{k}={v:.4g}" for k, v in sorted(last.get("rollout", {}).items()))
             if rollout:
                 lines.append(f"    rollout: {rollout}")
+        lines += _live_lines(s.get("live"))
         if not s["progress_available"]:
             lines.append("  (no worker answered the progress query: is `grove worker` running?)")
         for e in s["failed_episodes"]:
@@ -199,6 +200,27 @@ def status(
         return s, "\n".join(lines), EXIT_OK
 
     _call(as_json, work, address)
+
+
+def _live_lines(live: dict | None) -> list[str]:
+    """The run's moving parts from its progress query: learner, rollouts, lag, every engine."""
+    if not live:
+        return []
+    training = live["training_step"]
+    lines = [
+        f"  learner: {'training step ' + str(training) if training else 'idle'}, committed version "
+        f"{live['committed_version']}; rolling out steps {live['rolling_out'] or '-'}; lag {live['lag']} "
+        f"(max_policy_lag {live['max_policy_lag']})"
+    ]
+    for e in live["engines"]:
+        busy = e["busy_s"] / e["up_s"] if e["up_s"] else 0.0
+        lines.append(
+            f"  engine {e['engine_id']} ({e['queue']}): run {e['run_id'] or '-'} version {e['version']}, "
+            f"{e['in_flight']} in flight{', loading weights' if e['publishing'] else ''}, "
+            f"{e['calls']} calls, "
+            f"busy {busy:.0%} (as of step {live['engines_as_of_step']})"
+        )
+    return lines
 
 
 @run_app.command("list")

@@ -276,6 +276,7 @@ async def run_status(client: Client, run_id: str) -> dict[str, Any]:
         "last": history[-1].model_dump(mode="json") if history else None,
         "failed_episodes": failed,
         "progress_available": state is not None or result is not None,
+        "live": state.live.model_dump(mode="json") if state is not None and state.live else None,
         "ui": ui_url(run_id),
     }
 

@@ -3,8 +3,9 @@
     grove worker --queues episodes,io,trainer,inference --model tiny     # everything on one machine
 
 At scale each queue is its own pool: `episodes` and `io` are cheap CPU workers, `inference` hosts a
-vLLM engine per process, `trainer` owns the GPU(s) of the learner. Only one inference worker may
-serve a run while weights are published through one `publish_weights` activity per step.
+vLLM engine per process, `trainer` owns the GPU(s) of the learner. Any number of inference workers may
+serve a run's inference queue: each loads the run's latest committed policy before it serves a call
+(activities/follow.py, docs/rollout-scale.md).
 """
 
 from __future__ import annotations
@@ -66,10 +67,12 @@ def _gated(store):
 
 
 def io_worker(client: Client, store) -> Worker:
+    from activities.engine_status import EngineStatusActivities
     from activities.episode_io import EpisodeIO
     from activities.tracking import track_step
 
     io = EpisodeIO(_gated(store))
+    engines = EngineStatusActivities(store)
     return Worker(
         client,
         task_queue=queues.IO,
@@ -80,6 +83,7 @@ def io_worker(client: Client, store) -> Worker:
             io.store_ledger_page,
             io.load_ledger_page,
             track_step,
+            engines.engine_statuses,
         ],
         activity_executor=ThreadPoolExecutor(max_workers=4),
     )
@@ -135,6 +139,11 @@ async def run_worker(
                 client, engine, store, weights_root=work_dir / "weights", task_queue=inference_queue
             )
         )
+    reporter = None
+    if queues.INFERENCE in names:  # the engine's state for progress queries (activities/engine_status.py)
+        from activities.engine_status import report_forever
+
+        reporter = asyncio.create_task(report_forever(engine, store, inference_queue))
     try:
         async with contextlib.AsyncExitStack() as stack:
             if queues.HARNESS in names:
@@ -145,6 +154,8 @@ async def run_worker(
                 workers.append(build_harness_worker(client, runner))
             await _serve(workers, engine)
     finally:
+        if reporter is not None:
+            reporter.cancel()
         if owned_engine is not None:
             await owned_engine.shutdown()
 

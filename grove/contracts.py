@@ -630,12 +630,43 @@ class StepRecord(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
 
 
+class EngineStatus(BaseModel):
+    """What one inference worker's engine reports about itself (activities/engine_status.py)."""
+
+    engine_id: str  # host-pid of the inference worker process
+    queue: str  # the inference task queue it serves
+    run_id: str | None  # the run whose policy it serves (None: its start-up weights)
+    version: int
+    in_flight: int  # generations admitted and not finished
+    publishing: bool  # a weight load is in progress
+    calls: int  # generations admitted since it started
+    busy_s: float  # seconds with at least one generation in flight since it started
+    up_s: float  # seconds since it started
+    written_at: float  # unix time of this report
+    age_s: float | None = None  # set by readers: seconds since it was written
+
+
+class RunLive(BaseModel):
+    """The moving parts of a run, for its `progress` query (not needed to resume it)."""
+
+    training_step: int | None = None  # the step the learner trains now
+    committed_version: int = 0  # the newest committed policy version
+    rolling_out: list[int] = Field(default_factory=list)  # steps whose episodes run now
+    lag: int = (
+        0  # how many versions the newest rolling-out step may be behind: max(rolling_out) - 1 - committed
+    )
+    max_policy_lag: int = 0
+    engines: list[EngineStatus] = Field(default_factory=list)  # as of `engines_as_of_step`
+    engines_as_of_step: int | None = None
+
+
 class RunState(BaseModel):
     """Everything the run needs to continue: carried whole through continue-as-new."""
 
     config: RunConfig
     next_step: int = Field(1, ge=1)  # steps count from 1: step N produces policy version N
     history: list[StepRecord] = Field(default_factory=list)
+    live: RunLive | None = None  # progress only: set by the running workflow, never read to resume
 
 
 class RunResult(BaseModel):

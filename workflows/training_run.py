@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -39,6 +40,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from grove import queues
     from grove.contracts import (
+        EngineStatus,
         EpisodeResult,
         EpisodeSpec,
         EvalRecord,
@@ -46,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         PublishInput,
         PublishResult,
         RunConfig,
+        RunLive,
         RunResult,
         RunState,
         StepRecord,
@@ -69,6 +72,7 @@ TRAIN_TIMEOUT = timedelta(hours=2)
 TRAIN_HEARTBEAT = timedelta(seconds=60)
 PUBLISH_TIMEOUT = timedelta(minutes=10)
 TRACK_TIMEOUT = timedelta(minutes=2)
+STATUS_TIMEOUT = timedelta(seconds=30)
 TRACK_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=2))
 # train_step / publish_weights: a storage or trainer outage is waited out for ~19 min (2, 4, ... 30 s,
 # then every 30 s: a store back after an outage is found within 30 s), never turned into a failed run.
@@ -138,6 +142,7 @@ class TrainingRunWorkflow:
         workflow.upsert_search_attributes([RUN.value_set(cfg.run_id), STATUS.value_set("running")])
         # The engine may serve another run's policy, or restarted with the base weights: load ours.
         await self._publish(state.next_step - 1)
+        self._show(committed_version=state.next_step - 1)
         if cfg.max_policy_lag == 0:
             await self._run_synchronous(state)
         else:
@@ -155,9 +160,13 @@ class TrainingRunWorkflow:
             step = self.current_step = state.next_step
             workflow.upsert_search_attributes([STEP.value_set(step)])
             t0 = workflow.now()
+            self._show(rolling_out=[step])
             results = await self._episodes(step)
             t1 = workflow.now()
+            self._show(training_step=step, rolling_out=[])
+            await self._refresh_engines(step)
             train = await self._train(step, results)
+            self._show(training_step=None, committed_version=train.policy_version)
             t2 = workflow.now()
             await self._publish(train.policy_version)
             record = _record(step, results, train)
@@ -195,6 +204,7 @@ class TrainingRunWorkflow:
                 started[self.next_launch] = workflow.now()
                 pending[self.next_launch] = asyncio.create_task(self._episodes(self.next_launch))
                 self.next_launch += 1
+            self._show(rolling_out=sorted(pending), committed_version=self.committed)
 
         self.committed = state.next_step - 1
         last_end: datetime | None = None
@@ -205,9 +215,12 @@ class TrainingRunWorkflow:
             results = await pending.pop(step)
             t1 = workflow.now()
             self.training_step = step
+            self._show(training_step=step, rolling_out=sorted(pending))
+            await self._refresh_engines(step)
             train = await self._train(step, results)
             self.training_step = None
             self.committed = train.policy_version
+            self._show(training_step=None, committed_version=self.committed)
             launch()  # later steps start now; their engines load the new version by themselves
             t2 = workflow.now()
             await self._publish(train.policy_version)
@@ -329,6 +342,34 @@ class TrainingRunWorkflow:
             task_queue=cfg.inference_queue, start_to_close_timeout=PUBLISH_TIMEOUT, retry_policy=RETRY,
             result_type=PublishResult,
         )  # fmt: skip
+
+    def _show(self, **fields: Any) -> None:
+        """Update what the `progress` query shows of the run's moving parts (RunLive)."""
+        assert self.state is not None
+        cfg = self.state.config
+        live = self.state.live or RunLive(max_policy_lag=cfg.max_policy_lag)
+        live = live.model_copy(update=fields)
+        newest = max(live.rolling_out, default=None)
+        live.lag = max(0, newest - 1 - live.committed_version) if newest is not None else 0
+        self.state.live = live
+
+    async def _refresh_engines(self, step: int) -> None:
+        """The engines of the run's inference queue as they report themselves (activities/engine_status.py),
+        for the progress query. Best effort: a failure leaves the previous list. Patched in: runs
+        recorded before it replay unchanged."""
+        assert self.state is not None
+        if not workflow.patched("grove-engine-status"):
+            return
+        try:
+            engines = await workflow.execute_activity(
+                "engine_statuses", self.state.config.inference_queue, task_queue=queues.IO,
+                start_to_close_timeout=STATUS_TIMEOUT, retry_policy=RetryPolicy(maximum_attempts=1),
+                result_type=list[EngineStatus],
+            )  # fmt: skip
+        except ActivityError as err:
+            workflow.logger.warning("engine statuses not read: %s", err.cause)
+            return
+        self._show(engines=engines, engines_as_of_step=step)
 
     def _should_continue_as_new(self, step: int) -> bool:
         assert self.state is not None
