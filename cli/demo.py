@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from grove import queues
 from grove.client import connect
-from grove.contracts import EngineLimits, HarnessSpec, RunConfig, RunResult, RunState, StepRecord
+from grove.contracts import EngineLimits, HarnessSpec, RunConfig, RunLive, RunResult, RunState, StepRecord
 from grove.learner_config import LearnerConfig
 from grove.paths import grove_home
 from grove.sampling import SamplingConfig
@@ -114,16 +114,28 @@ async def attach(client: Client, run: RunConfig):
     )
 
 
-async def history_of(handle) -> tuple[list[StepRecord], bool]:
-    """(steps done so far, finished?) of a run, from its result or its `progress` query."""
+async def history_of(handle) -> tuple[list[StepRecord], bool, RunLive | None]:
+    """(steps done so far, finished?, moving parts) of a run, from its result or its `progress` query."""
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         result: RunResult = await handle.result()
-        return result.history, True
+        return result.history, True, None
     if desc.status != WorkflowExecutionStatus.RUNNING:
         raise RuntimeError(f"run {handle.id} is {desc.status.name}; inspect it in the Temporal UI")
     state = await handle.query("progress", result_type=RunState)
-    return (state.history if state else []), False
+    return (state.history if state else []), False, (state.live if state else None)
+
+
+def live_postfix(live: RunLive | None) -> dict[str, str]:
+    """The learner's step, the lag and each engine's version/in-flight calls, for the progress bar."""
+    if live is None:
+        return {}
+    engines = " ".join(f"v{e.version}/{e.in_flight}" for e in live.engines)
+    return {
+        "training": str(live.training_step or "-"),
+        "lag": f"{live.lag}/{live.max_policy_lag}",
+        "engines(v/in-flight)": engines or "-",
+    }
 
 
 def write_metrics(path: Path, histories: dict[str, list[StepRecord]]) -> None:
@@ -230,17 +242,20 @@ async def follow(client: Client, runs: list[RunConfig], out: Path, workers: list
         for rid, handle in handles.items():
             if rid in finished:
                 continue
-            history, done = await history_of(handle)
-            if len(history) != len(histories[rid]):
+            history, done, live = await history_of(handle)
+            if len(history) != len(histories[rid]) or live is not None:
+                new = len(history) != len(histories[rid])
                 histories[rid] = history
-                last = history[-1]
+                reward = f"{history[-1].mean_reward:.3f}" if history else "-"
                 bars[rid].n = len(history)
                 bars[rid].set_postfix(
-                    reward=f"{last.mean_reward:.3f}", episodes=sum(h.episodes for h in history), refresh=False
-                )
+                    reward=reward, episodes=sum(h.episodes for h in history), **live_postfix(live),
+                    refresh=False,
+                )  # fmt: skip
                 bars[rid].refresh()
-                write_metrics(out / "metrics.csv", histories)
-                plot(out / "reward.png", histories, "delegation: mean reward per step")
+                if new:
+                    write_metrics(out / "metrics.csv", histories)
+                    plot(out / "reward.png", histories, "delegation: mean reward per step")
             if done:
                 finished.add(rid)
         await asyncio.sleep(2.0)
