@@ -100,6 +100,12 @@ async def test_k1_two_engines_engine_and_trainer_killed_in_the_overlap(fleet):
         return held if step2_calls >= TASKS_PER_STEP * GROUP_SIZE and stack.gates.held("store_put") else None
 
     held = await wait_until(overlap, 300, "step 2 held on the engines while step 1 trains", logs=stack.logs())
+    # the run's progress shows the overlap: step 1 training, step 2 rolling out one version ahead,
+    # and both engines (as they reported when step 1 started training) at version 0
+    live = (await handle.query("progress", result_type=RunState)).live
+    assert live is not None and (live.training_step, live.rolling_out) == (1, [2]), live
+    assert (live.committed_version, live.lag, live.max_policy_lag) == (0, 1, 1), live
+    assert len(live.engines) == 2 and {e.version for e in live.engines} == {0}, live.engines
     victim = "e2" if held["e2"] else "e1"
     survivor = "e1" if victim == "e2" else "e2"
     print("held at the kill:", held, "killing", victim)
