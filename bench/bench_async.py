@@ -31,11 +31,11 @@ from activities.engine_status import read_statuses
 from grove import queues
 from grove.client import connect
 from grove.contracts import RunConfig, RunResult, RunState
+from grove.learner_config import LearnerConfig
 from infra.temporal import TemporalDevServer
 from models.registry import ensure_model
 from storage.local import LocalStore
 from tests.durability.helpers import WorkerProcess
-from trainer.config import LearnerConfig
 
 
 def run_config(args: argparse.Namespace, engines: int, k: int) -> RunConfig:

@@ -27,15 +27,15 @@ import uuid
 
 import pytest
 
-from activities.sampling import SamplingConfig
 from grove import queues
 from grove.contracts import GenerateResult, HarnessSpec, RunConfig, RunResult, RunState
 from grove.gates import GateControl
+from grove.learner_config import LearnerConfig
+from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
 from tests.durability.helpers import DurabilityStack, WorkerProcess, activity_results, wait_until
 from trainer.checkpoint_layout import commit_key
-from trainer.config import LearnerConfig
 from workflows.training_run import TrainingRunWorkflow, step_specs
 
 pytestmark = pytest.mark.timeout(900)
