@@ -33,6 +33,12 @@ from infra.procs import log_tail
 
 T = TypeVar("T")
 
+# How long a test waits for a state it is sure to reach (a worker polling, a gate held): the bound
+# only turns a hang into a failure, so it is sized for a heavily loaded 2-core machine, where a vLLM
+# worker has been seen to need more than 3 minutes to start. The waits fail at once if the process
+# they wait on dies (check_alive), so a generous bound costs nothing when something is wrong.
+STATE_WAIT = 900.0
+
 GROVE = Path(sys.executable).parent / "grove"
 
 
@@ -141,7 +147,7 @@ class WorkerProcess:
                 f"Log {self.log_path}:\n{log_tail(self.log_path, 40)}"
             )
 
-    async def wait_ready(self, client: Client, timeout: float = 180.0) -> None:
+    async def wait_ready(self, client: Client, timeout: float = STATE_WAIT) -> None:
         """Until every queue of this worker has a poller whose identity is this process (pid@host)."""
         started = time.monotonic()
 
@@ -372,7 +378,7 @@ class DurabilityStack:
 
 
 async def wait_held(
-    stack: DurabilityStack, point: str, count: int, what: str, timeout: float = 120.0
+    stack: DurabilityStack, point: str, count: int, what: str, timeout: float = STATE_WAIT
 ) -> list[str]:
     """Until `count` keys are held at gate `point`. Held is a state, not a window: a held process stays
     at the point until the test releases it, so this wait cannot miss it."""

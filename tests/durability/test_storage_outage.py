@@ -184,7 +184,7 @@ async def test_s3_outage_mid_materialize_and_mid_checkpoint_loses_and_duplicates
     )  # fmt: skip
 
     # 1. mid-materialize: every episode of step 1 is about to write its rows
-    held = await wait_held(stack, "store_before_put", GROUP_SIZE, "step 1's rows writes", timeout=300)
+    held = await wait_held(stack, "store_before_put", GROUP_SIZE, "step 1's rows writes")
     episode_ids = [re.fullmatch(r"rows/(.*)\.parquet", k).group(1) for k in held]
     episodes = [client.get_workflow_handle(e) for e in episode_ids]
     restarted = await outage(stack, s3, "store_before_put", episodes, "materialize_episode", outage_s)
@@ -194,7 +194,7 @@ async def test_s3_outage_mid_materialize_and_mid_checkpoint_loses_and_duplicates
 
     # 2. mid-checkpoint: step 2's first checkpoint file is written, the rest and COMMIT are not
     what = f"step 2's train_step held after writing {checkpoint_key}"
-    assert await wait_held(stack, "store_put", 1, what, timeout=300) == [checkpoint_key]
+    assert await wait_held(stack, "store_put", 1, what) == [checkpoint_key]
     restarted = await outage(stack, s3, "store_put", [handle], "train_step", outage_s)
     run = await asyncio.wait_for(handle.result(), 600)
     recovered.append(await _completed_at(handle, "train_step") - restarted)

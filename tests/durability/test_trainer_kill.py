@@ -88,7 +88,7 @@ async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stac
         result_type=RunResult,
     )  # fmt: skip
     what = f"step {KILL_STEP}'s train_step held after writing {first_key}"
-    assert await wait_held(stack, "store_put", 1, what, timeout=180) == [first_key]
+    assert await wait_held(stack, "store_put", 1, what) == [first_key]
     stack.trainer.kill()
     stack.gates.disarm("store_put")  # the retry on the new trainer writes through
     # the server still sees step 2's train_step started (attempt 1) on the trainer that just died
