@@ -12,9 +12,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.harness import HarnessRunner, RunnerConfig, _Launch, episode_folder
+
+pytestmark = pytest.mark.timeout(180)  # every wait below is bounded; this bounds the whole file too
 
 SCRIPT = """\
 #!/bin/sh
@@ -46,6 +49,14 @@ async def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def _wait_written(path: Path, timeout: float = 60.0) -> None:
+    """Until `path` holds something (a state that stays once reached); bounded."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text().strip():
+        assert time.monotonic() < deadline, f"{path} was never written"
+        await asyncio.sleep(0.05)
 
 
 async def test_deadline_kills_the_whole_group_and_the_failure_names_stderr(tmp_path):
@@ -85,8 +96,7 @@ async def test_a_cancelled_launch_kills_its_group(tmp_path):
     run = _Launch(binary, "hello", project, home)
     env = ActivityEnvironment()
     task = asyncio.create_task(env.run(runner._supervise, run, "ep/1", 1, 600.0))
-    while not (home / "grandchild.pid").exists() or not (home / "grandchild.pid").read_text().strip():
-        await asyncio.sleep(0.05)  # a state that stays once reached
+    await _wait_written(home / "grandchild.pid")
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -120,11 +130,10 @@ async def test_a_relaunch_reaps_what_a_killed_worker_left_behind(tmp_path):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", worker, stdout=asyncio.subprocess.PIPE, start_new_session=True
     )
-    harness_pid = int((await proc.stdout.readline()).decode())
+    harness_pid = int((await asyncio.wait_for(proc.stdout.readline(), 120)).decode())
     folder = episode_folder(root, "ep/1")
     pidfile = folder / "home" / "grandchild.pid"
-    while not pidfile.exists() or not pidfile.read_text().strip():
-        await asyncio.sleep(0.05)  # a state that stays once reached
+    await _wait_written(pidfile)
     grandchild = int(pidfile.read_text())
     proc.kill()  # the worker dies at once (SIGKILL)
     await proc.wait()
