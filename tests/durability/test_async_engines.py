@@ -53,7 +53,7 @@ async def fleet(tmp_path_factory, tiny_model_dir):
     for name in ("e1", "e2"):
         gates = GateControl(s.root / f"gates-{name}")
         worker = WorkerProcess(
-            name, [queues.INFERENCE], address=s.server.address, store_dir=s.store_dir, model=s.model,
+            name, [queues.INFERENCE], address=s.server.address, store_url=s.store_url, model=s.model,
             log_dir=s.root / "logs", extra_env=gates.env,
         )  # fmt: skip
         engines[name] = (worker, gates)
