@@ -122,13 +122,8 @@ class Episode:
         """End the harness's part of the episode (POST .../close). Idempotent for the same close."""
         import httpx  # only here: the identity helpers need no HTTP client of their own
 
-        body = {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure}
         r = httpx.post(
-            self.close_url,
-            params={"wait": str(wait).lower()},
-            json=body,
-            headers={"authorization": f"Bearer {self.api_key}"},
-            timeout=timeout,
+            self.close_url, **self._close_request(final_answer, outputs, failure, wait), timeout=timeout
         )
         r.raise_for_status()
         return r.json()
@@ -144,13 +139,17 @@ class Episode:
     ) -> dict:
         import httpx
 
-        body = {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure}
         async with httpx.AsyncClient(timeout=timeout) as c:
-            r = await c.post(
-                self.close_url,
-                params={"wait": str(wait).lower()},
-                json=body,
-                headers={"authorization": f"Bearer {self.api_key}"},
-            )
+            r = await c.post(self.close_url, **self._close_request(final_answer, outputs, failure, wait))
         r.raise_for_status()
         return r.json()
+
+    def _close_request(
+        self, final_answer: str, outputs: dict[str, list[str]] | None, failure: str | None, wait: bool
+    ) -> dict:
+        """The close POST's query, body and auth: one shape for close and aclose."""
+        return {
+            "params": {"wait": str(wait).lower()},
+            "json": {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure},
+            "headers": {"authorization": f"Bearer {self.api_key}"},
+        }
