@@ -20,6 +20,11 @@ from langgraph.types import Send
 from harnesses.clients.langgraph import GroveGraphs
 
 SUBTASKS = ("the parser", "the tests")
+# LangChain's default summary prompt is ~1,400 tokens in the tiny model's tokenizer, more than its whole
+# context (1,024 in the tests); a short one keeps the `<messages>` block LangChain documents.
+SUMMARY_PROMPT = (
+    "Summarize the conversation in one line.\n\n<messages>\nMessages to summarize:\n{messages}\n</messages>"
+)
 
 
 class State(TypedDict):
@@ -50,7 +55,10 @@ def build_graph(model: Any) -> Any:
         return [Send("worker", WorkerInput(topic=t, compact=i == 1)) for i, t in enumerate(SUBTASKS)]
 
     async def worker(job: WorkerInput) -> dict:
-        middleware = [SummarizationMiddleware(model, trigger=("messages", 3), keep=("messages", 1))]
+        summarize = SummarizationMiddleware(
+            model, trigger=("messages", 3), keep=("messages", 1), summary_prompt=SUMMARY_PROMPT
+        )
+        middleware = [summarize]
         agent = create_agent(
             model, system_prompt="You are a careful worker.", middleware=middleware if job["compact"] else []
         )
