@@ -9,13 +9,16 @@ services). Rank processes are slow to start on the shared 2-core machine (~20 s 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -255,3 +258,73 @@ def test_cancelling_an_attempt_kills_and_reaps_its_ranks(learner_model_dir, tmp_
     wait_exited(pids, timeout=5)  # both ranks were killed and reaped by the supervisor, still held
     assert store.list(step_prefix("e", 1)) == []
     assert not list((tmp_path / "work").iterdir())  # the attempt folder is gone too
+
+
+# Truncated-IS cap of the stale-token test: below the default (2.0), so a rank path that dropped the
+# run's cap would train the capped tokens with another weight.
+IS_CAP = 1.5
+
+
+def stale_rows() -> list:
+    """The test batch for step 2 (updating version 1): episode ctrl-0 (advantage +1) sampled by version
+    0, ctrl-1 (advantage -1) by version 0 with behaviour logprobs 9 nats lower (its IS weights exceed
+    the cap and are truncated), ctrl-2 by version 1 (lag 0). The behaviour logprobs (-0.1..-3) are far
+    above the tiny model's (~ -6): lag-0 tokens train with the PPO-clipped ratio, stale ones with
+    the IS weight and no behaviour clip, so the two surrogates differ on every stale token."""
+    out = []
+    for row in batch_rows():
+        version = 0 if row.episode_id in ("ctrl-0", "ctrl-1") else 1
+        spans = tuple(dataclasses.replace(s, policy_version=version) for s in row.spans)
+        behaviour = row.behavior_logprobs
+        if row.episode_id == "ctrl-1":
+            behaviour = np.where(row.loss_mask, behaviour - 9.0, 0.0).astype(np.float32)
+        out.append(dataclasses.replace(row, spans=spans, behavior_logprobs=behaviour))
+    return out
+
+
+def test_stale_tokens_on_two_ranks_get_the_single_process_truncated_is(learner_model_dir, tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.put(ROWS_KEY, rows_to_parquet(stale_rows()))
+    first = Learner(learner_model_dir, CFG.model_copy(update={"ranks": 1}), device="cpu")
+    first.step(batch_rows())  # step 1 (version 1), committed in one process
+    save_checkpoint(store, "s", first)
+    base = saved_weights(store, "s", 1, tmp_path / "dl-s1")
+    acts = TrainerActivities(store, tmp_path / "work", device="cpu", rank_threads=1)
+    inp = step_input("s", 2, learner_model_dir).model_copy(
+        update={"max_policy_lag": 1, "off_policy_is_cap": IS_CAP}
+    )
+    metrics = asyncio.run(acts._train_ranks(inp))
+    assert (metrics["lag_tokens_0"], metrics["lag_tokens_1"]) == (
+        sum(r.num_loss_tokens for r in batch_rows() if r.episode_id == "ctrl-2"),
+        sum(r.num_loss_tokens for r in batch_rows() if r.episode_id != "ctrl-2"),
+    )
+    got = saved_weights(store, "s", 2, tmp_path / "dl-s2")
+
+    def one_process(rows: list, is_cap: float) -> tuple[float, dict[str, torch.Tensor]]:
+        """Step 2 in one process from the same commit (load_checkpoint: weights, AdamW, counters)."""
+        dest = Path(tempfile.mkdtemp(dir=tmp_path))
+        learner = load_checkpoint(store, "s", 1, CFG.model_copy(update={"ranks": 1}), dest, device="cpu")
+        learner.is_cap = is_cap
+        loss = learner.step(rows).loss
+        return loss, {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+
+    loss, single = one_process(stale_rows(), IS_CAP)
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-6)
+    assert relative_gap(got, single, base) <= RANK_COUNT_TOLERANCE
+    # The test can fail: the same rows without the correction (every token at lag 0), or with the
+    # default cap, train weights far outside the tolerance.
+    at_lag_zero = [
+        dataclasses.replace(r, spans=tuple(dataclasses.replace(s, policy_version=1) for s in r.spans))
+        for r in stale_rows()
+    ]
+    gaps = []
+    for rows, cap in ((at_lag_zero, IS_CAP), (stale_rows(), 2.0)):
+        other_loss, other = one_process(rows, cap)
+        assert abs(other_loss - loss) > 1e-3 * abs(loss)
+        gaps.append(relative_gap(got, other, base))
+        assert gaps[-1] > 100 * RANK_COUNT_TOLERANCE
+    gap = relative_gap(got, single, base)
+    print(
+        f"stale tokens, 2 ranks vs one process: gap {gap:.3g}; vs no correction "
+        f"{gaps[0]:.3g}, vs cap 2.0 {gaps[1]:.3g}"
+    )
