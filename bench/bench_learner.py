@@ -90,7 +90,17 @@ def cpu_timed(fn) -> tuple[float, float, object]:
     return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
-def run_layouts(name: str, episodes: list[Episode], model_dir: Path, reps: int, budget: int) -> None:
+LAYOUT_LABELS = {
+    "padded": "padded rows",
+    "packed": "packed rows",
+    "tree": "tree",
+    "per-call": "per-call rows",
+}
+
+
+def run_layouts(
+    name: str, episodes: list[Episode], model_dir: Path, reps: int, budget: int, only: list[str]
+) -> None:
     rows = [r for ep in episodes for r in rows_from_calls(ep)]
     unique = unique_prefix_tokens(rows)
     variants = {
@@ -99,6 +109,7 @@ def run_layouts(name: str, episodes: list[Episode], model_dir: Path, reps: int, 
         "tree": (rows, "tree"),
         "per-call rows": (per_call_rows(episodes), "padded"),
     }
+    variants = {label: v for label, v in variants.items() if label in {LAYOUT_LABELS[k] for k in only}}
     print(f"\n({name}) {len(episodes)} episodes, {len(rows)} rows, {sum(len(r.input_ids) for r in rows)} row "
           f"tokens, {unique} unique tokens, micro_batch_tokens {budget}")  # fmt: skip
     head = f"{'layout':14s} {'forwarded':>9s} {'padded':>8s} {'fwd/uniq':>8s} {'mbs':>4s} {'cpu s':>8s}"
@@ -300,6 +311,8 @@ def main() -> None:
     p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--hf", action="store_true", help="also compare the learner with plain HF")
     p.add_argument("--skip-layouts", action="store_true")
+    p.add_argument("--layouts", default=",".join(LAYOUT_LABELS),
+                   help="which layouts to time (speed is relative to the first one)")  # fmt: skip
     p.add_argument("--ranks", type=int, default=0, help="also compare 1 process with this many gloo ranks")
     p.add_argument("--ranks-layout", default="packed")
     p.add_argument("--ranks-budget", type=int, default=1024, help="micro-batch tokens of the ranks section")
@@ -319,13 +332,19 @@ def main() -> None:
     print(f"model {a.model}, threads {torch.get_num_threads()}")
     if not a.skip_layouts:
         tok = AutoTokenizer.from_pretrained(model_dir)
-        run_layouts("a: delegation demo step", delegation_batch(tok), model_dir, a.reps, a.micro_batch_tokens)
+        only = a.layouts.split(",")
+        unknown = set(only) - set(LAYOUT_LABELS)
+        if unknown:
+            p.error(f"--layouts: unknown {sorted(unknown)}; choose from {list(LAYOUT_LABELS)}")
+        run_layouts(
+            "a: delegation demo step", delegation_batch(tok), model_dir, a.reps, a.micro_batch_tokens, only
+        )
         vocab = len(tok)
         half = a.parent_tokens // 2
         long = [long_prefix_episode(np.random.default_rng(0), "long", "g", 1.0, vocab=vocab,
                                     parent_tokens=a.parent_tokens, worker_tokens=half)]  # fmt: skip
         title = f"b: parent {a.parent_tokens}, 8 workers x {half}, 2 compactions"
-        run_layouts(title, long, model_dir, a.reps_long, a.micro_batch_tokens)
+        run_layouts(title, long, model_dir, a.reps_long, a.micro_batch_tokens, only)
     if a.memory:
         run_memory(a.model, [int(x) for x in a.memory.split(",")])
     if a.ranks:

@@ -157,6 +157,58 @@ def test_segment_attention_equals_sdpa_under_the_dense_ancestor_mask():
     assert torch.allclose(got, want, atol=1e-12)
 
 
+def _dense_from_segments(segments, n: int) -> torch.Tensor:
+    """bool [n, n]: each query sees its segment's context ranges and its own segment causally."""
+    dense = torch.zeros(n, n, dtype=torch.bool)
+    for seg in segments:
+        for q in range(seg.start, seg.end):
+            for s, e in seg.context:
+                dense[q, s:e] = True
+            dense[q, seg.start : q + 1] = True
+    return dense
+
+
+def _uneven_contexts():
+    """Two context segments of unequal context length in one bucket (a padded, masked context)."""
+    segments = [Segment(0, 10, ()), Segment(10, 16, ((0, 10),)), Segment(16, 20, ((0, 7),))]
+    plan = plan_segments(segments, 20)
+    assert any(b.ctx_mask is not None for b in plan.buckets)  # the case this exercises
+    return segments, 20
+
+
+def _tree_segments(rows):
+    flat = layout(rows, "tree")
+    return flat.segments, int(flat.input_ids.size)
+
+
+@pytest.mark.parametrize("case", ["controlled tree", "long-prefix tree", "uneven contexts"])
+def test_segment_attention_output_and_gradients_equal_sdpa_under_the_dense_mask(case):
+    """The split context/causal attention (merged by logsumexp, its own backward) against one SDPA
+    call over the dense ancestor mask: output and gradients of q, k, v, float64."""
+    if case == "controlled tree":
+        segments, n = _tree_segments(rows_of(controlled_batch(512)))
+    elif case == "long-prefix tree":
+        ep = long_prefix_episode(
+            np.random.default_rng(0), "L", "g", 1.0, vocab=512, parent_tokens=256, worker_tokens=128
+        )
+        segments, n = _tree_segments(rows_from_calls(ep))
+    else:
+        segments, n = _uneven_contexts()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, n, 16, generator=g, dtype=torch.float64).requires_grad_() for h in (4, 2, 2))
+    grad_out = torch.randn(1, n, 4, 16, generator=g, dtype=torch.float64)
+    dense = _dense_from_segments(segments, n)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True).transpose(1, 2)
+    got, _ = segment_attention(None, q, k, v, None, segment_plan=plan_segments(segments, n))
+    assert torch.allclose(got, want, atol=1e-12)
+    for a, b in zip(
+        torch.autograd.grad(got, (q, k, v), grad_out),
+        torch.autograd.grad(want, (q, k, v), grad_out),
+        strict=True,
+    ):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
 def test_tree_attention_computes_few_more_pairs_than_the_ancestor_pairs():
     """Pairs the buckets compute vs the real (query, ancestor-or-self) pairs, counted from the layout's
     depths (each token sees depth + 1 keys). A bucket mixing the context-free root prefix with the
