@@ -8,6 +8,11 @@ the base model). Before the call is admitted to the engine's version gate, the i
    in the steady state), or from `min_version` when it serves another run or an older version;
 2. loads that version (activities/publish.py: download, verify, in-place reload) unless it serves it.
 
+A call may also cap the version (`max_version`: an evaluation of step N pins exactly N): the engine
+then loads at most that version, and refuses the call (`PolicyVersionPassedError`) if it already serves
+a newer one of the run; the generate activity checks the version it was admitted under again, since
+another call may move the engine on between this load and the call's admission.
+
 So an engine that starts, restarts or joins a run later loads the run's latest committed policy before
 its first call of that run, a publication reaches every engine of the run at its next call, and no call
 is served by a version older than the run allows (docs/rollout-scale.md says why pulling, not pushing).
@@ -34,6 +39,22 @@ class PolicyNotCommittedError(LookupError):
     """A call asks for a policy version of its run that has no committed checkpoint."""
 
 
+class PolicyVersionPassedError(ValueError):
+    """A call pinned to versions <= max_version (an evaluation) reached an engine that already serves a
+    newer version of the run: engines only move forward, so this engine cannot serve it."""
+
+
+def check_served_version(ref: PolicyRef, version: int, what: str) -> None:
+    """Raise PolicyVersionPassedError when `version` (what served or would serve `what`) is newer than the
+    call allows."""
+    if ref.max_version is not None and version > ref.max_version:
+        raise PolicyVersionPassedError(
+            f"{what} of run {ref.run_id!r} must be served by policy version <= {ref.max_version} (an "
+            f"evaluation scores exactly the version it names), but the engine serves version {version} "
+            "and never moves back; the call is refused instead of scoring the wrong policy"
+        )
+
+
 @dataclass(frozen=True)
 class FollowReport:
     run_id: str
@@ -42,9 +63,9 @@ class FollowReport:
     loaded: bool  # False: the engine already served it
 
 
-def latest_committed(store: ObjectStore, run_id: str, at_least: int) -> int:
-    """The newest committed version >= `at_least` of the run (versions commit in order: step N needs
-    N - 1). Version 0 is the base model and always exists."""
+def latest_committed(store: ObjectStore, run_id: str, at_least: int, at_most: int | None = None) -> int:
+    """The newest committed version >= `at_least` (and <= `at_most`, when given) of the run (versions
+    commit in order: step N needs N - 1). Version 0 is the base model and always exists."""
     if at_least > 0 and not store.exists(commit_key(run_id, at_least)):
         raise PolicyNotCommittedError(
             f"run {run_id!r}: a call needs policy version >= {at_least}, but "
@@ -53,7 +74,7 @@ def latest_committed(store: ObjectStore, run_id: str, at_least: int) -> int:
             "inference worker's store (GROVE_STORE) is the trainer's"
         )
     version = at_least
-    while store.exists(commit_key(run_id, version + 1)):
+    while (at_most is None or version < at_most) and store.exists(commit_key(run_id, version + 1)):
         version += 1
     return version
 
@@ -74,10 +95,15 @@ class RunFollower:
         return ref.min_version
 
     async def follow(self, ref: PolicyRef) -> FollowReport:
-        """Make the engine serve the run's latest committed version (>= ref.min_version)."""
+        """Make the engine serve the run's latest committed version in [ref.min_version, ref.max_version].
+        Raises PolicyVersionPassedError when it already serves a version of the run above max_version."""
         async with self._lock:
             previous = self.engine.version
-            latest = await asyncio.to_thread(latest_committed, self.store, ref.run_id, self._floor(ref))
+            if self.engine.run_id == ref.run_id:
+                check_served_version(ref, previous, "a call")
+            latest = await asyncio.to_thread(
+                latest_committed, self.store, ref.run_id, self._floor(ref), ref.max_version
+            )
             if self.engine.run_id == ref.run_id and self.engine.version == latest:
                 return FollowReport(ref.run_id, latest, previous, loaded=False)
             inp = PublishInput(run_id=ref.run_id, version=latest, base_model=ref.base_model)

@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.engine import Generation, PolicyEngine
+from activities.follow import check_served_version
 from chat.toolcalls import ParsedAssistant
 from gateway.prompt import build_prompt, resolve_chat_ref
 from grove.contracts import GenerateInput, GenerateResult
@@ -219,4 +220,6 @@ async def run_generate(inp: GenerateInput, engine: PolicyEngine, store: ObjectSt
     request_id = f"{inp.episode_id}/{inp.call_id}/attempt-{attempt}"
     async with heartbeating({"call_id": inp.call_id, "phase": "generating", "prompt_len": int(prompt.size)}):
         gen = await engine.generate(prompt, inp.sampling, call_seed(inp.episode_id, inp.call_id), request_id)
+    if inp.policy is not None:  # a capped call (an evaluation) that another call's load overtook: not staged
+        check_served_version(inp.policy, gen.policy_version, f"generate call {inp.call_id}")
     return await asyncio.to_thread(stage, inp, engine, store, gen, prompt, tools)

@@ -25,7 +25,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities import engine as eng
-from activities.follow import PolicyNotCommittedError, RunFollower
+from activities.follow import PolicyNotCommittedError, PolicyVersionPassedError, RunFollower
 from activities.generate import StagedCallConflictError, run_generate
 from chat.render import ChatRenderError
 from gateway.prompt import ParentNotStagedError, PromptSpecError
@@ -45,6 +45,7 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
     ChatRenderError,
     CheckpointError,
     PolicyNotCommittedError,
+    PolicyVersionPassedError,
     eng.EmptyPromptError,
     eng.PromptTooLongError,
     eng.TokenIdOutOfRangeError,

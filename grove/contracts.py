@@ -212,6 +212,18 @@ class PolicyRef(BaseModel):
     run_id: str
     min_version: int = Field(ge=0)  # the run's step S allows versions >= S - 1 - max_policy_lag
     base_model: str = "tiny"  # what version 0 is: the run's base model (name or folder)
+    # the newest version the call may use; None: the run's latest committed. An evaluation of step N
+    # pins min_version = max_version = N: it scores exactly that policy, even after N + 1 commits.
+    max_version: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _range(self) -> PolicyRef:
+        if self.max_version is not None and self.max_version < self.min_version:
+            raise ValueError(
+                f"PolicyRef of run {self.run_id!r}: max_version {self.max_version} < min_version "
+                f"{self.min_version}; no version can serve the call"
+            )
+        return self
 
 
 class EpisodeSpec(BaseModel):
@@ -314,6 +326,8 @@ class EpisodeResult(BaseModel):
     # counts over the episode's ledger (workflows/step_metrics.py `call_stats`): calls offered tools
     # and how their completions parsed, rewrite (compaction) contexts
     call_stats: dict[str, int] = Field(default_factory=dict)
+    # the distinct policy versions that generated the episode's calls (their receipts), ascending
+    policy_versions: list[int] = Field(default_factory=list)
 
     def record(self) -> EpisodeRecord:
         """What the learner needs of this episode (its rows are loaded from rows_key)."""
@@ -610,6 +624,9 @@ class EvalRecord(BaseModel):
     episodes: int
     failed_episodes: int
     reward_components: dict[str, float] = Field(default_factory=dict)
+    # the versions that served the evaluation's calls, from their receipts: [policy_version] when the
+    # whole evaluation scored the policy it names (empty in records made before it was recorded)
+    served_versions: list[int] = Field(default_factory=list)
 
 
 class StepRecord(BaseModel):

@@ -229,6 +229,9 @@ class EpisodeWorkflow:
             call_stats=call_stats(
                 self.ledger.calls.values(), (c.record for c in self.ledger.contexts.values())
             ),
+            policy_versions=sorted(
+                {c.policy_version for c in self.ledger.calls.values() if c.policy_version is not None}
+            ),
         )
 
     # ---------------------------------------------------------------------------------- harness

@@ -7,6 +7,11 @@ step's StepRecord.eval; their rows are never given to the learner. The evaluatio
 the step is recorded only after it, so a resumed run (which starts after its last recorded step) never
 runs a finished evaluation again, and a cancel lets it finish like the rest of the step.
 
+An evaluation of step N scores exactly policy version N: its calls carry PolicyRef(min_version =
+max_version = N), so an engine serves them with version N or refuses them (activities/follow.py
+`PolicyVersionPassedError`: engines never move back), never with a version an overlapped run
+(max_policy_lag > 0) committed since. EvalRecord.served_versions lists the versions that served it.
+
 Held-out tasks are the family's indices num_tasks .. num_tasks + eval_tasks - 1: a fixed set, in index
 order, disjoint by index from the training tasks (0 .. num_tasks - 1). A family whose tasks repeat (the
 same parameters under another index) could still hand the learner a held-out task under a training
@@ -60,8 +65,9 @@ def eval_specs(cfg: RunConfig, step: int) -> list[EpisodeSpec]:
                 sampling=cfg.eval_sampling or cfg.sampling,
                 train_agents=cfg.train_agents,
                 inference_queue=cfg.inference_queue,
-                # the policy this evaluation is of (an overlapped run may have committed a newer one)
-                policy=PolicyRef(run_id=cfg.run_id, min_version=step, base_model=cfg.model),
+                # exactly the policy this evaluation is of: an engine never serves it a newer one, even
+                # when the run has committed one since (activities/follow.py)
+                policy=PolicyRef(run_id=cfg.run_id, min_version=step, max_version=step, base_model=cfg.model),
             )  # fmt: skip
         )
     return specs
@@ -73,6 +79,7 @@ def eval_record(version: int, results: list[EpisodeResult | None]) -> EvalRecord
     names = sorted({k for r in ok for k in r.reward_details})
     return EvalRecord(
         policy_version=version,
+        served_versions=sorted({v for r in results if r is not None for v in r.policy_versions}),
         mean_reward=sum(r.reward for r in ok) / len(ok) if ok else 0.0,
         episodes=len(results),
         failed_episodes=len(results) - len(ok),

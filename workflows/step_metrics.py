@@ -76,6 +76,7 @@ def step_scalars(record: StepRecord) -> dict[str, float]:
     out |= {f"time/{k}": v for k, v in record.timings.items()}
     if record.eval is not None:
         out["eval/mean_reward"] = record.eval.mean_reward
+        out["eval/policy_version"] = float(record.eval.policy_version)
         out["eval/failed_episodes"] = float(record.eval.failed_episodes)
         out |= {f"eval/{k}": v for k, v in record.eval.reward_components.items()}
     return {k: float(v) for k, v in sorted(out.items()) if math.isfinite(v)}

@@ -6,6 +6,8 @@
 - A checkpoint committed later reaches the engine at its next call of the run (no publication needed).
 - A call that needs a version the run has not committed is refused, non-retryable, naming it.
 - The run workflow's own publication of a version older than one a call already loaded is a no-op.
+- An evaluation's call (pinned: min = max = its step's version) is served by exactly that version even
+  when the run has committed a newer one, and refused, naming it, by an engine already past it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from grove.contracts import GenerateInput, PolicyRef, PromptSpec, PublishInput
 from grove.sampling import SamplingConfig
 from tests.inference.checkpoints import commit_checkpoint, perturbed_copy
 from tests.inference.reference import learner_logprobs
-from trainer.staging_format import decode_call_tokens
+from trainer.staging_format import decode_call_tokens, staging_key
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 
@@ -33,10 +35,11 @@ def prompt_of(engine) -> list[int]:
     return engine.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-async def call(acts, engine, run_id: str, call_id: str, min_version: int):
+async def call(acts, engine, run_id: str, call_id: str, min_version: int, max_version: int | None = None):
+    ref = PolicyRef(run_id=run_id, min_version=min_version, max_version=max_version)
     inp = GenerateInput(
         episode_id=f"{run_id}/s1/t0/g0", call_id=call_id, prompt=PromptSpec(ids=prompt_of(engine)),
-        sampling=SAMPLING, policy=PolicyRef(run_id=run_id, min_version=min_version),
+        sampling=SAMPLING, policy=ref,
     )  # fmt: skip
     return await ActivityEnvironment().run(acts.generate, inp)
 
@@ -81,3 +84,28 @@ async def test_a_call_needing_an_uncommitted_version_is_refused(policy_engine, s
         await call(acts, policy_engine, "follow-b", "c0", min_version=4)
     assert err.value.type == "PolicyNotCommittedError" and err.value.non_retryable
     assert "follow-b" in str(err.value) and "version >= 4" in str(err.value)
+
+
+async def test_an_evaluation_call_is_served_by_exactly_the_version_it_names(policy_engine, store, tmp_path):
+    base = policy_engine.source_dir
+    v1 = perturbed_copy(base, tmp_path / "v1", seed=41, scale=0.05)
+    v2 = perturbed_copy(base, tmp_path / "v2", seed=42, scale=0.05)
+    commit_checkpoint(store, "follow-eval", 1, v1)
+    commit_checkpoint(store, "follow-eval", 2, v2)  # an overlapped run committed step 2 meanwhile
+    acts = InferenceActivities(policy_engine, store, weights_root=tmp_path / "weights")
+
+    # step 1's evaluation: version 1's weights, not the newer committed 2
+    ev = await call(acts, policy_engine, "follow-eval", "e0", min_version=1, max_version=1)
+    assert ev.policy_version == 1 and policy_engine.version == 1
+    assert max_diff(store, ev, v1, policy_engine) <= TOL
+    assert max_diff(store, ev, v2, policy_engine) > 1e-2  # the versions really differ
+
+    # a training call of the run (no cap) moves the engine on to 2 ...
+    train = await call(acts, policy_engine, "follow-eval", "c0", min_version=1)
+    assert train.policy_version == 2 and max_diff(store, train, v2, policy_engine) <= TOL
+    # ... after which it cannot serve version 1 any more: the evaluation's call is refused, not re-scored
+    with pytest.raises(ApplicationError) as err:
+        await call(acts, policy_engine, "follow-eval", "e1", min_version=1, max_version=1)
+    assert err.value.type == "PolicyVersionPassedError" and err.value.non_retryable
+    assert "follow-eval" in str(err.value) and "version <= 1" in str(err.value), err.value
+    assert not store.exists(staging_key("follow-eval/s1/t0/g0", "e1"))  # nothing staged for it

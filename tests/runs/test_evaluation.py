@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grove.contracts import EpisodeResult, RunConfig, RunState
+from grove.contracts import EpisodeResult, PolicyRef, RunConfig, RunState
 from grove.sampling import SamplingConfig
 from workflows.evaluation import HeldOutOverlapError, eval_record, eval_specs, evaluates_at
 from workflows.training_run import step_specs
@@ -58,3 +58,24 @@ def test_the_eval_record_averages_ok_episodes_and_counts_the_rest_as_failed():
     assert rec.mean_reward == 0.375
     assert rec.reward_components == {"parent": 0.75, "workers": 0.0}
     assert eval_record(1, [None]).mean_reward == 0.0
+
+
+def test_an_evaluation_is_pinned_to_its_steps_version_whatever_the_runs_lag():
+    # an overlapped run (k = 2) may have committed newer versions while step 4 is evaluated
+    cfg = RunConfig(run_id="r", num_tasks=10, eval_tasks=2, eval_every=2, max_policy_lag=2)
+    for spec in eval_specs(cfg, 4):
+        assert spec.policy is not None and (spec.policy.min_version, spec.policy.max_version) == (4, 4)
+    # training episodes of the same run are not capped: they take the newest committed version
+    assert all(s.policy.max_version is None for s in step_specs(RunState(config=cfg), 5))
+
+
+def test_the_eval_record_lists_the_versions_that_served_its_calls():
+    a = result("a", 0.5).model_copy(update={"policy_versions": [3]})
+    b = result("b", 0.1, status="failed").model_copy(update={"policy_versions": [3, 4]})
+    assert eval_record(3, [a, None]).served_versions == [3]
+    assert eval_record(3, [a, b, None]).served_versions == [3, 4]  # shows a mixed evaluation as such
+
+
+def test_a_policy_ref_whose_cap_is_below_its_floor_is_refused_naming_the_run():
+    with pytest.raises(ValueError, match="run 'r': max_version 2 < min_version 3"):
+        PolicyRef(run_id="r", min_version=3, max_version=2)

@@ -43,7 +43,8 @@ def record(step: int, reward: float, with_eval: bool = False) -> StepRecord:
 def test_step_scalars_tag_every_number_of_the_record():
     assert step_scalars(record(3, 0.75, with_eval=True)) == {
         "episodes/failed": 1.0, "episodes/total": 8.0, "eval/failed_episodes": 0.0,
-        "eval/mean_reward": 0.375, "eval/workers": 0.25, "learner/grad_norm": 3.0, "learner/loss": -0.25,
+        "eval/mean_reward": 0.375, "eval/policy_version": 3.0, "eval/workers": 0.25,
+        "learner/grad_norm": 3.0, "learner/loss": -0.25,
         "policy_version": 3.0, "reward/mean": 0.75, "reward/parent": 0.5, "reward/std": 0.125,
         "rollout/calls_per_episode": 5.0, "time/rollout_s": 12.5,
     }  # fmt: skip
