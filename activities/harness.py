@@ -1,6 +1,6 @@
 """The harness runner: one external harness process per episode, owned by the run (DESIGN.md section 10).
 
-    EpisodeWorkflow (harness.kind "opencode")
+    EpisodeWorkflow (harness.kind "opencode" or "python")
         -> run_harness(HarnessRunInput) on the `harness` task queue (this module)
              mint the episode's token, write opencode.json (provider = the episode's gateway URL),
              launch `opencode run --pure --format json <message>` in the episode's own folder,
@@ -9,6 +9,13 @@
         -> POST {gateway}/episodes/{ref}/close  (final answer, each agent's last output, or the failure
              with the last stderr lines); the gateway settles undelivered responses and closes the ledger
         <- HarnessRunResult (launch, exit code, wall time, events)
+
+Two kinds of process, one supervision (a `LaunchPlan` says what to run and how its events read):
+
+- `opencode`: stock OpenCode (harnesses/opencode.py writes its config, reads its `--format json` events);
+- `python`: a Python harness program, `harness.python.entry = "package.module:function"`, run by
+  `python -m harnesses.clients.program` with the episode's URL, token, launch and task
+  (harnesses/python_harness.py); e.g. the LangGraph and Agents SDK delegation families.
 
 Interface for task families (harnesses/opencode.py): `TASK_SETUPS[family] = fn(task) -> OpenCodeSetup`
 gives the first message and the `agent` section; `RunConfig.harness = {kind: opencode, opencode: {...}}`
@@ -35,13 +42,16 @@ import asyncio
 import contextlib
 import ctypes
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import signal
+import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -51,8 +61,16 @@ from temporalio.exceptions import ApplicationError
 
 from gateway.auth import issue_token
 from gateway.episode_ref import episode_ref
-from grove.contracts import CloseRequest, HarnessHeartbeat, HarnessRunInput, HarnessRunResult
+from grove.contracts import (
+    CloseRequest,
+    EpisodeSpec,
+    HarnessHeartbeat,
+    HarnessOutcome,
+    HarnessRunInput,
+    HarnessRunResult,
+)
 from grove.gates import Gates
+from harnesses import python_harness
 from harnesses.opencode import (
     OpenCodeSetupError,
     opencode_argv,
@@ -83,6 +101,32 @@ class RunnerConfig:
     root: Path  # launch folders: <root>/<episode hash>/{project,home}
     keep_dirs: bool = False  # keep finished launch folders (events.jsonl, stderr.log); failed ones stay
     model_name: str = "grove"  # the model id the gateway serves (GatewaySettings.model_name)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What one launch runs (its whole command line and environment) and how its stdout events read."""
+
+    name: str  # for messages: "OpenCode", "Python harness pkg.mod:fn"
+    argv: list[str]
+    env: dict[str, str]
+    outcome: Callable[[list[dict]], HarnessOutcome]
+    # a configuration error the events report (the launch is then not retried), else None
+    config_error: Callable[[list[dict]], str | None] = field(default=lambda events: None)
+
+
+def opencode_plan(binary: Path, message: str, home: Path) -> LaunchPlan:
+    return LaunchPlan(
+        "OpenCode", opencode_argv(str(binary), message), opencode_env(str(home)), outcome_of_events
+    )
+
+
+def python_plan(entry: str, job: str, home: Path, base_url: str, token: str, launch: int) -> LaunchPlan:
+    return LaunchPlan(
+        f"Python harness {entry}", python_harness.python_argv(sys.executable),
+        python_harness.python_env(str(home), job, base_url, token, launch, sys.executable),
+        python_harness.outcome_of_events, python_harness.entry_error,
+    )  # fmt: skip
 
 
 def episode_folder(root: Path, episode_id: str) -> Path:
@@ -138,34 +182,28 @@ class HarnessRunner:
     async def run_harness(self, inp: HarnessRunInput) -> HarnessRunResult:
         spec = inp.spec
         launch = activity.info().attempt
-        if spec.harness.kind != "opencode":
+        planners = {"opencode": self._opencode_launch, "python": self._python_launch}
+        if spec.harness.kind not in planners:
             raise ApplicationError(
-                f"episode {spec.episode_id!r}: the harness runner launches kind 'opencode', not "
+                f"episode {spec.episode_id!r}: the harness runner launches kinds {sorted(planners)}, not "
                 f"{spec.harness.kind!r}",
                 type="HarnessConfigError",
                 non_retryable=True,
             )
-        try:
-            setup = setup_for(spec.task, spec.harness.opencode)
-            binary = await asyncio.to_thread(opencode_binary, spec.harness.opencode.version)
-        except (OpenCodeSetupError, OpenCodeInstallError) as err:
-            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
-        project, home = self._prepare(spec.episode_id)
         token = issue_token(self.config.secret, spec.episode_id)
         base_url = f"{self.config.gateway_url.rstrip('/')}/episodes/{episode_ref(spec.episode_id)}/v1"
-        options = spec.harness.opencode
-        config = opencode_config(
-            setup, base_url, token, launch=launch, context_limit=options.context_limit,
-            output_limit=options.output_limit or spec.sampling.max_tokens, model=self.config.model_name,
-        )  # fmt: skip
-        (project / "opencode.json").write_text(json.dumps(config, indent=2))
-        activity.logger.info("episode %s: OpenCode launch %d in %s", spec.episode_id, launch, project)
-        run = _Launch(binary, setup.message, project, home)
+        run = await planners[spec.harness.kind](spec, launch, token, base_url)
+        activity.logger.info(
+            "episode %s: %s launch %d in %s", spec.episode_id, run.plan.name, launch, run.project
+        )
         started = time.monotonic()
         exit_code = await self._supervise(run, spec.episode_id, launch, spec.harness.deadline_s)
         wall = time.monotonic() - started
         if self._gates is not None:  # tests: the process has ended, its episode is not closed yet
             await self._gates.hold("harness_exited", spec.episode_id)
+        config_error = run.plan.config_error(run.events)
+        if config_error is not None:  # the workflow closes the episode as failed (infrastructure)
+            raise ApplicationError(config_error, type="HarnessConfigError", non_retryable=True)
         close = self._close_request(run, exit_code, spec.harness.deadline_s)
         activity.heartbeat(run.beat(launch, last_event="closing"))
         await self._close(spec.episode_id, token, close)
@@ -174,6 +212,40 @@ class HarnessRunner:
         return HarnessRunResult(
             launch=launch, exit_code=exit_code, wall_s=wall, events=len(run.events), failure=close.failure
         )
+
+    async def _opencode_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
+        try:
+            setup = setup_for(spec.task, spec.harness.opencode)
+            binary = await asyncio.to_thread(opencode_binary, spec.harness.opencode.version)
+        except (OpenCodeSetupError, OpenCodeInstallError) as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
+        project, home = self._prepare(spec.episode_id)
+        options = spec.harness.opencode
+        config = opencode_config(
+            setup, base_url, token, launch=launch, context_limit=options.context_limit,
+            output_limit=options.output_limit or spec.sampling.max_tokens, model=self.config.model_name,
+        )  # fmt: skip
+        (project / "opencode.json").write_text(json.dumps(config, indent=2))
+        return _Launch(opencode_plan(binary, setup.message, home), project, home)
+
+    async def _python_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
+        options = spec.harness.python
+        entry = options.entry or ""  # HarnessSpec refuses kind python without one
+        module = entry.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:  # a typo, or a program the worker's Python does not have: relaunching cannot help
+            raise ApplicationError(
+                f"episode {spec.episode_id!r}: harness.python.entry {entry!r}: no module {module!r} in the "
+                f"harness worker's Python ({sys.executable}); fix the entry or install the program there",
+                type="HarnessConfigError",
+                non_retryable=True,
+            )
+        project, home = self._prepare(spec.episode_id)
+        job = python_harness.python_job(entry, spec.task, options.options, self.config.model_name)
+        return _Launch(python_plan(entry, job, home, base_url, token, launch), project, home)
 
     def _prepare(self, episode_id: str) -> tuple[Path, Path]:
         folder = episode_folder(self.config.root, episode_id)
@@ -229,12 +301,13 @@ class HarnessRunner:
         return sum(summary.totals.values()), progress.get("last_activity")
 
     def _close_request(self, run: _Launch, exit_code: int | None, deadline_s: float) -> CloseRequest:
-        outcome = outcome_of_events(run.events)
+        outcome = run.plan.outcome(run.events)
         failure = outcome.failure
+        name = run.plan.name
         if exit_code is None:
-            failure = f"HarnessDeadline: OpenCode ran past its deadline ({deadline_s:g} s) and was killed"
+            failure = f"HarnessDeadline: {name} ran past its deadline ({deadline_s:g} s) and was killed"
         elif exit_code != 0:
-            failure = f"HarnessExit: OpenCode exited with {exit_code}" + (f" ({failure})" if failure else "")
+            failure = f"HarnessExit: {name} exited with {exit_code}" + (f" ({failure})" if failure else "")
         if failure is not None:
             tail = "\n".join(run.stderr_tail)
             failure = f"{failure}; last stderr lines:\n{tail}" if tail else failure
@@ -259,10 +332,11 @@ class HarnessRunner:
 
 
 class _Launch:
-    """One harness process: its events (stdout JSON lines), the tail of its stderr, its process group."""
+    """One harness process: its events (stdout JSON lines), the tail of its stderr, its process group.
+    The events of both kinds are JSON lines with a `type` (OpenCode's, or harnesses/clients/program.py's)."""
 
-    def __init__(self, binary: Path, message: str, project: Path, home: Path) -> None:
-        self.argv = opencode_argv(str(binary), message)
+    def __init__(self, plan: LaunchPlan, project: Path, home: Path) -> None:
+        self.plan = plan
         self.project, self.home = project, home
         self.proc: asyncio.subprocess.Process | None = None
         self.events: list[dict] = []
@@ -287,7 +361,7 @@ class _Launch:
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, cwd=self.project, env=opencode_env(str(self.home)), stdin=asyncio.subprocess.DEVNULL,
+            *self.plan.argv, cwd=self.project, env=self.plan.env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
             preexec_fn=_die_with_parent, limit=16 * 1024 * 1024,
         )  # fmt: skip

@@ -142,11 +142,11 @@ class Episodes:
         if kind != EPISODE_WORKFLOW:
             raise NotExternalEpisodeError(f"workflow {episode_id!r} is a {kind}, not an {EPISODE_WORKFLOW}")
         [spec] = await self.client.data_converter.decode(started.input.payloads, [EpisodeSpec])
-        if spec.harness.kind == "native":  # external: hand-run; opencode: launched by the harness runner
+        if spec.harness.kind == "native":  # external: hand-run; opencode, python: launched by the runner
             raise NotExternalEpisodeError(
                 f"episode {episode_id!r} is driven by its {spec.harness.kind} harness "
                 f"({spec.harness.program!r}); the gateway serves only episodes of external harnesses "
-                "(harness kind 'external' or 'opencode')"
+                "(harness kind 'external', 'opencode' or 'python')"
             )
         return spec
 

@@ -35,10 +35,14 @@ class TaskSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-HarnessKind = Literal["native", "external", "opencode"]
+HarnessKind = Literal["native", "external", "opencode", "python"]
 # Kinds whose process the run owns: a `run_harness` activity on the harness queue launches it per episode
 # (activities/harness.py); it talks to the episode through the gateway like a hand-run external harness.
-RUNNER_KINDS: frozenset[str] = frozenset({"opencode"})
+RUNNER_KINDS: frozenset[str] = frozenset({"opencode", "python"})
+# Kinds whose harness may close without outputs: the reward then reads each agent's last answer from the
+# ledger (OpenCode's runner reads them from its events).
+LEDGER_OUTPUT_KINDS: frozenset[str] = frozenset({"external", "python"})
+_ENTRY = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class OpenCodeOptions(BaseModel):
@@ -67,9 +71,27 @@ class OpenCodeOptions(BaseModel):
     )
 
 
+class PythonHarnessOptions(BaseModel):
+    """A Python harness program the runner launches per episode (harnesses/python_harness.py): the
+    function `entry` gets the episode's gateway URL, token, launch number and task, and returns the final
+    answer (or {"final_answer", "outputs"}). It runs in its own interpreter, isolated like OpenCode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    entry: str | None = Field(
+        None,
+        pattern=_ENTRY,
+        description="`package.module:function` importable in the harness process, e.g. "
+        "harnesses.langgraph_delegation:run (a LangGraph program) or harnesses.agents_sdk_delegation:run",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="passed to the program as `harness.options` (its own settings)"
+    )
+
+
 class HarnessSpec(BaseModel):
     """Who drives the episode: a native program inside the workflow, an external harness (gateway), or
-    a harness process the run launches per episode (`opencode`, activities/harness.py)."""
+    a harness process the run launches per episode (`opencode`, `python`; activities/harness.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -78,7 +100,8 @@ class HarnessSpec(BaseModel):
         description="native: a program run inside the episode workflow (harnesses/programs.py); "
         "external: a harness process that talks to the episode through the gateway, started by someone "
         "else (`grove episode start --external`); opencode: the run launches stock OpenCode per episode "
-        "on the harness queue (activities/harness.py), talking through the gateway",
+        "on the harness queue (activities/harness.py), talking through the gateway; python: the run "
+        "launches a Python harness program per episode the same way (`python.entry`)",
     )
     program: str = Field(
         "delegation", description="native: the program's name in harnesses.programs.PROGRAMS"
@@ -86,6 +109,9 @@ class HarnessSpec(BaseModel):
     max_turns: int = Field(4, ge=1, description="most model turns the parent agent may take")
     opencode: OpenCodeOptions = Field(
         default_factory=OpenCodeOptions, description="opencode: how each episode's OpenCode is configured"
+    )
+    python: PythonHarnessOptions = Field(
+        default_factory=PythonHarnessOptions, description="python: the program each episode runs"
     )
     deadline_s: float = Field(
         900.0,
@@ -102,6 +128,15 @@ class HarnessSpec(BaseModel):
     max_launches: int = Field(
         3, ge=1, description="launched harnesses: launches per episode (the first + relaunches)"
     )
+
+    @model_validator(mode="after")
+    def _python_needs_an_entry(self) -> HarnessSpec:
+        if self.kind == "python" and self.python.entry is None:
+            raise ValueError(
+                "harness.kind is 'python' but harness.python.entry is not set: name the program's "
+                "function as package.module:function (e.g. harnesses.langgraph_delegation:run)"
+            )
+        return self
 
 
 # ------------------------------------------------------------------------------------------ calls

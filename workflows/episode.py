@@ -51,6 +51,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 with workflow.unsafe.imports_passed_through():
     from grove import queues
     from grove.contracts import (
+        LEDGER_OUTPUT_KINDS,
         RUNNER_KINDS,
         CallRequest,
         CallResult,
@@ -341,7 +342,7 @@ class EpisodeWorkflow:
         if outcome.failure is not None:
             return 0.0, outcome  # a failed episode's placeholder carries no loss; only metrics show it
         inp = RewardInput(task=self.spec.task, outcome=outcome)
-        if self.spec.harness.kind == "external" and not outcome.outputs:
+        if self.spec.harness.kind in LEDGER_OUTPUT_KINDS and not outcome.outputs:
             # The harness named no outputs: each agent's last answer, from the ledger (issue 15)
             inp = inp.model_copy(
                 update={"episode_id": self.spec.episode_id, "output_calls": self.ledger.last_outputs()}

@@ -34,11 +34,13 @@ PARENT_CONTEXT_HEADER = "x-grove-parent-context"
 REWRITE_HEADER = "x-grove-rewrite"
 KIND_HEADER = "x-grove-call-kind"
 CALL_ID_HEADER = "x-grove-call-id"  # response: the call this request became
+LAUNCH_HEADER = "x-grove-launch"  # which launch of a runner-launched harness sent the request
 AUXILIARY = "auxiliary"
 ROOT_AGENT = "parent"  # the gateway's default agent; parent-only baselines train this one
 
 BASE_URL_ENV = "GROVE_BASE_URL"  # http://host/episodes/<ref>/v1, set by whoever starts the harness
 API_KEY_ENV = "GROVE_API_KEY"  # the episode's bearer token
+LAUNCH_ENV = "GROVE_LAUNCH"  # set by grove's harness runner: 1, then n for the (n-1)th relaunch
 _FALLBACK_ENV = ("OPENAI_BASE_URL", "OPENAI_API_KEY")  # an unmodified OpenAI program's variables
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
@@ -68,6 +70,7 @@ class Episode:
 
     base_url: str
     api_key: str
+    launch: int | None = None  # a runner-launched harness: sent as x-grove-launch on every request
     _last_call: dict[str, str] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -92,7 +95,13 @@ class Episode:
                 f"no episode: set ${BASE_URL_ENV} and ${API_KEY_ENV} (the episode's base URL and token), "
                 "or pass them to Episode(base_url, api_key)"
             )
-        return cls(base_url, api_key)
+        launch = env.get(LAUNCH_ENV)
+        return cls(base_url, api_key, int(launch) if launch and launch.isdigit() else None)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Headers every request of this harness carries (the clients' default headers)."""
+        return {LAUNCH_HEADER: str(self.launch)} if self.launch is not None else {}
 
     @property
     def close_url(self) -> str:

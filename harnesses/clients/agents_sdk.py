@@ -186,7 +186,11 @@ class GroveModelProvider(ModelProvider):
             # Retries belong to the caller (the SDK's, or Temporal's activity retries); the gateway
             # recognises a re-sent request either way.
             self._clients[key] = AsyncOpenAI(
-                base_url=episode.base_url, api_key=episode.api_key, http_client=http, max_retries=0
+                base_url=episode.base_url,
+                api_key=episode.api_key,
+                http_client=http,
+                max_retries=0,
+                default_headers=episode.headers or None,  # x-grove-launch of a runner-launched harness
             )
         return self._clients[key]
 

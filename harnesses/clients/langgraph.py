@@ -79,6 +79,7 @@ class GroveGraphs:
         """A ChatOpenAI on the episode (any ChatOpenAI argument may be given). `model` defaults to the
         one the gateway serves, asked for at the first request (no I/O here: building the graph inside
         a running event loop must not block it)."""
+        headers = {**self.episode.headers, **(kwargs.pop("default_headers", None) or {})}
         return GroveChatOpenAI(
             model=model or SERVED_MODEL,
             grove_served_model=model is None,
@@ -87,6 +88,7 @@ class GroveGraphs:
             include_response_headers=True,  # x-grove-call-id: the spawner of the next workers
             use_responses_api=False,  # the gateway speaks chat completions
             grove=self,
+            default_headers=headers or None,  # x-grove-launch of a runner-launched harness
             **kwargs,
         )
 

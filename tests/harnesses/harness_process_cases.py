@@ -1,6 +1,6 @@
 """The runner's process handling (activities/harness.py) with a stand-in harness executable: a real
 process group, real signals, the real activity context (temporalio's ActivityEnvironment records the
-heartbeats). No services: the harness here is a shell script, not OpenCode.
+heartbeats). No services: the harness here is a shell script, not OpenCode, or a Python program that hangs.
 
 Run by test_harness_process.py, each case in a fresh interpreter (see there why)."""
 
@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.harness import HarnessRunner, RunnerConfig, _Launch, episode_folder
+from activities.harness import (
+    HarnessRunner,
+    RunnerConfig,
+    _Launch,
+    episode_folder,
+    opencode_plan,
+    python_plan,
+)
+from grove.contracts import TaskSpec
+from harnesses.python_harness import python_job
 
 pytestmark = pytest.mark.timeout(180)  # every wait below is bounded; this bounds each case too
 
@@ -69,7 +78,7 @@ async def test_deadline_kills_the_whole_group_and_the_failure_names_stderr(tmp_p
     project.mkdir()
     (home / "tmp").mkdir(parents=True)
     runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
-    run = _Launch(binary, "hello", project, home)
+    run = _Launch(opencode_plan(binary, "hello", home), project, home)
     beats = []
     env = ActivityEnvironment()
     env.on_heartbeat = lambda *details: beats.append(details[0])
@@ -95,7 +104,7 @@ async def test_a_cancelled_launch_kills_its_group(tmp_path):
     project.mkdir()
     (home / "tmp").mkdir(parents=True)
     runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
-    run = _Launch(binary, "hello", project, home)
+    run = _Launch(opencode_plan(binary, "hello", home), project, home)
     env = ActivityEnvironment()
     task = asyncio.create_task(env.run(runner._supervise, run, "ep/1", 1, 600.0))
     await _wait_written(home / "grandchild.pid")
@@ -118,11 +127,11 @@ async def test_a_relaunch_reaps_what_a_killed_worker_left_behind(tmp_path):
         import asyncio, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from pathlib import Path
-        from activities.harness import HarnessRunner, RunnerConfig, _Launch, episode_folder
+        from activities.harness import HarnessRunner, RunnerConfig, _Launch, episode_folder, opencode_plan
         async def main():
             runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, Path({str(root)!r})))
             project, home = runner._prepare("ep/1")
-            run = _Launch(Path({str(binary)!r}), "hello", project, home)
+            run = _Launch(opencode_plan(Path({str(binary)!r}), "hello", home), project, home)
             await run.start()
             print(run.pid, flush=True)
             await asyncio.sleep(1000)
@@ -143,3 +152,31 @@ async def test_a_relaunch_reaps_what_a_killed_worker_left_behind(tmp_path):
     assert _alive(grandchild)  # ... but what it started did not
     HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, root))._prepare("ep/1")  # the relaunch
     assert await _wait_gone(grandchild)
+
+
+async def test_a_cancelled_python_harness_is_killed_with_its_group(tmp_path):
+    """The `python` kind runs under the same supervision: its program (here one that starts a grandchild
+    and never returns) is killed with its whole group; a launch that did not finish reports no result."""
+    runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
+    project, home = runner._prepare("ep/py")
+    base = "http://127.0.0.1:9/episodes/ZXAvcHk/v1"
+    job = python_job("tests.harnesses.python_programs:hangs", TaskSpec(family="f", task_id="t"), {}, "grove")
+    run = _Launch(
+        python_plan("tests.harnesses.python_programs:hangs", job, home, base, "tok", 1), project, home
+    )
+    env = ActivityEnvironment()
+    beats = []
+    env.on_heartbeat = lambda *details: beats.append(details[0])
+    task = asyncio.create_task(env.run(runner._supervise, run, "ep/py", 1, 600.0))
+    await _wait_written(home / "grandchild.pid")
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    grandchild = int((home / "grandchild.pid").read_text())
+    assert await _wait_gone(grandchild) and await _wait_gone(run.pid)
+    assert [e["type"] for e in run.events] == ["grove.started"] and run.last_event == "grove.started"
+    assert beats and beats[0].pid == run.pid
+    close = runner._close_request(run, None, 600.0)
+    assert close.failure.startswith(
+        "HarnessDeadline: Python harness tests.harnesses.python_programs:hangs ran past its deadline"
+    )

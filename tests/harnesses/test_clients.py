@@ -25,6 +25,7 @@ def test_clients_import_without_grove_or_heavy_dependencies():
     code = (
         "import sys\n"
         "import harnesses.clients, harnesses.clients.langgraph, harnesses.clients.agents_sdk\n"
+        "import harnesses.clients.program\n"
         f"print(','.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
     )
     out = subprocess.run(
@@ -47,6 +48,9 @@ def test_header_names_are_the_gateways():
     )
     assert (clients.REWRITE_HEADER, clients.KIND_HEADER) == (gw.REWRITE_HEADER, gw.KIND_HEADER)
     assert clients.ROOT_AGENT == gw.DEFAULT_AGENT and clients.AUXILIARY == "auxiliary"
+    from gateway.replay import LAUNCH_HEADER
+
+    assert clients.LAUNCH_HEADER == LAUNCH_HEADER
 
 
 NAMES = ["Research agent", "billing.v2", "a:b/c", "ünïcode", "  ", "x" * 200, "worker-1", "plain_name", "-"]
@@ -64,6 +68,18 @@ def test_header_safe_keeps_safe_names_and_distinct_names_distinct():
     assert header_safe("worker-1") == "worker-1"
     names = ["Research agent", "Research_agent", "Research.agent", "Research-agent", "x" * 96, "x" * 97]
     assert len({header_safe(n) for n in names}) == len(names)
+
+
+def test_a_launched_harness_sends_its_launch_with_every_request():
+    env = {"GROVE_BASE_URL": BASE, "GROVE_API_KEY": "t", "GROVE_LAUNCH": "3"}
+    episode = Episode.from_env(env)
+    assert episode.launch == 3 and episode.headers == {"x-grove-launch": "3"}
+    model = GroveGraphs(episode).chat_model("m", default_headers={"x-mine": "1"})
+    assert model.default_headers == {"x-grove-launch": "3", "x-mine": "1"}
+    from harnesses.clients.agents_sdk import GroveModelProvider
+
+    assert GroveModelProvider(episode).client(episode).default_headers["x-grove-launch"] == "3"
+    assert Episode.from_env({"GROVE_BASE_URL": BASE, "GROVE_API_KEY": "t"}).headers == {}
 
 
 def test_episode_needs_an_episode_url_and_token():

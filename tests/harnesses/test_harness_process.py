@@ -23,6 +23,7 @@ NAMES = (
     "test_deadline_kills_the_whole_group_and_the_failure_names_stderr",
     "test_a_cancelled_launch_kills_its_group",
     "test_a_relaunch_reaps_what_a_killed_worker_left_behind",
+    "test_a_cancelled_python_harness_is_killed_with_its_group",
 )
 
 
