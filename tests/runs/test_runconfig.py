@@ -49,6 +49,30 @@ def test_the_examples_cover_both_native_delegation_runs():
         assert len(set(values)) == len(values)
 
 
+def test_the_opencode_example_is_an_opencode_run_its_model_and_engines_can_serve():
+    """examples/opencode-delegation.yaml through `grove run validate` (the same load and engine-limit
+    check `grove run start` does): every episode is launched with OpenCode on a family the harness
+    runner can set up, and the context OpenCode is told fits the engine's, which fits the model's."""
+    from harnesses.opencode import TASK_SETUPS, setup_for
+    from models.registry import known_positions
+    from workflows.training_run import step_specs
+
+    path = EXAMPLES[0].parent / "opencode-delegation.yaml"
+    shown = runner.invoke(app, ["run", "validate", str(path), "--json"])
+    assert shown.exit_code == 0, shown.output
+    cfg = RunConfig.model_validate(json.loads(shown.output))
+    assert cfg == load_run_config(path)
+    assert cfg.harness.kind == "opencode" and cfg.task_family in TASK_SETUPS
+    positions = known_positions(cfg.model)
+    assert positions is not None
+    assert cfg.harness.opencode.context_limit <= cfg.engine.max_model_len <= positions
+    specs = step_specs(RunState(config=cfg), 1)
+    assert {s.harness.kind for s in specs} == {"opencode"}
+    setup = setup_for(specs[0].task, specs[0].harness.opencode)
+    assert setup.default_agent == "lead" and setup.agents["lead"]["tools"] == {"*": False, "task": True}
+    assert all(word in setup.message for word in specs[0].task.params["words"])
+
+
 def test_overrides_are_yaml_values_at_dotted_paths(tmp_path):
     path = write(tmp_path, "run_id: r\nlearner:\n  lr: 1.0e-3\n")
     cfg = load_run_config(
