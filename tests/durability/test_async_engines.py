@@ -15,7 +15,9 @@ calls go. The run must finish with:
 - the killed engine's calls re-run as new admissions (`<call>.r1`) on the surviving engine;
 - no trained token outside the bound (lag 0..1), and step 2 really trained tokens sampled one version
   behind (the overlap happened);
-- the checkpoint versions consistent (1..3 committed, published versions = steps).
+- the checkpoint versions consistent (1..3 committed, published versions = steps);
+- each step's held-out evaluation scored exactly the version it names (every call served by it), while
+  later steps rolled out on the same engines.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def run_config(model: str) -> RunConfig:
         task_family=scenario.NAME, num_tasks=4, tasks_per_step=TASKS_PER_STEP, group_size=GROUP_SIZE,
         harness=HarnessSpec(program=scenario.NAME), sampling=SamplingConfig(max_tokens=8),
         learner=LearnerConfig(lr=1e-2), max_policy_lag=1, continue_as_new_every=100,
+        eval_every=1, eval_tasks=1,
     )  # fmt: skip
 
 
@@ -130,6 +133,9 @@ async def test_k1_two_engines_engine_and_trainer_killed_in_the_overlap(fleet):
         assert store.exists(commit_key(cfg.run_id, h.step))
         # the staleness bound held for every trained token
         assert 0 <= h.metrics["lag_max"] <= 1, h.metrics
+        # the evaluation after step N is of version N, and only version N served its calls
+        assert h.eval is not None and h.eval.failed_episodes == 0, h.eval
+        assert (h.eval.policy_version, h.eval.served_versions) == (h.step, [h.step]), h.eval
     # step 2 rolled out on version 0 while step 1 trained: it trained tokens one version behind
     assert run.history[HELD_STEP - 1].metrics.get("lag_tokens_1", 0) > 0, run.history[1].metrics
 
