@@ -257,18 +257,30 @@ class HarnessRunner:
         return project, home
 
     async def _supervise(self, run: _Launch, episode_id: str, launch: int, deadline_s: float) -> int | None:
-        """Run the process to its end (exit code), its deadline (None) or a cancellation (re-raised)."""
-        await run.start()
-        beat = asyncio.create_task(self._heartbeats(run, episode_id, launch))
+        """Run the process to its end (exit code), its deadline (None) or a cancellation (re-raised).
+
+        Whatever ends it, the harness's whole process group is killed before this returns. A cancellation
+        that arrives while the process is being started must not skip that: the start runs shielded (it
+        is short) and the `finally` waits for it, so the group it created is known and killed. (Unshielded,
+        a cancelled asyncio spawn kills only the harness's own process and then waits for its pipes, which
+        anything the harness already started keeps open: the activity never finished cancelling.)"""
+        starting = asyncio.ensure_future(run.start(self._gates, episode_id))
+        beat: asyncio.Task | None = None
         try:
+            await asyncio.shield(starting)
+            beat = asyncio.create_task(self._heartbeats(run, episode_id, launch))
             return await asyncio.wait_for(run.wait(), timeout=deadline_s)
         except TimeoutError:
             return None
         finally:
-            beat.cancel()
+            with contextlib.suppress(BaseException):  # its own failure is what propagates, if any
+                await starting
+            if beat is not None:
+                beat.cancel()
             run.kill()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await beat
+                if beat is not None:
+                    await beat
             await run.drain()
 
     async def _heartbeats(self, run: _Launch, episode_id: str, launch: int) -> None:
@@ -331,6 +343,20 @@ class HarnessRunner:
             )
 
 
+class _ExitNotingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's stream protocol plus `exited`: the exit code as soon as the child watcher reports it."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[int] = loop.create_future()
+
+    def process_exited(self) -> None:
+        code = self._transport.get_returncode()  # read first: the base class may drop the transport
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(code)
+
+
 class _Launch:
     """One harness process: its events (stdout JSON lines), the tail of its stderr, its process group.
     The events of both kinds are JSON lines with a `type` (OpenCode's, or harnesses/clients/program.py's)."""
@@ -344,6 +370,7 @@ class _Launch:
         self.last_event: str | None = None
         self.calls, self.last_request = 0, None  # the episode's, as of the last heartbeat
         self._readers: list[asyncio.Task] = []
+        self._exited: asyncio.Future[int] | None = None
         self._t0 = time.monotonic()
 
     @property
@@ -359,13 +386,19 @@ class _Launch:
             last_request=self.last_request, last_event=last_event or self.last_event,
         )  # fmt: skip
 
-    async def start(self) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.plan.argv, cwd=self.project, env=self.plan.env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            preexec_fn=_die_with_parent, limit=16 * 1024 * 1024,
+    async def start(self, gates: Gates | None = None, key: str = "") -> None:
+        loop = asyncio.get_running_loop()
+        protocol = _ExitNotingProtocol(limit=16 * 1024 * 1024, loop=loop)
+        transport, _ = await loop.subprocess_exec(
+            lambda: protocol, *self.plan.argv, cwd=self.project, env=self.plan.env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
+        self.proc = asyncio.subprocess.Process(transport, protocol, loop)
+        self._exited = protocol.exited
         (self.project.parent / "pgid").write_text(str(self.proc.pid))  # for reap_previous after a crash
+        if gates is not None:  # tests: spawned, the start not finished (a cancellation can land here)
+            await gates.hold("harness_starting", key)
         self._readers = [asyncio.create_task(self._stdout()), asyncio.create_task(self._stderr())]
 
     async def _stdout(self) -> None:
@@ -390,8 +423,11 @@ class _Launch:
         log.close()
 
     async def wait(self) -> int:
-        assert self.proc is not None
-        code = await self.proc.wait()
+        """The harness's exit code, once it exits: not once its pipes close (asyncio's Process.wait() in
+        3.11 waits for both, and a process the harness left behind holds the pipes open)."""
+        assert self._exited is not None
+        code = await asyncio.shield(self._exited)
+        self.kill()  # what the harness left in its group goes with it; its pipes close, the readers end
         await self.drain()
         return code
 

@@ -21,8 +21,9 @@ key = request id `episode/call/attempt`), `store_put` (cli/worker.py: after the 
 worker's store wrote an object; key = object key), `store_before_put` (the same stores, before they
 write an object: a test can stop the object store while a write is about to happen), `train_rank`
 (activities/train_ranks.py: a learner rank after each forward/backward pass; key =
-`run/step-NNNNNN/rank-R/pass-K`) and `harness_exited` (activities/harness.py: a launched harness
-process has ended, before the runner closes its episode; key = episode id).
+`run/step-NNNNNN/rank-R/pass-K`), `harness_starting` (activities/harness.py: a harness process was
+spawned, its start not finished; key = episode id) and `harness_exited` (activities/harness.py: a
+launched harness process has ended, before the runner closes its episode; key = episode id).
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ from activities.harness import (
     python_plan,
 )
 from grove.contracts import TaskSpec
+from grove.gates import ENV as GATES_ENV
+from grove.gates import GateControl
 from harnesses.python_harness import python_job
 
 pytestmark = pytest.mark.timeout(180)  # every wait below is bounded; this bounds each case too
@@ -60,6 +62,14 @@ async def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def _wait_until(condition, what: str, timeout: float = 120.0) -> None:
+    """Until `condition()` holds (a state that stays once reached); bounded."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        await asyncio.sleep(0.05)
 
 
 async def _wait_written(path: Path, timeout: float = 60.0) -> None:
@@ -113,6 +123,34 @@ async def test_a_cancelled_launch_kills_its_group(tmp_path):
         await task
     grandchild = int((home / "grandchild.pid").read_text())
     assert await _wait_gone(grandchild) and await _wait_gone(run.pid)
+
+
+async def test_a_launch_cancelled_while_starting_kills_its_group(tmp_path, monkeypatch):
+    """The cancellation lands after the harness was spawned (it already started a grandchild) and before
+    its start finished (gate `harness_starting`): the runner still kills the whole group and finishes
+    cancelling. (Before, the cancellation skipped the kill: the group outlived the activity; and inside
+    asyncio's own spawn it hung the activity on pipes the grandchild held open.)"""
+    gates = GateControl(tmp_path / "gates")
+    gates.arm("harness_starting", "^ep/1$")
+    monkeypatch.setenv(GATES_ENV, str(gates.root))
+    binary = tmp_path / "harness.sh"
+    binary.write_text(textwrap.dedent(SCRIPT))
+    binary.chmod(0o755)
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    (home / "tmp").mkdir(parents=True)
+    runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
+    run = _Launch(opencode_plan(binary, "hello", home), project, home)
+    task = asyncio.create_task(ActivityEnvironment().run(runner._supervise, run, "ep/1", 1, 600.0))
+    await _wait_until(lambda: gates.held("harness_starting") == ["ep/1"], "the start to reach its gate")
+    await _wait_written(home / "grandchild.pid")
+    task.cancel()  # delivered at the task's next step, before the start can see the release below
+    gates.disarm("harness_starting")
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(task, timeout=120)
+    grandchild = int((home / "grandchild.pid").read_text())
+    assert await _wait_gone(grandchild), "the harness's group outlived the cancelled launch"
+    assert await _wait_gone(run.pid)
 
 
 async def test_a_relaunch_reaps_what_a_killed_worker_left_behind(tmp_path):

@@ -22,6 +22,7 @@ CASES = Path(__file__).with_name("harness_process_cases.py")
 NAMES = (
     "test_deadline_kills_the_whole_group_and_the_failure_names_stderr",
     "test_a_cancelled_launch_kills_its_group",
+    "test_a_launch_cancelled_while_starting_kills_its_group",
     "test_a_relaunch_reaps_what_a_killed_worker_left_behind",
     "test_a_cancelled_python_harness_is_killed_with_its_group",
 )
