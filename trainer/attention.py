@@ -45,6 +45,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 SEGMENT_ATTENTION = "grove_segments"
 BUCKET_SLACK = 1.5  # a bucket's padded [Lq, Lk] area stays within 1.5x its segments' real areas
+# Context buckets with fewer query rows take one masked call: for short segments the second call and
+# the merge cost more than the upper triangle they save (bench (a): ~10-token segments).
+SPLIT_MIN_QUERIES = 64
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,10 @@ class SegmentPlan:
         for b in self.buckets:
             s, lq = b.q_index.shape
             lc = 0 if b.ctx_index is None else b.ctx_index.shape[1]
-            total += s * lq * lc + s * lq * (lq + 1) // 2
+            if lc and lq < SPLIT_MIN_QUERIES:  # one masked call over [context + segment]
+                total += s * lq * (lc + lq)
+            else:
+                total += s * lq * lc + s * lq * (lq + 1) // 2
         return total
 
 
@@ -225,7 +231,7 @@ def _bucket_attention(b: Bucket, q: Tensor, k: Tensor, v: Tensor, scaling: float
     if b.ctx_index is None:
         kg, vg = (t[:, b.q_index].transpose(0, 1) for t in (k, v))  # [S, Hkv, Lq, D]
         return F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, scale=scaling, enable_gqa=gqa)
-    if q.device.type != "cpu":
+    if q.device.type != "cpu" or b.q_index.shape[1] < SPLIT_MIN_QUERIES:
         kv_index = torch.cat([b.ctx_index, b.q_index], dim=1)  # [S, Lc + Lq]
         kg, vg = (t[:, kv_index].transpose(0, 1) for t in (k, v))
         return F.scaled_dot_product_attention(

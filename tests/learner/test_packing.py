@@ -37,6 +37,7 @@ from tests.learner.test_reference import (
     rows_of,
     worst_relative,
 )
+from trainer import attention
 from trainer.attention import Segment, plan_segments, segment_attention
 from trainer.learner import Learner, load_policy, prepare_batch, score_tokens
 from trainer.packing import layout, plan_layouts, plan_packed_micro_batches
@@ -170,10 +171,10 @@ def _dense_from_segments(segments, n: int) -> torch.Tensor:
 
 def _uneven_contexts():
     """Two context segments of unequal context length in one bucket (a padded, masked context)."""
-    segments = [Segment(0, 10, ()), Segment(10, 16, ((0, 10),)), Segment(16, 20, ((0, 7),))]
-    plan = plan_segments(segments, 20)
+    segments = [Segment(0, 100, ()), Segment(100, 180, ((0, 100),)), Segment(180, 250, ((0, 70),))]
+    plan = plan_segments(segments, 250)
     assert any(b.ctx_mask is not None for b in plan.buckets)  # the case this exercises
-    return segments, 20
+    return segments, 250
 
 
 def _tree_segments(rows):
@@ -181,10 +182,13 @@ def _tree_segments(rows):
     return flat.segments, int(flat.input_ids.size)
 
 
+@pytest.mark.parametrize("split_min", [0, 10**9], ids=["split", "masked"])
 @pytest.mark.parametrize("case", ["controlled tree", "long-prefix tree", "uneven contexts"])
-def test_segment_attention_output_and_gradients_equal_sdpa_under_the_dense_mask(case):
-    """The split context/causal attention (merged by logsumexp, its own backward) against one SDPA
-    call over the dense ancestor mask: output and gradients of q, k, v, float64."""
+def test_segment_attention_output_and_gradients_equal_sdpa_under_the_dense_mask(case, split_min, monkeypatch):
+    """The split context/causal attention (merged by logsumexp, its own backward), and the one masked
+    call short segments take, against one SDPA call over the dense ancestor mask: output and
+    gradients of q, k, v, float64."""
+    monkeypatch.setattr(attention, "SPLIT_MIN_QUERIES", split_min)
     if case == "controlled tree":
         segments, n = _tree_segments(rows_of(controlled_batch(512)))
     elif case == "long-prefix tree":
