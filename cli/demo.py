@@ -2,6 +2,7 @@
 parent-only baseline, on the real stack (Temporal dev server with its UI, vLLM, the learner).
 
     grove demo [--model tiny|smollm2|DIR] [--steps N] [--name demo] [--lr X] [--temperature T] ...
+    grove demo --harness opencode [--steps N] ...   # the same two runs, episodes driven by stock OpenCode
 
 Both runs train at the same time, each with its own inference engine (one engine holds one policy).
 Progress bars show step, mean reward and episodes; metrics go to runs/<name>/metrics.csv and the
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -29,7 +31,16 @@ from tqdm import tqdm
 
 from grove import queues
 from grove.client import connect
-from grove.contracts import EngineLimits, HarnessSpec, RunConfig, RunLive, RunResult, RunState, StepRecord
+from grove.contracts import (
+    EngineLimits,
+    HarnessSpec,
+    OpenCodeOptions,
+    RunConfig,
+    RunLive,
+    RunResult,
+    RunState,
+    StepRecord,
+)
 from grove.learner_config import LearnerConfig
 from grove.paths import grove_home
 from grove.sampling import SamplingConfig
@@ -44,12 +55,15 @@ class DemoConfig(BaseModel):
     as fast as 0.7 (more junk samples, fewer successes per group)."""
 
     name: str = "demo"
-    model: str = "tiny"
+    # native: harnesses/delegation.py inside the episode workflows; opencode: stock OpenCode launched per
+    # episode by the harness runner on the `opencode-delegation` family (examples/opencode-delegation.yaml)
+    harness: Literal["native", "opencode"] = "native"
+    model: str | None = None  # None: tiny (native) or tiny-tools (opencode: drilled on OpenCode's calls)
     steps: int = 20
     group_size: int = 8
     tasks_per_step: int = 2
     lr: float = 5e-4
-    max_tokens: int = 8
+    max_tokens: int | None = None  # None: 8 (native: one word) or 64 (opencode: a `task` call's JSON)
     temperature: float = 0.7
     eval_every: int = 5  # held-out evaluation (8 tasks never trained on) every this many steps
     port: int = 7233
@@ -57,8 +71,22 @@ class DemoConfig(BaseModel):
     out_dir: Path = Path("runs")
 
 
+OPENCODE_CONTEXT = 4096  # tiny-tools' engines and OpenCode's `limit.context`: holds the lead's resumption
+
+
+def model_name(cfg: DemoConfig) -> str:
+    return cfg.model or ("tiny-tools" if cfg.harness == "opencode" else "tiny")
+
+
 def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
     """The two runs: identical but for which agents' actions are trained."""
+    if cfg.harness == "opencode":
+        family = "opencode-delegation"
+        harness = HarnessSpec(kind="opencode", opencode=OpenCodeOptions(context_limit=OPENCODE_CONTEXT))
+        engine, max_tokens = EngineLimits(max_model_len=OPENCODE_CONTEXT), cfg.max_tokens or 64
+    else:
+        family, harness = "delegation", HarnessSpec(program="delegation")
+        engine, max_tokens = EngineLimits(), cfg.max_tokens or 8
     runs = []
     for agents, suffix in (("all", "parent-and-workers"), ("parent_only", "parent-only")):
         run_id = f"{cfg.name}-{suffix}"
@@ -67,12 +95,13 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
                 run_id=run_id,
                 model=str(model_dir),
                 steps=cfg.steps,
-                task_family="delegation",
+                task_family=family,
                 num_tasks=64,
                 tasks_per_step=cfg.tasks_per_step,
                 group_size=cfg.group_size,
-                harness=HarnessSpec(program="delegation"),
-                sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=cfg.temperature),
+                harness=harness,
+                engine=engine,
+                sampling=SamplingConfig(max_tokens=max_tokens, temperature=cfg.temperature),
                 train_agents=agents,
                 learner=LearnerConfig(lr=cfg.lr, weight_decay=0.0),
                 inference_queue=f"{queues.INFERENCE}-{run_id}",
@@ -227,6 +256,18 @@ def plot(path: Path, histories: dict[str, list[StepRecord]], title: str) -> None
     plt.close(fig)
 
 
+def orchestration_worker_args(runs: list[RunConfig], model_dir: Path) -> list[str]:
+    """`grove worker` arguments of the demo's one non-inference worker: episodes, io and the learner, and
+    for OpenCode runs the harness queue too (its embedded gateway measures prompts with the runs' model
+    tokenizer and engine context)."""
+    names = ["episodes", "io", "trainer"]
+    args = ["--model", str(model_dir)]
+    if any(r.harness.kind == "opencode" for r in runs):
+        names.append(queues.HARNESS)
+        args += ["--max-model-len", str(max(r.engine.max_model_len for r in runs))]
+    return ["--queues", ",".join(names), *args]
+
+
 async def follow(client: Client, runs: list[RunConfig], out: Path, workers: list[subprocess.Popen]) -> dict:
     handles = {r.run_id: await attach(client, r) for r in runs}
     bars = {
@@ -255,7 +296,7 @@ async def follow(client: Client, runs: list[RunConfig], out: Path, workers: list
                 bars[rid].refresh()
                 if new:
                     write_metrics(out / "metrics.csv", histories)
-                    plot(out / "reward.png", histories, "delegation: mean reward per step")
+                    plot(out / "reward.png", histories, f"{runs[0].task_family}: mean reward per step")
             if done:
                 finished.add(rid)
         await asyncio.sleep(2.0)
@@ -270,16 +311,18 @@ def main(cfg: DemoConfig) -> int:
 
     out = cfg.out_dir / cfg.name
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[demo] model {cfg.model!r}: building or loading from the cache ...", flush=True)
-    model_dir = ensure_model(cfg.model)
+    print(f"[demo] model {model_name(cfg)!r}: building or loading from the cache ...", flush=True)
+    model_dir = ensure_model(model_name(cfg))
+    if cfg.harness == "opencode":
+        from harnesses.opencode_install import opencode_binary
+
+        print(f"[demo] OpenCode: {opencode_binary()}", flush=True)  # installs the pinned version if missing
     rec = stack.up_temporal(port=cfg.port, ui=True, ui_port=cfg.ui_port)
     env = dict(os.environ, GROVE_TEMPORAL_ADDRESS=rec.address)
     env.setdefault("GROVE_STORE", f"file://{grove_home() / 'store'}")
     runs = run_configs(cfg, model_dir)
     logs = out / "logs"
-    workers = [
-        start_worker(["--queues", "episodes,io,trainer", "--model", str(model_dir)], logs / "worker.log", env)
-    ]
+    workers = [start_worker(orchestration_worker_args(runs, model_dir), logs / "worker.log", env)]
     for r in runs:
         workers.append(
             start_worker(

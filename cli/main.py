@@ -167,22 +167,33 @@ def worker(
 
 @app.command("demo")
 def demo(
-    model: str = typer.Option("tiny", help="tiny | smollm2 | a HF causal-LM folder."),
+    harness: str = typer.Option(
+        "native",
+        help="native: the in-workflow delegation program; opencode: stock OpenCode launched per episode "
+        "(opencode-delegation family, default model tiny-tools).",
+    ),
+    model: str = typer.Option(
+        None, help="tiny | tiny-tools | smollm2 | a HF causal-LM folder (default tiny; opencode: tiny-tools)."
+    ),
     steps: int = typer.Option(20, help="Optimizer steps per run."),
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),
     group_size: int = typer.Option(8, help="Episodes per task (GRPO group)."),
     tasks_per_step: int = typer.Option(2, help="Tasks per step."),
     lr: float = typer.Option(5e-4, help="Learning rate."),
-    max_tokens: int = typer.Option(8, help="Max tokens per model call."),
+    max_tokens: int = typer.Option(None, help="Max tokens per model call (default 8; opencode: 64)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature (recorded per call for the learner)."),
     eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
     from cli.demo import DemoConfig, main
 
+    if harness not in ("native", "opencode"):
+        typer.echo(f"demo: --harness {harness!r}: expected native or opencode", err=True)
+        raise typer.Exit(2)
     cfg = DemoConfig(
-        name=name, model=model, steps=steps, group_size=group_size, tasks_per_step=tasks_per_step, lr=lr,
-        max_tokens=max_tokens, temperature=temperature, eval_every=eval_every,
+        name=name, harness=harness, model=model, steps=steps, group_size=group_size,
+        tasks_per_step=tasks_per_step, lr=lr, max_tokens=max_tokens, temperature=temperature,
+        eval_every=eval_every,
     )  # fmt: skip
     raise typer.Exit(main(cfg))
 

@@ -1,0 +1,57 @@
+"""`grove demo --harness opencode` (issue 11, part 4): the two runs and the worker it starts, checked the
+way the real commands check them (pure: nothing is started; the tiny-tools model comes from the cache).
+"""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from cli.demo import DemoConfig, model_name, orchestration_worker_args, run_configs
+from cli.main import app
+from cli.runs import check_run_engine
+from grove import queues
+from grove.contracts import RunState
+from harnesses.opencode import TASK_SETUPS, setup_for
+from models.registry import ensure_model, known_positions
+from workflows.training_run import step_specs
+
+
+def test_the_opencode_demo_trains_opencode_episodes_beside_the_parent_only_baseline():
+    cfg = DemoConfig(harness="opencode", steps=3)
+    assert model_name(cfg) == "tiny-tools"
+    model_dir = ensure_model(model_name(cfg))
+    pw, po = run_configs(cfg, model_dir)
+    assert (pw.train_agents, po.train_agents) == ("all", "parent_only")
+    assert pw.model_dump(exclude={"run_id", "train_agents", "inference_queue"}) == po.model_dump(
+        exclude={"run_id", "train_agents", "inference_queue"}
+    )
+    assert pw.inference_queue != po.inference_queue  # one engine per policy
+    for run in (pw, po):
+        check_run_engine(run)  # what `grove run start` refuses: a context past the model's positions
+        assert run.harness.kind == "opencode" and run.task_family in TASK_SETUPS
+        assert run.harness.opencode.context_limit <= run.engine.max_model_len <= known_positions(model_dir)
+        specs = step_specs(RunState(config=run), 1)
+        assert {s.harness.kind for s in specs} == {"opencode"}
+        setup = setup_for(specs[0].task, specs[0].harness.opencode)
+        assert setup.agents["lead"]["tools"] == {"*": False, "task": True}
+    args = orchestration_worker_args([pw, po], model_dir)
+    served = args[args.index("--queues") + 1].split(",")
+    assert queues.HARNESS in served and queues.INFERENCE not in served  # inference: one worker per run
+    # the harness worker's embedded gateway measures prompts with the engines' context
+    assert args[args.index("--max-model-len") + 1] == str(pw.engine.max_model_len)
+
+
+def test_the_native_demo_is_unchanged():
+    cfg = DemoConfig()
+    assert model_name(cfg) == "tiny"
+    runs = run_configs(cfg, ensure_model("tiny"))
+    assert {r.harness.kind for r in runs} == {"native"} and {r.task_family for r in runs} == {"delegation"}
+    assert {r.sampling.max_tokens for r in runs} == {8}
+    args = orchestration_worker_args(runs, ensure_model("tiny"))
+    assert args[args.index("--queues") + 1] == "episodes,io,trainer" and "--max-model-len" not in args
+
+
+def test_an_unknown_demo_harness_is_refused_before_anything_starts():
+    result = CliRunner().invoke(app, ["demo", "--harness", "langchain"])
+    assert result.exit_code == 2
+    assert "--harness 'langchain': expected native or opencode" in result.output
