@@ -290,6 +290,31 @@ class EpisodeSpec(BaseModel):
     policy: PolicyRef | None = None  # the policy its calls need (None: whatever the engine serves)
 
 
+class RestoreProgress(BaseModel):
+    """The restore of a paged ledger at the start of an episode's workflow run (EpisodeProgress.restore)."""
+
+    pages_total: int
+    pages_done: int = 0
+    # the most pages unpacked within one workflow task: 1 when each task's work is one page, so no task
+    # grows with the ledger (Temporal fails a workflow task that does not yield within 2 s)
+    most_pages_per_task: int = 0
+    task_history_length: int = -1  # the history length seen by the task that unpacked the last page
+    pages_this_task: int = 0
+
+    def page_done(self, history_length: int) -> RestoreProgress:
+        """One more page unpacked in the workflow task that sees `history_length` events (one value per
+        task: every task adds events, so tasks never share one)."""
+        n = self.pages_this_task + 1 if history_length == self.task_history_length else 1
+        return self.model_copy(
+            update={
+                "pages_done": self.pages_done + 1,
+                "most_pages_per_task": max(self.most_pages_per_task, n),
+                "task_history_length": history_length,
+                "pages_this_task": n,
+            }
+        )
+
+
 class EpisodeProgress(BaseModel):
     """The episode's `progress` query (and memo): where it stands, for the UI and the CLI."""
 
@@ -303,6 +328,7 @@ class EpisodeProgress(BaseModel):
     idle_timeout_s: float
     last_activity: str  # ISO time (workflow clock) of the last Update start or end
     closed_by: str | None = None  # "harness" or "idle timeout"
+    restore: RestoreProgress | None = None  # this run's restore of a paged ledger (None: carried inline)
 
 
 class HarnessOutcome(BaseModel):

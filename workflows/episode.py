@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         HarnessRunResult,
         MaterializeInput,
         MaterializeResult,
+        RestoreProgress,
         RewardInput,
         RewardResult,
         close_digest,
@@ -78,8 +79,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.handover import (
         EpisodeCarry,
         EpisodeRun,
+        LedgerPage,
+        apply_page,
         changed_pages,
-        join_pages,
         ledger_items,
         ledger_prefix,
         pack_page,
@@ -194,6 +196,7 @@ class EpisodeWorkflow:
         self.handing_over = False
         self.last_activity = workflow.now()
         self.events_at_start = 0  # history length once the ledger is restored (see _hand_over_due)
+        self.restore_progress: RestoreProgress | None = None  # a paged ledger's restore (progress query)
 
     @workflow.run
     async def run(self, spec: EpisodeRun) -> EpisodeResult:
@@ -455,13 +458,38 @@ class EpisodeWorkflow:
         return await self._store_pages("final")
 
     async def _restore_pages(self) -> None:
+        """Restore a paged ledger one page per workflow task: the pages load one after another (the
+        next load is scheduled while this page is unpacked), so each activation delivers one load and
+        unpacks one page. Unpacking every page in one task took > 2 s at ~2.3 MB of packed pages on a
+        loaded worker and tripped Temporal's deadlock detector. Patched in: restores recorded before
+        replay as they ran (all pages at once)."""
         carry = self.spec.carry
         assert carry is not None
-        packed = await asyncio.gather(*(_io("load_ledger_page", k, bytes) for k in carry.ledger_pages))
-        self.ledger = join_pages(self.spec.episode_id, self.spec.group_id, map(unpack_page, packed))
-        self.saved_contexts = {k: v.model_copy(deep=True) for k, v in self.ledger.contexts.items()}
-        self.saved_calls = dict(self.ledger.calls)
+        keys = carry.ledger_pages
+        self.restore_progress = RestoreProgress(pages_total=len(keys))
+        if not workflow.patched("grove-restore-by-page"):
+            packed = await asyncio.gather(*(_io("load_ledger_page", k, bytes) for k in keys))
+            for data in packed:
+                self._restore_page(unpack_page(data))
+        else:
+            ledger = Ledger(episode_id=self.spec.episode_id, group_id=self.spec.group_id)
+            loading = asyncio.ensure_future(_io("load_ledger_page", keys[0], bytes))
+            for i in range(len(keys)):
+                data = await loading
+                if i + 1 < len(keys):
+                    loading = asyncio.ensure_future(_io("load_ledger_page", keys[i + 1], bytes))
+                self._restore_page(unpack_page(data), ledger)
+            self.ledger = ledger
         self.restored = True
+
+    def _restore_page(self, page: LedgerPage, ledger: Ledger | None = None) -> None:
+        """Join one page into the ledger being restored and into what the written pages hold."""
+        if ledger is None:
+            ledger = self.ledger
+        apply_page(ledger, page)
+        self.saved_contexts.update({k: v.model_copy(deep=True) for k, v in page.contexts.items()})
+        self.saved_calls.update(page.calls)
+        self.restore_progress = self.restore_progress.page_done(workflow.info().get_current_history_length())
 
     # ---------------------------------------------------------------------------------- calls
 
@@ -638,6 +666,7 @@ class EpisodeWorkflow:
             idle_timeout_s=self.spec.idle_timeout_s,
             last_activity=self.last_activity.isoformat(),
             closed_by=self.closed_by,
+            restore=self.restore_progress,
         )
 
     def _set_status(self, status: str) -> None:

@@ -112,9 +112,15 @@ def join_pages(episode_id: str, group_id: str, pages: Iterable[LedgerPage], **st
     replaces an earlier one in place, so admission order is kept."""
     ledger = Ledger(episode_id=episode_id, group_id=group_id, **state)
     for page in pages:
-        ledger.contexts.update(page.contexts)
-        ledger.calls.update(page.calls)
+        apply_page(ledger, page)
     return ledger
+
+
+def apply_page(ledger: Ledger, page: LedgerPage) -> None:
+    """Join one more page into `ledger` (join_pages one page at a time: a restore that yields between
+    pages keeps each workflow task's work bounded by one page, whatever the ledger's size)."""
+    ledger.contexts.update(page.contexts)
+    ledger.calls.update(page.calls)
 
 
 def pack_page(page: LedgerPage) -> bytes:
