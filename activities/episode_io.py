@@ -24,6 +24,7 @@ from activities.failures import retryable_storage_failure
 from gateway.opencode import text_of
 from gateway.records import load_record
 from grove.contracts import (
+    ArchiveStepsInput,
     CleanStagingInput,
     CleanStagingResult,
     HarnessOutcome,
@@ -31,6 +32,7 @@ from grove.contracts import (
     MaterializeResult,
     RewardInput,
     RewardResult,
+    step_record_key,
 )
 from grove.receipts import CallReceipt, ContextRecord
 from harnesses.programs import family
@@ -164,6 +166,15 @@ class EpisodeIO:
         except StorageError as err:
             raise retryable_storage_failure("clean staging", err) from None
         return CleanStagingResult(deleted=deleted)
+
+    @activity.defn(name="archive_step_records")
+    def archive_step_records(self, inp: ArchiveStepsInput) -> None:
+        """Step records a run's workflow state stops carrying, one object per step (idempotent: a retry
+        or a replayed run finds and verifies its own bytes)."""
+        for record in inp.records:
+            key = step_record_key(inp.run_id, record.step)
+            with io_attempt("archive step record", key=key):
+                self.store.put_if_absent(key, record.model_dump_json().encode())
 
     @activity.defn(name="store_ledger_page")
     def store_ledger_page(self, key: str, packed: bytes) -> None:

@@ -148,11 +148,23 @@ async def history_of(handle) -> tuple[list[StepRecord], bool, RunLive | None]:
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         result: RunResult = await handle.result()
-        return result.history, True, None
+        return _all_steps(handle.id, result.history, result.history_from), True, None
     if desc.status != WorkflowExecutionStatus.RUNNING:
         raise RuntimeError(f"run {handle.id} is {desc.status.name}; inspect it in the Temporal UI")
     state = await handle.query("progress", result_type=RunState)
-    return (state.history if state else []), False, (state.live if state else None)
+    if state is None:
+        return [], False, None
+    return _all_steps(handle.id, state.history, state.history_from), False, state.live
+
+
+def _all_steps(run_id: str, history: list[StepRecord], history_from: int) -> list[StepRecord]:
+    """The carried records, plus (a run longer than RunConfig.carried_history_steps) the archived ones."""
+    if history_from == 1:
+        return history
+    from cli.runs import step_history
+    from storage.config import store_from_env
+
+    return step_history(store_from_env(), run_id, history, history_from)
 
 
 def live_postfix(live: RunLive | None) -> dict[str, str]:

@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from grove import runconfig
+from grove.contracts import step_record_key
 
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
@@ -158,7 +159,7 @@ def start(
         if wait and out.handle is not None:
             result = await runs.wait_run(out.handle)
             data["result"] = result.model_dump(mode="json")
-            text += "\n" + _history_text(result.history) + ("\n  (cancelled)" if result.cancelled else "")
+            text += "\n" + _history_text(result) + ("\n  (cancelled)" if result.cancelled else "")
         return data, text, EXIT_OK
 
     _call(as_json, work, address)
@@ -286,9 +287,13 @@ def _num(value: float | int | None) -> str:
     return str(value) if isinstance(value, int) else f"{value:.4f}"
 
 
-def _history_text(history) -> str:
-    return "\n".join(
+def _history_text(result) -> str:
+    lines = [
         f"  step {r.step}: mean reward {r.mean_reward:.4f}, "
         f"{r.episodes} episodes ({r.failed_episodes} failed)"
-        for r in history
-    )
+        for r in result.history
+    ]
+    if result.history_from > 1:  # a run longer than carried_history_steps: the rest is in the store
+        key = step_record_key(result.run_id, 1).rsplit("/", 1)[0]
+        lines.insert(0, f"  steps 1-{result.history_from - 1}: records in the object store under {key}/")
+    return "\n".join(lines)

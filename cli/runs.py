@@ -37,7 +37,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from grove import queues
 from grove.client import connect, temporal_address
-from grove.contracts import EpisodeResult, RunConfig, RunResult, RunState, StepRecord
+from grove.contracts import EpisodeResult, RunConfig, RunResult, RunState, StepRecord, step_record_key
+from storage.base import ObjectStore
 
 QUERY_TIMEOUT = timedelta(seconds=10)
 DEFAULT_UI = "http://127.0.0.1:8233"
@@ -212,13 +213,26 @@ async def start_run(client: Client, cfg: RunConfig) -> StartOutcome:
         )
     _check_same(old, cfg, MUTABLE_FIELDS)
     done: RunResult = await handle.result()
-    if len(done.history) >= cfg.steps:
-        return StartOutcome(
-            cfg.run_id, "already-completed", len(done.history) + 1, cfg.steps, ui_url(cfg.run_id)
-        )
-    state = RunState(config=cfg, next_step=len(done.history) + 1, history=done.history)
+    if done.steps >= cfg.steps:
+        return StartOutcome(cfg.run_id, "already-completed", done.steps + 1, cfg.steps, ui_url(cfg.run_id))
+    # the result carries the last steps' records; the earlier ones stay in the store (RunState.history_from)
+    state = RunState(
+        config=cfg, next_step=done.steps + 1, history=done.history, history_from=done.history_from
+    )
     handle = await _start(client, state, WorkflowIDReusePolicy.ALLOW_DUPLICATE)
     return StartOutcome(cfg.run_id, "resumed", state.next_step, cfg.steps, ui_url(cfg.run_id), handle)
+
+
+def step_history(
+    store: ObjectStore, run_id: str, history: list[StepRecord], history_from: int
+) -> list[StepRecord]:
+    """Every step's record of a run: those its state no longer carries (steps before `history_from`,
+    in the store at step_record_key), then the carried ones."""
+    archived = [
+        StepRecord.model_validate_json(store.get(step_record_key(run_id, step)))
+        for step in range(1, history_from)
+    ]
+    return archived + list(history)
 
 
 async def wait_run(handle: WorkflowHandle) -> RunResult:
@@ -260,6 +274,7 @@ async def run_status(client: Client, run_id: str) -> dict[str, Any]:
     desc, state, result = await run_progress(client, run_id)
     config = state.config if state else await _recorded_config(desc)
     history: list[StepRecord] = result.history if result else state.history if state else []
+    steps_done = result.steps if result else state.steps_recorded if state else 0
     current = _attr(desc, "GroveStep")
     steps_to_check = sorted({s for s in (history[-1].step if history else None, current) if s})
     failed = []
@@ -271,7 +286,7 @@ async def run_status(client: Client, run_id: str) -> dict[str, Any]:
         "run_status": _attr(desc, "GroveStatus"),
         "cancelled": bool(result and result.cancelled),
         "step": current,
-        "steps_done": len(history),
+        "steps_done": steps_done,
         "steps": config.steps if config else None,
         "last": history[-1].model_dump(mode="json") if history else None,
         "failed_episodes": failed,

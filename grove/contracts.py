@@ -622,6 +622,13 @@ class RunConfig(BaseModel):
     continue_as_new_every: int = Field(
         5, ge=1, description="the run workflow continues as new every this many steps (bounds history)"
     )
+    carried_history_steps: int = Field(
+        100,
+        ge=1,
+        description="step records the run workflow keeps in its state (carried through continue-as-new, "
+        "returned in its result); older ones are in the object store at runs/{run_id}/steps/ (bounds "
+        "the state at ~1 KB per record, under Temporal's 2 MB payload limit however many steps)",
+    )
     # Asynchronous GRPO (docs/rollout-scale.md): episodes of step S may start once version S - 1 - k is
     # committed, so later steps roll out while the learner trains; every trained token was sampled at
     # most k versions before the weights its step updates. 0: synchronous, exactly as before.
@@ -738,20 +745,43 @@ class RunLive(BaseModel):
     engines_as_of_step: int | None = None
 
 
+STEP_RECORDS_ROOT = "runs"
+
+
+def step_record_key(run_id: str, step: int) -> str:
+    """Where a step's StepRecord lives once the run's state no longer carries it (deterministic)."""
+    return f"{STEP_RECORDS_ROOT}/{run_id}/steps/step-{step:06d}.json"
+
+
 class RunState(BaseModel):
-    """Everything the run needs to continue: carried whole through continue-as-new."""
+    """Everything the run needs to continue: carried whole through continue-as-new. Bounded: `history`
+    holds the last `config.carried_history_steps` records; those of steps before `history_from` are in
+    the object store (step_record_key)."""
 
     config: RunConfig
     next_step: int = Field(1, ge=1)  # steps count from 1: step N produces policy version N
-    history: list[StepRecord] = Field(default_factory=list)
+    history: list[StepRecord] = Field(default_factory=list)  # steps history_from, history_from + 1, ...
+    history_from: int = Field(1, ge=1)  # the step of history[0]; earlier records are in the store
     live: RunLive | None = None  # progress only: set by the running workflow, never read to resume
+
+    @property
+    def steps_recorded(self) -> int:
+        return self.history_from - 1 + len(self.history)
 
 
 class RunResult(BaseModel):
     run_id: str
-    steps: int
+    steps: int  # steps recorded in all (history holds the last ones, from history_from)
     history: list[StepRecord]
     cancelled: bool = False  # stopped by a cancel request before its last step; the same run id resumes
+    history_from: int = Field(1, ge=1)  # the step of history[0]; earlier records are in the store
+
+
+class ArchiveStepsInput(BaseModel):
+    """Step records the run's state stops carrying, written to the store (step_record_key)."""
+
+    run_id: str
+    records: list[StepRecord]
 
 
 EpisodeSpec.model_rebuild()

@@ -12,7 +12,10 @@ queue: the engine may have served another run, or restarted with the base weight
   publish_weights activity (inference)     the engine loads version N; later calls report it
   every eval_every steps: held-out episodes of version N (workflows/evaluation.py), never trained on,
                                            recorded in the step's StepRecord.eval
-All run state is one RunState, carried whole through continue-as-new every few steps.
+All run state is one RunState, carried whole through continue-as-new every few steps. It stays bounded:
+it holds the last `carried_history_steps` StepRecords; older ones are written to the object store
+(`archive_step_records`, runs/{run_id}/steps/step-N.json) and `history_from` says where the carried ones
+start (cli/runs.py `step_history` joins both).
 
 Cancel (`grove run cancel`, the `cancel` signal) stops the run cleanly at the next step boundary: the
 step in progress finishes (its episodes settle, its checkpoint commits, its weights are published), no
@@ -40,6 +43,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from grove import queues
     from grove.contracts import (
+        ArchiveStepsInput,
         EngineStatus,
         EpisodeResult,
         EpisodeSpec,
@@ -78,6 +82,10 @@ TRACK_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds
 # then every 30 s: a store back after an outage is found within 30 s), never turned into a failed run.
 RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30), maximum_attempts=40
+)
+# archive_step_records: a few minutes of retries; a store down for longer only delays the archive
+ARCHIVE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30), maximum_attempts=10
 )
 
 
@@ -150,8 +158,9 @@ class TrainingRunWorkflow:
         cancelled = state.next_step <= cfg.steps  # stopped early: only a cancel request does that
         workflow.upsert_search_attributes([STATUS.value_set("cancelled" if cancelled else "completed")])
         return RunResult(
-            run_id=cfg.run_id, steps=len(state.history), history=state.history, cancelled=cancelled
-        )
+            run_id=cfg.run_id, steps=state.steps_recorded, history=state.history, cancelled=cancelled,
+            history_from=state.history_from,
+        )  # fmt: skip
 
     async def _run_synchronous(self, state: RunState) -> None:
         """max_policy_lag 0: each step rolls out on the previous step's weights, then trains."""
@@ -179,6 +188,7 @@ class TrainingRunWorkflow:
             await self._track(record)
             state.history.append(record)
             state.next_step += 1
+            await self._bound_history()
             more = state.next_step <= cfg.steps and not self.cancel_requested
             if more and self._should_continue_as_new(step):
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -237,6 +247,7 @@ class TrainingRunWorkflow:
             await self._track(record)
             state.history.append(record)
             state.next_step += 1
+            await self._bound_history()
             if workflow.info().is_continue_as_new_suggested():
                 self.draining = True  # launch nothing more; continue as new once the pipeline is empty
             more = state.next_step <= cfg.steps and not self.cancel_requested
@@ -299,6 +310,30 @@ class TrainingRunWorkflow:
             if isinstance(out, BaseException) and not isinstance(out, ChildWorkflowError):
                 raise out
         return eval_record(version, [o if isinstance(o, EpisodeResult) else None for o in outcomes])
+
+    async def _bound_history(self) -> None:
+        """Keep the last `carried_history_steps` StepRecords in the state (one payload, carried through
+        continue-as-new: ~1 KB per step would pass Temporal's 2 MB payload limit at ~2,000 steps); older
+        records go to the store first (deterministic keys, verify-if-present). A store that stays down
+        past the retries only delays this: the records stay carried and the next step tries again."""
+        assert self.state is not None
+        state = self.state
+        old = len(state.history) - state.config.carried_history_steps
+        if old <= 0:
+            return  # no command: runs recorded before this bound replay unchanged
+        inp = ArchiveStepsInput(run_id=state.config.run_id, records=state.history[:old])
+        try:
+            await workflow.execute_activity(
+                "archive_step_records", inp, task_queue=queues.IO, start_to_close_timeout=TRACK_TIMEOUT,
+                retry_policy=ARCHIVE_RETRY,
+            )  # fmt: skip
+        except ActivityError as err:
+            workflow.logger.warning(
+                "run %s: step records not archived yet: %s", state.config.run_id, err.cause
+            )
+            return
+        del state.history[:old]
+        state.history_from += old
 
     async def _track(self, record: StepRecord) -> None:
         """The step's scalars to TensorBoard / MLflow (activities/tracking.py). Best effort: a tracking
