@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import sys
 import tempfile
 import time
@@ -43,6 +44,10 @@ from workflows.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key
 from workflows.ledger import Ledger  # noqa: E402
 
 
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()  # real digests: as incompressible as the bench's
+
+
 def write_long_ledger(store: LocalStore, episode_id: str, calls: int, per_run: int, items: int) -> list[str]:
     """The page keys a `calls`-call episode of one context (every call a branch of the root, as the
     20,000-call bench drives it) leaves after its hand-overs: each run writes what changed."""
@@ -55,8 +60,8 @@ def write_long_ledger(store: LocalStore, episode_id: str, calls: int, per_run: i
     for i in range(calls):
         call_id = f"parent.c{i}"
         digests = TokenDigests(
-            prompt_len=6 if i == 0 else 8, completion_len=1, prompt_sha256=f"{i:064x}",
-            completion_sha256=f"{i + 1:064x}", logprobs_sha256=f"{i + 2:064x}",
+            prompt_len=6 if i == 0 else 8, completion_len=1, prompt_sha256=_sha(f"p{i}"),
+            completion_sha256=_sha(f"c{i}"), logprobs_sha256=_sha(f"l{i}"),
         )  # fmt: skip
         ledger.admit(call_id, "parent", extends=None if i == 0 else "parent.c0", branch=i > 0)
         ledger.complete(call_id, f"staging/{episode_id}/{call_id}.safetensors", digests, 0, "length")

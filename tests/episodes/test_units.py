@@ -9,7 +9,7 @@ from gateway.prompt import ClaimCheckError, resolve_chat_ref
 from grove.contracts import CallRequest, ChatPrompt, CloseRequest, PromptSpec, close_digest
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
 from storage.local import LocalStore
-from workflows.handover import changed_pages, join_pages, pack_page, split_pages, unpack_page
+from workflows.handover import LedgerPage, changed_pages, join_pages, pack_page, split_pages, unpack_page
 from workflows.ledger import Ledger
 
 
@@ -48,9 +48,37 @@ def test_incremental_pages_carry_only_what_changed_and_join_to_the_ledger():
     restored.discard("parent.c3", "not used")  # an old call changes state
     restored.admit("parent.c10", "parent", extends="parent.c0", branch=True)  # a new call
     delta = changed_pages(restored, saved_contexts, saved_calls, 4)
-    assert [(list(p.contexts), list(p.calls)) for p in delta] == [(["parent"], ["parent.c3", "parent.c10"])]
+    # a new call does not rewrite its context (pages hold no call lists: joining rebuilds them)
+    assert [(list(p.contexts), list(p.calls)) for p in delta] == [([], ["parent.c3", "parent.c10"])]
     rejoined = join_pages("e/1", "g", first + delta)
     assert rejoined == restored and list(rejoined.calls) == list(restored.calls)
+    assert rejoined.contexts["parent"].call_ids == [f"parent.c{i}" for i in range(11)]
+    # a rewrite retires the old context: both contexts change and are written
+    saved_contexts = {k: v.model_copy(deep=True) for k, v in rejoined.contexts.items()}
+    rewrite = ContextRecord(
+        context_id="parent-2", agent="parent", origin=ContextOrigin.REWRITE, rewrite_of="parent"
+    )
+    rejoined.open_context(rewrite)
+    [page] = changed_pages(rejoined, saved_contexts, dict(rejoined.calls), 4)
+    assert list(page.contexts) == ["parent", "parent-2"] and page.contexts["parent"].retired_by == "parent-2"
+    assert join_pages("e/1", "g", first + delta + [page]) == rejoined
+
+
+def test_pages_hold_no_call_lists_and_a_run_writes_only_its_own_calls():
+    """A context's call list grew by every call and was rewritten by every hand-over (the square of
+    the hand-overs); pages now leave it out, so a run's pages are its own calls, however long the
+    episode, and pages written with lists (before) still join to the same ledger."""
+    ledger = _ledger(400)
+    saved_contexts = {k: v.model_copy(deep=True) for k, v in ledger.contexts.items()}
+    saved_calls = dict(ledger.calls)
+    for page in split_pages(ledger, 1_000):
+        assert all(c.call_ids == [] for c in page.contexts.values())
+    for i in range(400, 410):
+        ledger.admit(f"parent.c{i}", "parent", extends="parent.c0", branch=True)
+    [delta] = changed_pages(ledger, saved_contexts, saved_calls, 1_000)
+    assert (list(delta.contexts), len(delta.calls)) == ([], 10)
+    with_lists = LedgerPage(contexts=ledger.contexts, calls=ledger.calls)  # a page as written before
+    assert join_pages("e/1", "g", [with_lists]) == ledger
 
 
 def test_a_packed_page_is_the_same_page_in_a_fraction_of_its_json():
