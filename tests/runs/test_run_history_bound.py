@@ -43,11 +43,15 @@ def _config(run_id: str, model_dir: Path, steps: int) -> RunConfig:
     )  # fmt: skip
 
 
-async def _executions(client: Client, run_id: str) -> list:
-    """Every workflow run of the run's id (continue-as-new runs and the resumed execution), oldest first."""
-    found = [wf async for wf in client.list_workflows(f"WorkflowId = '{run_id}'")]
-    histories = [await client.get_workflow_handle(run_id, run_id=wf.run_id).fetch_history() for wf in found]
-    return sorted(histories, key=lambda h: h.events[0].event_time.ToDatetime())
+async def _chain(client: Client, workflow_id: str, first_run_id: str) -> list:
+    """The histories of an execution's runs, following its continue-as-new links from its first run."""
+    histories, run_id = [], first_run_id
+    while run_id:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        histories.append(history)
+        last = history.events[-1]
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return histories
 
 
 async def _scheduled(client: Client, history, activity: str, input_type):
@@ -85,7 +89,8 @@ async def test_a_run_past_its_carried_history_continues_and_resumes_exactly(
     assert all(r.episodes == GROUP and r.failed_episodes == 0 for r in records), records
     assert done.history[0] == records[1]  # the archive holds the record the run carried, unchanged
 
-    runs = await _executions(temporal_client, run_id)
+    runs = await _chain(temporal_client, run_id, first.handle.first_execution_run_id)
+    runs += await _chain(temporal_client, run_id, again.handle.first_execution_run_id)
     assert len(runs) == 3  # step 1 | continue-as-new: step 2 | resumed: step 3
     carried = []
     for history in runs:
