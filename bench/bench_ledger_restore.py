@@ -40,7 +40,16 @@ from grove.sampling import SamplingConfig  # noqa: E402
 from harnesses import scenario  # noqa: E402
 from infra.temporal import TemporalDevServer  # noqa: E402
 from storage.local import LocalStore  # noqa: E402
-from workflows.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key  # noqa: E402
+from workflows.handover import (  # noqa: E402
+    EpisodeCarry,
+    EpisodeRun,
+    LedgerPage,
+    apply_page,
+    changed_pages,
+    pack_page,
+    page_key,
+    unpack_page,
+)
 from workflows.ledger import Ledger  # noqa: E402
 
 
@@ -86,6 +95,26 @@ def task_durations(history) -> list[float]:
             out.append((e.event_time.ToDatetime() - started).total_seconds())
             started = None
     return out
+
+
+def unpack_only(args: argparse.Namespace) -> None:
+    """No services: the CPU work of a restore as the workflow does it (unpack and join), per page and in
+    all, on this machine: what one workflow task does now (one page) against what it did (every page)."""
+    store = LocalStore(Path(tempfile.mkdtemp(prefix="bench-restore-")))
+    keys = write_long_ledger(store, "bench/s000001/t0/g0", args.calls, args.per_run, args.page_items)
+    packed = [pack_page(LedgerPage.model_validate_json(store.get(k))) for k in keys]
+    ledger = Ledger(episode_id="bench/s000001/t0/g0", group_id="g")
+    per_page = []
+    for data in packed:
+        t0 = time.perf_counter()
+        apply_page(ledger, unpack_page(data))
+        per_page.append(time.perf_counter() - t0)
+    median = sorted(per_page)[len(per_page) // 2]
+    print(
+        f"{args.calls} calls, {len(keys)} pages, {sum(map(len, packed)) / 1e6:.2f} MB packed: unpack + join "
+        f"per page max {max(per_page) * 1e3:.0f} ms, median {median * 1e3:.0f} ms; "
+        f"all pages {sum(per_page):.2f} s"
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -141,4 +170,9 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--per-run", type=int, default=580, help="calls per workflow run (hand-over)")
     parser.add_argument("--page-items", type=int, default=1_000, help="EpisodeSpec.ledger_page_items")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--unpack-only", action="store_true", help="no services: time unpack + join per page")
+    parsed = parser.parse_args()
+    if parsed.unpack_only:
+        unpack_only(parsed)
+    else:
+        asyncio.run(main(parsed))
