@@ -63,7 +63,7 @@ def _paged_ledger(store: LocalStore, episode_id: str) -> tuple[Ledger, list[str]
         ctx = ("parent", "other")[i % 2]
         call_id = f"{ctx}.c{i}"
         root = f"{ctx}.c{i % 2}"
-        digests = TokenDigests(prompt_len=6, completion_len=1, prompt_sha256=f"p{i}",
+        digests = TokenDigests(prompt_len=6 if i < 2 else 8, completion_len=1, prompt_sha256=f"p{i}",
                                completion_sha256=f"c{i}", logprobs_sha256=f"l{i}")  # fmt: skip
         ledger.admit(call_id, ctx, extends=None if i < 2 else root, branch=i >= 2)
         ledger.complete(call_id, f"staging/{episode_id}/{call_id}.safetensors", digests, 0, "length")
