@@ -7,14 +7,45 @@ What the engine served is read from the engine itself (RecordingEngine), never f
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 
+import httpx
 import pytest
 from temporalio.api.enums.v1 import PendingActivityState
 
-from grove.contracts import EpisodeResult, HarnessHeartbeat, OpenCodeOptions
+from activities.engine import EngineConfig
+from activities.harness import episode_folder
+from cli.worker import run_worker
+from gateway.auth import issue_token
+from gateway.episode_ref import episode_ref
+from grove import queues
+from grove.contracts import EpisodeResult, EpisodeSpec, HarnessHeartbeat, HarnessSpec, OpenCodeOptions
+from grove.sampling import SamplingConfig
+from harnesses import delegation
+from harnesses.opencode import (
+    opencode_argv,
+    opencode_config,
+    opencode_env,
+    outcome_of_events,
+    parse_events,
+    setup_for,
+)
 from harnesses.opencode_install import opencode_binary
+from tests.durability.helpers import activity_attempts
+from tests.e2e.test_acceptance import check_row_against_served
+from tests.fixtures.worker import RecordingEngine
+from tests.harnesses.eos_model import build_eos_model
 from tests.harnesses.opencode_kit import (
+    MAX_MODEL_LEN,
+    REPO,
+    SECRET,
     launch_events,
     opencode_spec,
     opencode_stack,
@@ -23,6 +54,8 @@ from tests.harnesses.opencode_kit import (
 from trainer.rows import rows_from_parquet
 
 pytestmark = pytest.mark.timeout(600)
+
+EOS_QUEUE = "inference-eos"
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +120,82 @@ async def test_an_over_long_prompt_is_refused_before_admission(stack):
     print(f"over-long episode: failure={result.failure!r}; auxiliary calls served: {sorted(served)}")
 
 
+async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
+    """The harness worker is SIGKILLed after OpenCode got its answer and before the runner closed the
+    episode (held there by a gate). The activity's retry relaunches OpenCode, whose request matches the
+    recorded call: answered from the record, nothing generated or admitted again; the rows are those of an
+    uninterrupted episode that made the same request: the served call's tokens and logprobs, once."""
+    spec = opencode_spec("kill", heartbeat_timeout_s=5)
+    stack.gates.arm("harness_exited", f"^{re.escape(spec.episode_id)}$")
+    handle = await stack.client.start_workflow(
+        "EpisodeWorkflow", spec, id=spec.episode_id, task_queue="episodes", result_type=EpisodeResult
+    )
+    try:
+        await _until(lambda: stack.gates.held("harness_exited"), "the first launch held after its exit")
+        served_before = list(stack.engine.calls_of(spec.episode_id))
+        stack.harness.kill()
+    finally:
+        stack.gates.disarm("harness_exited")
+    stack.harness.start()
+    await stack.harness.wait_ready(stack.client)
+    result = await asyncio.wait_for(handle.result(), 300)
+    assert result.status == "ok", result.failure
+    assert await activity_attempts(handle, "run_harness") == [2]  # one relaunch after the lost launch
+    served = [s for s in stack.engine.served if s.episode_id == spec.episode_id]
+    assert [s.call_id for s in served] == served_before == ["parent.0.c0"]  # generated once
+    assert result.counts == {"selected": 1}
+    config = json.loads(
+        (episode_folder(stack.harness_root, spec.episode_id) / "project" / "opencode.json").read_text()
+    )
+    assert config["provider"]["grove"]["options"]["headers"] == {"x-grove-launch": "2"}
+    # The rows of an uninterrupted episode that made the same request: exactly the one call the engine
+    # served (its prompt, its completion, its logprobs), owned once. (Re-running the same episode id as a
+    # reference is refused by the store: rows and staging keys are deterministic per episode.)
+    [row] = rows_from_parquet(stack.store.get(result.rows_key))
+    check_row_against_served(row, stack.engine.calls_of(spec.episode_id))
+    assert [s.call_id for s in row.spans if s.owned] == ["parent.0.c0"]
+
+
+async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, temporal_server, tmp_path):
+    """`grove episode start --external` prints base URL and token; stock OpenCode run by hand with them
+    is captured, and the close URL ends the episode."""
+    eid = f"oc-hand-{uuid.uuid4().hex[:6]}/g0"
+    env = {**os.environ, "GROVE_GATEWAY_SECRET": SECRET, "PYTHONPATH": str(REPO)}
+    cmd = [
+        sys.executable, "-m", "cli.main", "episode", "start", "--external", "--id", eid, "--task", "3",
+        "--gateway-url", stack.gateway_url, "--max-tokens", "48", "--address", temporal_server.address,
+        "--json",
+    ]  # fmt: skip
+    done = await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["base_url"].startswith(stack.gateway_url) and printed["token"].startswith("grove-")
+    project, home = tmp_path / "project", tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    project.mkdir()
+    setup = setup_for(delegation.make_task(3), OpenCodeOptions())
+    config = opencode_config(
+        setup, printed["base_url"], printed["token"], launch=1, context_limit=2048, output_limit=48
+    )
+    (project / "opencode.json").write_text(json.dumps(config))
+    binary = str(opencode_binary())
+    ran = await asyncio.to_thread(
+        subprocess.run, opencode_argv(binary, setup.message), cwd=project, env=opencode_env(str(home)),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    answer = outcome_of_events(parse_events(ran.stdout.splitlines())).final_answer
+    async with httpx.AsyncClient(timeout=300) as http:
+        closed = await http.post(
+            printed["close_url"], params={"wait": "true"}, json={"final_answer": answer},
+            headers={"authorization": f"Bearer {printed['token']}"},
+        )  # fmt: skip
+    assert closed.status_code == 200, closed.text
+    result = closed.json()["result"]
+    assert result["status"] == "ok" and result["counts"] == {"selected": 1}
+    assert list(stack.engine.calls_of(eid)) == ["parent.0.c0"]
+
+
 async def _until(probe, what: str, timeout: float = 120):
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
@@ -112,3 +221,106 @@ async def _until_heartbeat(handle, accept, timeout: float = 120) -> HarnessHeart
                 return beat
         await asyncio.sleep(0.5)
     raise AssertionError("no heartbeat of run_harness with the expected details")
+
+
+# ---------------------------------------------------------------------------------------------- part 6
+
+
+@pytest.fixture
+async def eos_queue(stack, tmp_path):
+    """A second engine on its own inference queue serving a policy that always ends its turn at once
+    (tests/harnesses/eos_model.py): real EOS-only replies."""
+    model = build_eos_model(stack.model_dir, tmp_path / "eos-model")
+    engine = await RecordingEngine.start(EngineConfig(model_dir=model, max_model_len=MAX_MODEL_LEN))
+    engine.served = []
+    task = asyncio.create_task(
+        run_worker(
+            stack.client,
+            [queues.INFERENCE],
+            store=stack.store,
+            model=str(model),
+            work_dir=tmp_path / "w",
+            engine=engine,
+            inference_queue=EOS_QUEUE,
+        )  # fmt: skip
+    )
+    try:
+        yield engine
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        await engine.shutdown()
+
+
+async def _external_episode(stack, name: str) -> tuple[str, str, str]:
+    eid = f"oc-{name}-{uuid.uuid4().hex[:6]}/g0"
+    spec = EpisodeSpec(
+        run_id="adhoc", step=0, group_id=f"{eid}/group", episode_id=eid, task=delegation.make_task(3),
+        harness=HarnessSpec(kind="external"), sampling=SamplingConfig(max_tokens=8),
+        inference_queue=EOS_QUEUE,
+    )  # fmt: skip
+    await stack.client.start_workflow("EpisodeWorkflow", spec, id=eid, task_queue=queues.EPISODES)
+    base = f"{stack.gateway_url}/episodes/{episode_ref(eid)}"
+    return eid, base, issue_token(SECRET, eid)
+
+
+def _opencode(project: Path, home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    argv = [str(opencode_binary()), "run", "--pure", "--format", "json", *args]
+    return subprocess.run(
+        argv, cwd=project, env=opencode_env(str(home)), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _project(tmp_path: Path, base: str, token: str, context_limit: int) -> tuple[Path, Path]:
+    project, home = tmp_path / "project", tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    project.mkdir()
+    setup = setup_for(delegation.make_task(3), OpenCodeOptions())
+    config = opencode_config(
+        setup, f"{base}/v1", token, launch=1, context_limit=context_limit, output_limit=8
+    )
+    (project / "opencode.json").write_text(json.dumps(config))
+    return project, home
+
+
+async def _close(base: str, token: str) -> dict:
+    async with httpx.AsyncClient(timeout=300) as http:
+        closed = await http.post(
+            f"{base}/close", params={"wait": "true"}, json={}, headers={"authorization": f"Bearer {token}"}
+        )
+    assert closed.status_code == 200, closed.text
+    return closed.json()["result"]
+
+
+async def test_an_empty_reply_left_out_by_opencode_continues_its_context(stack, eos_queue, tmp_path):
+    """Real OpenCode, real EOS-only replies: the session's next request leaves the empty assistant turn
+    out; the gateway continues the context (no 400), the empty call is discarded (accounted, untrained)
+    and the next call's prompt is the history OpenCode sent."""
+    eid, base, token = await _external_episode(stack, "empty")
+    project, home = _project(tmp_path, base, token, context_limit=4096)
+    first = await asyncio.to_thread(_opencode, project, home, "hello")
+    assert first.returncode == 0, first.stderr[-2000:]
+    session = next(e["sessionID"] for e in parse_events(first.stdout.splitlines()) if e.get("sessionID"))
+    second = await asyncio.to_thread(_opencode, project, home, "--session", session, "again")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert not [e for e in parse_events(second.stdout.splitlines()) if e.get("type") == "error"]
+    result = await _close(base, token)
+    served = eos_queue.calls_of(eid)
+    assert sorted(served) == ["parent.0.c0", "parent.0.c1"]
+    end = stack_tokenizer(stack).convert_tokens_to_ids("<|im_end|>")
+    assert all(list(s.completion_ids) == [end] for s in served.values())  # EOS-only, both
+    assert result["counts"] == {"discarded": 1, "selected": 1}
+    text = stack_tokenizer(stack).decode(served["parent.0.c1"].prompt_ids)
+    assert "hello" in text and "again" in text
+    assert "<|im_start|>assistant\n<|im_end|>" not in text  # the empty turn is not in what the engine saw
+    [row] = rows_from_parquet(stack.store.get(result["rows_key"]))
+    c1 = served["parent.0.c1"]
+    assert list(row.input_ids) == [*c1.prompt_ids, *c1.completion_ids]
+    assert row.loss_mask.astype(int).tolist() == [0] * len(c1.prompt_ids) + [1]
+
+
+def stack_tokenizer(stack):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(stack.model_dir))
