@@ -6,21 +6,20 @@ amount of work per workflow task however large the ledger is: this test counts i
 through the `progress` query (`RestoreProgress.most_pages_per_task`: pages unpacked by one task, told
 apart by the history length each task sees). Times are the bench's (bench/bench_ledger_restore.py).
 
-Real services: the session's Temporal dev server and a worker of this module serving the episodes and io
-queues (no engine: a restore generates nothing), the session's local store.
+Real services: the session's Temporal dev server, its worker (`grove_worker`: a second worker on the
+episodes queue in the same process is refused by the SDK, which is how a worker of this module's own
+failed in the suite, after other tests had started the session's) and its local store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from cli.worker import run_worker
 from grove import queues
 from grove.contracts import EpisodeProgress, EpisodeSpec, HarnessSpec
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
@@ -36,18 +35,6 @@ pytestmark = pytest.mark.timeout(600)
 CALLS = 90
 PER_RUN = 25  # calls per earlier workflow run: each wrote what changed since its restore
 PAGE_ITEMS = 8
-
-
-@pytest.fixture(scope="module")
-async def restore_worker(temporal_client: Client, e2e_store: LocalStore):
-    task = asyncio.create_task(run_worker(temporal_client, [queues.EPISODES, queues.IO], store=e2e_store))
-    await asyncio.sleep(0.5)
-    if task.done():
-        task.result()  # surface a startup failure
-    yield task
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
 
 
 def _paged_ledger(store: LocalStore, episode_id: str) -> tuple[Ledger, list[str]]:
@@ -80,7 +67,7 @@ def _paged_ledger(store: LocalStore, episode_id: str) -> tuple[Ledger, list[str]
 
 
 async def test_a_paged_ledger_is_restored_one_page_per_workflow_task(
-    temporal_client: Client, e2e_store: LocalStore, restore_worker
+    temporal_client: Client, e2e_store: LocalStore, grove_worker
 ):
     run = f"ep-restore-{uuid.uuid4().hex[:6]}"
     episode_id = f"{run}/s000001/t0/g0"
