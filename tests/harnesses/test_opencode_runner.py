@@ -26,6 +26,7 @@ from cli.worker import run_worker
 from gateway.auth import issue_token
 from gateway.episode_ref import episode_ref
 from grove import queues
+from grove.client import connect
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessHeartbeat, HarnessSpec, OpenCodeOptions
 from grove.sampling import SamplingConfig
 from harnesses import delegation
@@ -38,6 +39,7 @@ from harnesses.opencode import (
     setup_for,
 )
 from harnesses.opencode_install import opencode_binary
+from infra.temporal import TemporalDevServer
 from tests.durability.helpers import activity_attempts
 from tests.e2e.test_acceptance import check_row_against_served
 from tests.fixtures.worker import RecordingEngine
@@ -59,11 +61,22 @@ EOS_QUEUE = "inference-eos"
 
 
 @pytest.fixture(scope="module")
-async def stack(temporal_client, temporal_server, tiny_trained_model_dir, tmp_path_factory):
+def oc_server(tmp_path_factory):
+    """This module's own Temporal dev server. Its stack runs workers of grove's queues in this process
+    with a store and engines of its own: beside the session's worker (`grove_worker`, started by earlier
+    modules) the SDK refuses a second worker of a queue on one client ("Registration of multiple workers
+    with overlapping worker task types"), and on one server the session's worker would also take this
+    stack's tasks with another store."""
+    server = TemporalDevServer(tmp_path_factory.mktemp("oc-temporal")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+async def stack(oc_server, tiny_trained_model_dir, tmp_path_factory):
     await asyncio.to_thread(opencode_binary)  # installs the pinned OpenCode on a fresh machine
-    async with opencode_stack(
-        temporal_client, temporal_server, tiny_trained_model_dir, tmp_path_factory.mktemp("oc")
-    ) as s:
+    client = await connect(oc_server.address)
+    async with opencode_stack(client, oc_server, tiny_trained_model_dir, tmp_path_factory.mktemp("oc")) as s:
         yield s
 
 
@@ -156,14 +169,14 @@ async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
     assert [s.call_id for s in row.spans if s.owned] == ["parent.0.c0"]
 
 
-async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, temporal_server, tmp_path):
+async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_server, tmp_path):
     """`grove episode start --external` prints base URL and token; stock OpenCode run by hand with them
     is captured, and the close URL ends the episode."""
     eid = f"oc-hand-{uuid.uuid4().hex[:6]}/g0"
     env = {**os.environ, "GROVE_GATEWAY_SECRET": SECRET, "PYTHONPATH": str(REPO)}
     cmd = [
         sys.executable, "-m", "cli.main", "episode", "start", "--external", "--id", eid, "--task", "3",
-        "--gateway-url", stack.gateway_url, "--max-tokens", "48", "--address", temporal_server.address,
+        "--gateway-url", stack.gateway_url, "--max-tokens", "48", "--address", oc_server.address,
         "--json",
     ]  # fmt: skip
     done = await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=120)
