@@ -80,7 +80,9 @@ async def _wait_written(path: Path, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_deadline_kills_the_whole_group_and_the_failure_names_stderr(tmp_path):
+def _stand_in_launch(tmp_path: Path) -> tuple[HarnessRunner, _Launch, Path]:
+    """A runner (its gates read from the environment now) and a launch of the stand-in harness script in
+    folders of its own; returns them and the launch's HOME (where the script writes grandchild.pid)."""
     binary = tmp_path / "harness.sh"
     binary.write_text(textwrap.dedent(SCRIPT))
     binary.chmod(0o755)
@@ -88,7 +90,11 @@ async def test_deadline_kills_the_whole_group_and_the_failure_names_stderr(tmp_p
     project.mkdir()
     (home / "tmp").mkdir(parents=True)
     runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
-    run = _Launch(opencode_plan(binary, "hello", home), project, home)
+    return runner, _Launch(opencode_plan(binary, "hello", home), project, home), home
+
+
+async def test_deadline_kills_the_whole_group_and_the_failure_names_stderr(tmp_path):
+    runner, run, home = _stand_in_launch(tmp_path)
     beats = []
     env = ActivityEnvironment()
     env.on_heartbeat = lambda *details: beats.append(details[0])
@@ -107,14 +113,7 @@ async def test_deadline_kills_the_whole_group_and_the_failure_names_stderr(tmp_p
 
 
 async def test_a_cancelled_launch_kills_its_group(tmp_path):
-    binary = tmp_path / "harness.sh"
-    binary.write_text(textwrap.dedent(SCRIPT))
-    binary.chmod(0o755)
-    project, home = tmp_path / "project", tmp_path / "home"
-    project.mkdir()
-    (home / "tmp").mkdir(parents=True)
-    runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
-    run = _Launch(opencode_plan(binary, "hello", home), project, home)
+    runner, run, home = _stand_in_launch(tmp_path)
     env = ActivityEnvironment()
     task = asyncio.create_task(env.run(runner._supervise, run, "ep/1", 1, 600.0))
     await _wait_written(home / "grandchild.pid")
@@ -133,14 +132,7 @@ async def test_a_launch_cancelled_while_starting_kills_its_group(tmp_path, monke
     gates = GateControl(tmp_path / "gates")
     gates.arm("harness_starting", "^ep/1$")
     monkeypatch.setenv(GATES_ENV, str(gates.root))
-    binary = tmp_path / "harness.sh"
-    binary.write_text(textwrap.dedent(SCRIPT))
-    binary.chmod(0o755)
-    project, home = tmp_path / "project", tmp_path / "home"
-    project.mkdir()
-    (home / "tmp").mkdir(parents=True)
-    runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
-    run = _Launch(opencode_plan(binary, "hello", home), project, home)
+    runner, run, home = _stand_in_launch(tmp_path)
     task = asyncio.create_task(ActivityEnvironment().run(runner._supervise, run, "ep/1", 1, 600.0))
     await _wait_until(lambda: gates.held("harness_starting") == ["ep/1"], "the start to reach its gate")
     await _wait_written(home / "grandchild.pid")
