@@ -30,8 +30,10 @@ def gateway(
     """Serve the OpenAI-compatible capture gateway (secret from $GROVE_GATEWAY_SECRET)."""
     import uvicorn
 
+    from activities.engine import EngineLimitsError, check_positions
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
+    from models.registry import known_positions
 
     settings = GatewaySettings.from_env(
         temporal_address=address,
@@ -42,6 +44,12 @@ def gateway(
         policy_model=policy_model,
         max_model_len=max_model_len,
     )
+    try:  # refuse a context past the model's positions before serving (the app checks the folder again)
+        where = f"gateway for model {settings.policy_model!r}"
+        check_positions(settings.max_model_len, known_positions(settings.policy_model), where)
+    except EngineLimitsError as err:
+        typer.echo(f"gateway: {type(err).__name__}: {err}", err=True)
+        raise typer.Exit(2) from None
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
 
 

@@ -82,12 +82,19 @@ class ContextWindow:
 
     @classmethod
     def load(cls, policy_model: str, max_model_len: int, store: ObjectStore) -> ContextWindow:
-        """Resolve the model like `grove worker --model` does and load its tokenizer (blocking)."""
+        """Resolve the model like `grove worker --model` does and load its tokenizer (blocking).
+
+        Raises activities.engine.ContextExceedsModelError when `max_model_len` is past the model's
+        max_position_embeddings: no engine serves such a context (the worker refuses to start one), so
+        the gateway would admit prompts that every engine then refuses, or that run on positions the
+        model never learned."""
         from transformers import AutoTokenizer
 
+        from activities.engine import check_positions, model_positions
         from models.registry import ensure_model
 
         model_dir = ensure_model(policy_model)
+        check_positions(max_model_len, model_positions(model_dir), f"gateway for model {policy_model!r}")
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         return cls(tokenizer, model_stop_ids(model_dir, tokenizer), max_model_len, store)
 
