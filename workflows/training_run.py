@@ -315,12 +315,16 @@ class TrainingRunWorkflow:
         """Keep the last `carried_history_steps` StepRecords in the state (one payload, carried through
         continue-as-new: ~1 KB per step would pass Temporal's 2 MB payload limit at ~2,000 steps); older
         records go to the store first (deterministic keys, verify-if-present). A store that stays down
-        past the retries only delays this: the records stay carried and the next step tries again."""
+        past the retries only delays this: the records stay carried and the next step tries again.
+        Patched in: a run recorded before the bound carries more records than it and never archived
+        them; it replays without the archive (and keeps them until its next continue-as-new)."""
         assert self.state is not None
         state = self.state
         old = len(state.history) - state.config.carried_history_steps
         if old <= 0:
-            return  # no command: runs recorded before this bound replay unchanged
+            return  # no command (and no patch marker) while the history is within the bound
+        if not workflow.patched("grove-bound-run-history"):
+            return
         inp = ArchiveStepsInput(run_id=state.config.run_id, records=state.history[:old])
         try:
             await workflow.execute_activity(

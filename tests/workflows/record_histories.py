@@ -15,6 +15,18 @@ temporary local object store), then records three finished workflows:
 - `training_run`: a TrainingRunWorkflow of 2 steps (1 task x group of 2 per step: child episodes,
   train_step, publish_weights).
 
+A fourth history is recorded on its own, by the workflow code of a past commit, never re-recorded by
+the command above:
+
+    .venv/bin/python -m tests.workflows.record_histories --pre-bound-run   # ~1 min
+
+- `training_run_pre_bound`: a TrainingRunWorkflow of 2 steps run by the workflow code from before the
+  run's history was bounded (workflows/training_run.py of PRE_BOUND_COMMIT, read from git; every other
+  module is today's). It was started with `carried_history_steps=1` (a client that knows the field, a
+  worker that does not), so its state ends with 2 records, more than the bound, and no
+  `archive_step_records` activity: what a run started before the bound, past 100 steps, has recorded.
+  Today's code must replay it (the bound is patched in: `grove-bound-run-history`).
+
 Each finished workflow's history (`handle.fetch_history().to_json()`, re-indented) is written to
 tests/workflows/histories/<name>.json, replacing the file there. Everything the script started is
 stopped (by PID) and its temporary folder deleted when it ends.
@@ -31,6 +43,7 @@ together with the workflow change that made them necessary.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import shutil
@@ -45,7 +58,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.worker import Worker
 
-from cli.worker import run_worker
+from cli.worker import STICKY_TIMEOUT, run_worker
 from grove import queues
 from grove.client import connect
 from grove.contracts import (
@@ -74,6 +87,9 @@ SAMPLING = SamplingConfig(max_tokens=8)
 EPISODE_ID = "replay/episode/t0/g0"
 LOST_EPISODE_ID = "replay/lost/t0/g0"
 RUN_ID = "replay-run"
+PRE_BOUND_RUN_ID = "replay-run-pre-bound"
+# the last commit whose workflows/training_run.py kept every StepRecord (no archive_step_records)
+PRE_BOUND_COMMIT = "e829cd1^"
 
 
 class RecordingError(RuntimeError):
@@ -88,11 +104,11 @@ def episode_spec(episode_id: str) -> EpisodeSpec:
     )  # fmt: skip
 
 
-def run_config() -> RunConfig:
+def run_config(run_id: str = RUN_ID, **extra) -> RunConfig:
     return RunConfig(
-        run_id=RUN_ID, model=MODEL, seed=0, steps=2, task_family=scenario.NAME, num_tasks=4, tasks_per_step=1,
+        run_id=run_id, model=MODEL, seed=0, steps=2, task_family=scenario.NAME, num_tasks=4, tasks_per_step=1,
         group_size=2, harness=HarnessSpec(program=scenario.NAME), sampling=SAMPLING,
-        learner=LearnerConfig(lr=1e-3),
+        learner=LearnerConfig(lr=1e-3), **extra,
     )  # fmt: skip
 
 
@@ -225,13 +241,61 @@ async def record(work: Path) -> list[Path]:
             await asyncio.gather(*workers, return_exceptions=True)
 
 
+def pre_bound_workflow(folder: Path) -> type:
+    """The TrainingRunWorkflow of PRE_BOUND_COMMIT, written to `folder` as a module of its own and
+    imported from there (the sandbox re-imports a workflow's module by name, from sys.path)."""
+    source = subprocess.run(
+        ["git", "show", f"{PRE_BOUND_COMMIT}:workflows/training_run.py"], cwd=REPO, check=True,
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    if "archive_step_records" in source:
+        raise RecordingError(f"{PRE_BOUND_COMMIT}:workflows/training_run.py already archives step records")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "grove_pre_bound_training_run.py").write_text(source)
+    sys.path.insert(0, str(folder))
+    return importlib.import_module("grove_pre_bound_training_run").TrainingRunWorkflow
+
+
+async def record_pre_bound(work: Path) -> list[Path]:
+    old_run = pre_bound_workflow(work / "pre-bound")
+    store = LocalStore(work / "store")
+    with TemporalDevServer(work / "temporal") as server:
+        client = await connect(server.address)
+        episodes = Worker(
+            client, task_queue=queues.EPISODES, workflows=[EpisodeWorkflow, old_run],
+            sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
+        )  # fmt: skip
+        workers = [
+            asyncio.create_task(episodes.run()),
+            asyncio.create_task(
+                run_worker(client, [queues.IO, queues.TRAINER, queues.INFERENCE], store=store, model=MODEL,
+                           work_dir=work / "worker", device="cpu")
+            ),
+        ]  # fmt: skip
+        try:
+            state = RunState(config=run_config(PRE_BOUND_RUN_ID, carried_history_steps=1))
+            run = await client.start_workflow(
+                "TrainingRunWorkflow", state, id=PRE_BOUND_RUN_ID, task_queue=queues.EPISODES,
+                result_type=RunResult,
+            )  # fmt: skip
+            result = await _while_workers_run(run.result(), workers)
+            if [r.step for r in result.history] != [1, 2]:
+                raise RecordingError(f"{PRE_BOUND_RUN_ID}: expected both records carried, got {result}")
+            return [await _record("training_run_pre_bound", run)]
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--hung-worker":
         asyncio.run(serve_hung_inference(sys.argv[2]))
         return
+    job = record_pre_bound if sys.argv[1:] == ["--pre-bound-run"] else record
     work = Path(tempfile.mkdtemp(prefix="grove-record-histories-"))
     try:
-        for path in asyncio.run(record(work)):
+        for path in asyncio.run(job(work)):
             print(f"wrote {path} ({path.stat().st_size} bytes)")
     finally:
         shutil.rmtree(work, ignore_errors=True)

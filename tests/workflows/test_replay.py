@@ -12,6 +12,7 @@ workflow's name and differs by one command, the kind of edit that breaks in-flig
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -20,16 +21,17 @@ import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ActivityError
 from temporalio.worker import Replayer
 
 # The altered workflows below are defined here, so the sandbox imports this module: pass grove's modules
 # through as the real workflow modules do (one class per model inside and outside the sandbox).
 with workflow.unsafe.imports_passed_through():
     from grove import queues
-    from grove.contracts import EpisodeResult, GenerateResult, RunResult, RunState
+    from grove.contracts import ArchiveStepsInput, EpisodeResult, GenerateResult, RunResult, RunState
     from workflows.episode import EpisodeWorkflow
     from workflows.handover import EpisodeRun
-    from workflows.training_run import TrainingRunWorkflow, step_specs
+    from workflows.training_run import ARCHIVE_RETRY, TRACK_TIMEOUT, TrainingRunWorkflow, step_specs
 
 HISTORIES = Path(__file__).parent / "histories"
 # file -> (workflow type, workflow id) as record_histories.py records them
@@ -37,6 +39,8 @@ RECORDED = {
     "episode_scenario": ("EpisodeWorkflow", "replay/episode/t0/g0"),
     "episode_lost_attempt": ("EpisodeWorkflow", "replay/lost/t0/g0"),
     "training_run": ("TrainingRunWorkflow", "replay-run"),
+    # recorded by the run workflow of before the bounded history (record_histories.py --pre-bound-run)
+    "training_run_pre_bound": ("TrainingRunWorkflow", "replay-run-pre-bound"),
 }
 
 
@@ -82,6 +86,23 @@ def test_recordings_cover_the_lost_attempt_and_the_child_episodes():
     activities = scheduled_activities("training_run")
     assert activities.count("train_step") == 2
     assert all(activities[i + 1] == "publish_weights" for i, a in enumerate(activities) if a == "train_step")
+
+
+def _payload(attrs: dict, field: str) -> dict:
+    return json.loads(base64.b64decode(attrs[field]["payloads"][0]["data"]))
+
+
+def test_the_pre_bound_run_carries_more_records_than_its_bound_and_archived_none():
+    """What the bound's patch must keep replaying: a run of the workflow code from before the bound,
+    whose state ends with more records than `carried_history_steps` and which archived none (a run
+    started before the bound and past 100 steps, in 2 steps: the input asks to carry 1)."""
+    events = json.loads((HISTORIES / "training_run_pre_bound.json").read_text())["events"]
+    state = _payload(events[0]["workflowExecutionStartedEventAttributes"], "input")
+    result = _payload(events[-1]["workflowExecutionCompletedEventAttributes"], "result")
+    assert state["config"]["carried_history_steps"] == 1
+    assert [r["step"] for r in result["history"]] == [1, 2]  # both carried: over the bound
+    activities = scheduled_activities("training_run_pre_bound")
+    assert activities.count("train_step") == 2 and "archive_step_records" not in activities
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
@@ -133,6 +154,38 @@ class TrainingRunWithOtherChildIds(TrainingRunWorkflow):
             for spec in step_specs(self.state, step)
         ]
         return [await h for h in handles]
+
+
+@workflow.defn(name="TrainingRunWorkflow")
+class TrainingRunWithUnpatchedBound(TrainingRunWorkflow):
+    """The history bound as it first landed (e829cd1): the archive activity without `workflow.patched`."""
+
+    @workflow.run
+    async def run(self, state: RunState) -> RunResult:
+        return await super().run(state)
+
+    async def _bound_history(self) -> None:
+        assert self.state is not None
+        state = self.state
+        old = len(state.history) - state.config.carried_history_steps
+        if old <= 0:
+            return
+        inp = ArchiveStepsInput(run_id=state.config.run_id, records=state.history[:old])
+        try:
+            await workflow.execute_activity(
+                "archive_step_records", inp, task_queue=queues.IO, start_to_close_timeout=TRACK_TIMEOUT,
+                retry_policy=ARCHIVE_RETRY,
+            )  # fmt: skip
+        except ActivityError:
+            return
+        del state.history[:old]
+        state.history_from += old
+
+
+async def test_an_unpatched_history_bound_fails_the_run_recorded_before_it():
+    await replay("training_run", EpisodeWorkflow, TrainingRunWithUnpatchedBound)  # within its bound: nothing
+    with pytest.raises(workflow.NondeterminismError):
+        await replay("training_run_pre_bound", EpisodeWorkflow, TrainingRunWithUnpatchedBound)
 
 
 @pytest.mark.parametrize("name", ["episode_scenario", "episode_lost_attempt"])
