@@ -653,7 +653,7 @@ class PolicyEngine:
             logprobs=logprobs,
             finish_reason=out.finish_reason,
             policy_version=version,
-            text=self.decode_completion(ids, out.finish_reason, sampling),
+            text=self.decode_completion(ids, sampling),
         )
 
     @staticmethod
@@ -698,11 +698,15 @@ class PolicyEngine:
         """Token ids that end a generation: the model's EOS ids plus the call's own stop tokens."""
         return self._stop_ids | frozenset(sampling.stop_token_ids if sampling else ())
 
-    def decode_completion(self, ids: np.ndarray, finish_reason: str, sampling: SamplingConfig) -> str:
+    def decode_completion(self, ids: np.ndarray, sampling: SamplingConfig) -> str:
         """Completion text with special tokens kept (some templates make tool-call tags special),
-        minus the final stop token when generation stopped on one."""
+        minus a final stop token, whatever the finish reason: under `ignore_eos` a sampled EOS or
+        <|im_end|> can be the last token of a completion cut at max_tokens ("length"), and it still
+        ends the turn. The same rule as the continuation check's (chat/render.py `response_of`) and the
+        splice's, so the text a harness echoes back is the response the next call is checked against,
+        and renders to the tokens the model saw (a stop token in the middle stays in the text)."""
         stops = self.stop_ids(sampling)
-        body = ids[:-1] if (finish_reason == "stop" and ids.size and int(ids[-1]) in stops) else ids
+        body = ids[:-1] if (ids.size and int(ids[-1]) in stops) else ids
         return self._tokenizer.decode(body.tolist(), skip_special_tokens=False)
 
     # ---- publication ------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def _result(
     reused: bool,
     tools: list[dict[str, Any]] | None = None,
 ) -> GenerateResult:
-    text = engine.decode_completion(tokens.completion_ids, receipt.finish_reason, inp.sampling)
+    text = engine.decode_completion(tokens.completion_ids, inp.sampling)
     # The model family's parser (EngineConfig.tool_call_parser); the staged tokens are already final.
     prefix = tool_call_id_prefix(inp.episode_id, inp.call_id)
     parsed = engine.tool_parser.parse(text, id_prefix=prefix, tools=tools)
