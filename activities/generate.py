@@ -191,35 +191,50 @@ def stage(
 
 @asynccontextmanager
 async def heartbeating(details: dict[str, Any], every: float = HEARTBEAT_SECONDS):
-    """Heartbeat in the background while the body runs (a long generation must not look dead)."""
+    """Heartbeat `details` now and every `every` s while the body runs; yields `phase(name, **more)`,
+    which updates the details and heartbeats at once (what the UI shows of a call in flight)."""
+    current = dict(details)
+
+    def phase(name: str, **more: Any) -> None:
+        current.update(more, phase=name)
+        if activity.in_activity():
+            activity.heartbeat(dict(current))
 
     async def beat() -> None:
         while activity.in_activity():
-            activity.heartbeat(details)
+            activity.heartbeat(dict(current))
             await asyncio.sleep(every)
 
     task = asyncio.create_task(beat())
     try:
-        yield
+        yield phase
     finally:
         task.cancel()
 
 
 async def run_generate(inp: GenerateInput, engine: PolicyEngine, store: ObjectStore) -> GenerateResult:
-    """Body of the generate activity (store I/O off the event loop that drives the engine)."""
-    spec = await asyncio.to_thread(resolve_chat_ref, inp.prompt, inp.episode_id, store)
-    stop_ids = engine.stop_ids(inp.sampling)
-    prompt = await asyncio.to_thread(
-        build_prompt, spec, inp.episode_id, store, engine.tokenizer, stop_ids, engine.tool_parser
-    )
-    tools = spec.chat.tools if spec.chat is not None else None  # some parsers type arguments by them
-    staged = await asyncio.to_thread(staged_result, inp, engine, store, prompt, tools)
-    if staged is not None:
-        return staged
-    attempt = activity.info().attempt if activity.in_activity() else 1
-    request_id = f"{inp.episode_id}/{inp.call_id}/attempt-{attempt}"
-    async with heartbeating({"call_id": inp.call_id, "phase": "generating", "prompt_len": int(prompt.size)}):
+    """Body of the generate activity (store I/O off the event loop that drives the engine).
+
+    It heartbeats from its first line to its last, not only while the engine generates: the episode
+    takes 20 s without a heartbeat for a dead worker (a lost attempt: discarded and re-admitted), and
+    the store reads, the prompt build and the staging writes (fsyncs) run in threads that a loaded
+    machine can stall for that long while the worker is alive. (The 20,000-call bench lost one call
+    that way: docs/reliability.md.) Only a worker whose event loop stops stops heartbeating."""
+    async with heartbeating({"call_id": inp.call_id, "phase": "preparing"}) as phase:
+        spec = await asyncio.to_thread(resolve_chat_ref, inp.prompt, inp.episode_id, store)
+        stop_ids = engine.stop_ids(inp.sampling)
+        prompt = await asyncio.to_thread(
+            build_prompt, spec, inp.episode_id, store, engine.tokenizer, stop_ids, engine.tool_parser
+        )
+        tools = spec.chat.tools if spec.chat is not None else None  # some parsers type arguments by them
+        staged = await asyncio.to_thread(staged_result, inp, engine, store, prompt, tools)
+        if staged is not None:
+            return staged
+        attempt = activity.info().attempt if activity.in_activity() else 1
+        request_id = f"{inp.episode_id}/{inp.call_id}/attempt-{attempt}"
+        phase("generating", prompt_len=int(prompt.size))
         gen = await engine.generate(prompt, inp.sampling, call_seed(inp.episode_id, inp.call_id), request_id)
-    if inp.policy is not None:  # a capped call (an evaluation) that another call's load overtook: not staged
-        check_served_version(inp.policy, gen.policy_version, f"generate call {inp.call_id}")
-    return await asyncio.to_thread(stage, inp, engine, store, gen, prompt, tools)
+        if inp.policy is not None:  # a capped call (an evaluation) another call's load overtook: not staged
+            check_served_version(inp.policy, gen.policy_version, f"generate call {inp.call_id}")
+        phase("staging", completion_len=int(gen.completion_ids.size))
+        return await asyncio.to_thread(stage, inp, engine, store, gen, prompt, tools)
