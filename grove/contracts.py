@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -68,6 +68,12 @@ class OpenCodeOptions(BaseModel):
     )
     output_limit: int | None = Field(
         None, ge=1, description="`limit.output` (OpenCode's max_tokens); null: the run's sampling.max_tokens"
+    )
+    agent_context_limits: dict[str, Annotated[int, Field(ge=256)]] = Field(
+        default_factory=dict,
+        description="`limit.context` of single agents (agent name -> tokens), e.g. {worker: 400} so that "
+        "the subagents compact while the lead does not: each such agent gets a model entry of its own in "
+        "opencode.json (the same served model) with this limit; the same rule as context_limit applies",
     )
 
 

@@ -137,8 +137,21 @@ def opencode_config(
     context_limit: int,
     output_limit: int,
     model: str = MODEL,
+    agent_context_limits: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The `opencode.json` of one launch (see the module docstring); `model`: the id the gateway serves."""
+    """The `opencode.json` of one launch (see the module docstring); `model`: the id the gateway serves.
+    `agent_context_limits`: agents whose `limit.context` differs; each gets a model entry `<model>-<agent>`
+    whose API id is still `model` (OpenCode sends `id`), with that limit, and uses it."""
+    models: dict[str, Any] = {
+        model: {"name": model, "tool_call": True, "limit": {"context": context_limit, "output": output_limit}}
+    }
+    agents = {name: dict(body) for name, body in setup.agents.items()}
+    for agent, limit in sorted((agent_context_limits or {}).items()):
+        key = f"{model}-{agent}"
+        models[key] = {
+            "id": model, "name": key, "tool_call": True, "limit": {"context": limit, "output": output_limit}
+        }  # fmt: skip
+        agents[agent] = {**agents.get(agent, {}), "model": f"{PROVIDER}/{key}"}
     config: dict[str, Any] = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
@@ -146,13 +159,7 @@ def opencode_config(
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "grove",
                 "options": {"baseURL": base_url, "apiKey": token, "headers": {LAUNCH_HEADER: str(launch)}},
-                "models": {
-                    model: {
-                        "name": model,
-                        "tool_call": True,
-                        "limit": {"context": context_limit, "output": output_limit},
-                    }
-                },
+                "models": models,
             }
         },
         "model": f"{PROVIDER}/{model}",
@@ -160,7 +167,7 @@ def opencode_config(
         "share": "disabled",
         "autoupdate": False,
         "lsp": False,
-        "agent": setup.agents,
+        "agent": agents,
     }
     if setup.default_agent:
         config["default_agent"] = setup.default_agent

@@ -94,3 +94,26 @@ def test_config_points_the_provider_at_the_episode_and_env_is_built_from_scratch
     assert env["HOME"] == "/h" and env["XDG_DATA_HOME"] == "/h/.local/share"
     assert env["OPENCODE_DISABLE_AUTOUPDATE"] == "1"
     assert not any("SECRET" in k or "GROVE" in k for k in env)  # nothing of the worker's environment
+
+
+def test_an_agent_with_its_own_context_limit_gets_a_model_entry_that_sends_the_served_id():
+    """OpenCode compacts a session against its agent's model's `limit.context`: a per-agent limit is a
+    second model entry whose API `id` is the gateway's model (measured: OpenCode 1.18.33 then sends
+    `"model": <id>`), used by that agent only; the family's agent settings are kept."""
+    task = delegation.make_task(0)
+    options = OpenCodeOptions(agent_context_limits={"worker": 400})
+    setup = setup_for(task, options)
+    config = opencode_config(
+        setup, "http://h/v1", "t", launch=1, context_limit=4096, output_limit=64,
+        agent_context_limits=options.agent_context_limits,
+    )  # fmt: skip
+    models = config["provider"]["grove"]["models"]
+    assert models["grove"]["limit"] == {"context": 4096, "output": 64}
+    assert models["grove-worker"] == {
+        "id": "grove", "name": "grove-worker", "tool_call": True, "limit": {"context": 400, "output": 64}
+    }  # fmt: skip
+    assert config["agent"]["worker"] == {**setup.agents["worker"], "model": "grove/grove-worker"}
+    assert "model" not in config["agent"]["lead"] and config["model"] == "grove/grove"
+    assert "model" not in setup.agents["worker"]  # the family's agents are not modified
+    with pytest.raises(ValueError, match="agent_context_limits"):
+        OpenCodeOptions(agent_context_limits={"worker": 10})  # below OpenCode's fixed overhead
