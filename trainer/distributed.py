@@ -94,7 +94,8 @@ class DistributedLearner(Learner):
         shares = split_micro_batches(plan, self.world)
         mine = shares[self.rank]
         passes = max(len(s) for s in shares)
-        sums = torch.zeros(5, dtype=torch.float64)  # loss, pg, ratio, clipped, tokens
+        # loss, pg, ratio, clipped, tokens, stale, is_truncated, is_weight_sum
+        sums = torch.zeros(8, dtype=torch.float64)
         for k in range(passes):
             real = k < len(mine)
             mb = plan[mine[k] if real else (mine[0] if mine else 0)]
@@ -119,13 +120,15 @@ class DistributedLearner(Learner):
             if self.after_pass is not None:
                 self.after_pass(k)
             if real:
-                sums += torch.tensor(
-                    [float(out.loss.detach()), out.pg_sum, out.ratio_sum, out.clipped, out.tokens],
-                    dtype=torch.float64,
-                )
+                mine_sums = [float(out.loss.detach()), out.pg_sum, out.ratio_sum, out.clipped, out.tokens]
+                mine_sums += [out.stale, out.is_truncated, out.is_weight_sum]
+                sums += torch.tensor(mine_sums, dtype=torch.float64)
         dist.all_reduce(sums)
-        loss, pg, ratio, clipped, tokens = sums.tolist()
-        return BatchLoss(loss=loss, pg_sum=pg, ratio_sum=ratio, clipped=int(clipped), tokens=int(tokens))
+        loss, pg, ratio, clipped, tokens, stale, truncated, weights = sums.tolist()
+        return BatchLoss(
+            loss=loss, pg_sum=pg, ratio_sum=ratio, clipped=int(clipped), tokens=int(tokens),
+            stale=int(stale), is_truncated=int(truncated), is_weight_sum=weights,
+        )  # fmt: skip
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters (every rank takes part; every rank gets them)."""

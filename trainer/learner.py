@@ -90,6 +90,12 @@ class StepMetrics(BaseModel):
     kl: float
     ratio_mean: float
     clip_frac: float
+    # Off-policy tokens (max_policy_lag > 0; trainer/loss.py): how far the learner's weights had moved
+    # from the policy that sampled them. A mean IS weight far from 1 or a large truncated fraction says
+    # the samples are far off-policy (e.g. a learning rate that moves the policy a lot per step).
+    stale_tokens: int = 0  # loss tokens sampled by an older version than the weights updated
+    is_weight_mean: float = 0.0  # mean truncated IS weight min(pi_learner / pi_behaviour, cap); 0: none
+    is_truncated_frac: float = 0.0  # fraction of the stale tokens whose weight was capped
     grad_norm: float
     lr: float
     skipped: bool  # no loss tokens: counters advance, weights and optimizer state do not change
@@ -107,6 +113,9 @@ class BatchLoss:
     ratio_sum: float = 0.0
     clipped: int = 0
     tokens: int = 0
+    stale: int = 0  # tokens trained with truncated IS
+    is_truncated: int = 0  # of which capped
+    is_weight_sum: float = 0.0  # sum of their IS weights
     per_micro_batch: list[float] = field(default_factory=list)
 
 
@@ -223,6 +232,9 @@ def accumulate_gradients(
         total.ratio_sum += out.ratio_sum
         total.clipped += out.clipped
         total.tokens += out.tokens
+        total.stale += out.stale
+        total.is_truncated += out.is_truncated
+        total.is_weight_sum += out.is_weight_sum
     return total
 
 
@@ -367,6 +379,9 @@ class Learner:
             kl=total.kl_sum / denominator,
             ratio_mean=total.ratio_sum / max(total.tokens, 1),
             clip_frac=total.clipped / max(total.tokens, 1),
+            stale_tokens=total.stale,
+            is_weight_mean=total.is_weight_sum / max(total.stale, 1),
+            is_truncated_frac=total.is_truncated / max(total.stale, 1),
             grad_norm=grad_norm,
             lr=lr,
             skipped=batch.denominator == 0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -129,3 +130,31 @@ def test_the_staleness_bound_is_checked_and_measured():
     n1, n3 = token_lags(mixed[:2], 5).size, token_lags(mixed[2:], 5).size
     assert m["lag_tokens_1"] == n1 and m["lag_tokens_3"] == n3 and m["lag_max"] == 3
     assert m["lag_mean"] == pytest.approx((n1 + 3 * n3) / (n1 + n3))
+
+
+def _with_behaviour(rows: list[Row], value: float) -> list[Row]:
+    """The rows with the behaviour logprob of every loss token set to `value` (0 elsewhere)."""
+    return [
+        dataclasses.replace(r, behavior_logprobs=np.where(r.loss_mask, value, 0.0).astype(np.float32))
+        for r in rows
+    ]
+
+
+def test_the_learner_step_reports_how_far_off_policy_its_stale_tokens_were(small_model_dir):
+    # Behaviour logprob -50: pi_learner / pi_behaviour = e^(logp + 50) far above any cap, so every
+    # stale token is truncated and weighs exactly the cap. Behaviour logprob 0 (probability 1): the
+    # weight is the learner's own probability, in (0, 1), never truncated.
+    for behaviour in (-50.0, 0.0):
+        learner = Learner(small_model_dir, CFG, device="cpu")
+        learner.step_count, learner.is_cap = 2, 3.0
+        m = learner.step(_with_behaviour(rows_at(0), behaviour))  # every token sampled 2 versions back
+        assert m.stale_tokens == m.loss_tokens > 0
+        if behaviour < 0:
+            assert (m.is_truncated_frac, m.is_weight_mean) == (1.0, pytest.approx(3.0))
+        else:
+            assert m.is_truncated_frac == 0.0 and 0.0 < m.is_weight_mean < 1.0
+    # a synchronous step (every token sampled by the weights updated) has none
+    learner = Learner(small_model_dir, CFG, device="cpu")
+    learner.step_count = 2
+    m = learner.step(_with_behaviour(rows_at(2), -50.0))
+    assert (m.stale_tokens, m.is_truncated_frac, m.is_weight_mean) == (0, 0.0, 0.0)

@@ -41,7 +41,7 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.checkpoint_layout import step_prefix
-from trainer.learner import Learner
+from trainer.learner import Learner, StepMetrics
 from trainer.rows import rows_to_parquet
 
 pytestmark = pytest.mark.timeout(900)
@@ -300,16 +300,22 @@ def test_stale_tokens_on_two_ranks_get_the_single_process_truncated_is(learner_m
     )
     got = saved_weights(store, "s", 2, tmp_path / "dl-s2")
 
-    def one_process(rows: list, is_cap: float) -> tuple[float, dict[str, torch.Tensor]]:
+    def one_process(rows: list, is_cap: float) -> tuple[StepMetrics, dict[str, torch.Tensor]]:
         """Step 2 in one process from the same commit (load_checkpoint: weights, AdamW, counters)."""
         dest = Path(tempfile.mkdtemp(dir=tmp_path))
         learner = load_checkpoint(store, "s", 1, CFG.model_copy(update={"ranks": 1}), dest, device="cpu")
         learner.is_cap = is_cap
-        loss = learner.step(rows).loss
-        return loss, {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+        step = learner.step(rows)
+        return step, {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
 
-    loss, single = one_process(stale_rows(), IS_CAP)
+    step, single = one_process(stale_rows(), IS_CAP)
+    loss = step.loss
     assert metrics["loss"] == pytest.approx(loss, rel=1e-6)
+    # the ranks report the stale tokens as one process does: all of ctrl-1's truncated, none of ctrl-0's
+    truncated = sum(r.num_loss_tokens for r in batch_rows() if r.episode_id == "ctrl-1")
+    assert metrics["stale_tokens"] == step.stale_tokens == metrics["lag_tokens_1"]
+    assert metrics["is_truncated_frac"] == step.is_truncated_frac == truncated / step.stale_tokens
+    assert metrics["is_weight_mean"] == pytest.approx(step.is_weight_mean, rel=1e-6)
     assert relative_gap(got, single, base) <= RANK_COUNT_TOLERANCE
     # The test can fail: the same rows without the correction (every token at lag 0), or with the
     # default cap, train weights far outside the tolerance.
@@ -319,7 +325,8 @@ def test_stale_tokens_on_two_ranks_get_the_single_process_truncated_is(learner_m
     ]
     gaps = []
     for rows, cap in ((at_lag_zero, IS_CAP), (stale_rows(), 2.0)):
-        other_loss, other = one_process(rows, cap)
+        other_step, other = one_process(rows, cap)
+        other_loss = other_step.loss
         assert abs(other_loss - loss) > 1e-3 * abs(loss)
         gaps.append(relative_gap(got, other, base))
         assert gaps[-1] > 100 * RANK_COUNT_TOLERANCE
