@@ -11,14 +11,21 @@ e1 alone, then with e2 added:
 - idle fraction of the learner (1 - train_step seconds / wall) and of each engine (1 - seconds with
   a generation in flight / wall, from their own reports: activities/engine_status.py);
 - the policy lag of the trained tokens (tokens per lag value, from the learner's metrics);
-- the mean reward of each step (and of the first and last third of the steps).
+- the mean reward of each step (and of the first and last third of the steps), and for k > 0 how far
+  off-policy the stale tokens were (mean truncated IS weight, fraction capped: trainer/loss.py).
+
+`summary` puts the rows of several `runs` invocations side by side (each `runs --out FILE` appends its
+rows, with their seed, to FILE): per seed and k the mean reward of the first and last third of the
+steps, then per k the mean and spread over the seeds, and the per-seed difference of each k to k = 0
+(the same seed runs the same task order at every k, so the difference is paired).
 
 `orchestration` runs one-token delegation episodes (every call generates exactly one token) straight
 on the episodes queue, at several numbers in flight, with 1 then 2 engines: episodes/s, calls/s and
 the CPU each process used (the `main` worker, the dev server, each engine), to see what saturates.
 
     .venv/bin/python bench/bench_async.py runs [--steps 4] [--tasks 1] [--group 4] [--lags 0,1,2]
-        [--engines 1,2] [--seed 0] [--tag NAME]
+        [--engines 1,2] [--seed 0] [--tag NAME] [--out rows.jsonl]
+    .venv/bin/python bench/bench_async.py summary rows.jsonl [more.jsonl ...]
     .venv/bin/python bench/bench_async.py orchestration [--engines 1,2] [--concurrency 1,4,16,32]
 
 Every row prints the load average (1/5/15 min) at its start and end: on a shared machine the numbers
@@ -89,6 +96,7 @@ async def one_run(client, store: LocalStore, cfg: RunConfig) -> dict:
     after = busy(store)
     engine_busy = {e: after[e] - before.get(e, 0.0) for e in after}
     hist = result.history
+    stale = [h.metrics.get("stale_tokens", 0.0) for h in hist]
     lags: dict[int, float] = {}
     for h in hist:
         for key, v in h.metrics.items():
@@ -107,8 +115,20 @@ async def one_run(client, store: LocalStore, cfg: RunConfig) -> dict:
         "engine_idle": {e: 1 - b / wall for e, b in sorted(engine_busy.items())},
         "lag_tokens": dict(sorted(lags.items())),
         "reward": [round(h.mean_reward, 3) for h in hist],
+        "reward_std": [round(h.rollout.get("reward_std", 0.0), 3) for h in hist],
+        # over the run's stale tokens: mean truncated IS weight, fraction capped (None: no stale token)
+        "is_weight_mean": _stale_mean(hist, stale, "is_weight_mean"),
+        "is_truncated_frac": _stale_mean(hist, stale, "is_truncated_frac"),
         "load": f"{load0} -> {load()}",
     }
+
+
+def _stale_mean(hist, stale: list[float], key: str) -> float | None:
+    """Mean of a per-step stale-token metric over the run, each step weighted by its stale tokens."""
+    total = sum(stale)
+    if not total:
+        return None
+    return round(sum(h.metrics.get(key, 0.0) * n for h, n in zip(hist, stale, strict=True)) / total, 4)
 
 
 def table(rows: list[dict]) -> str:
@@ -129,13 +149,82 @@ def table(rows: list[dict]) -> str:
             f"{r['load']:<30}"
         )
     out.append("")
-    out.append(f"{'engines':>7} {'k':>2}  first third  last third  mean reward per step")
+    out.append(f"{'engines':>7} {'k':>2}  first third  last third  IS w / capped  mean reward per step")
     for r in rows:
-        rw = r["reward"]
-        n = max(1, len(rw) // 3)
-        first, last = sum(rw[:n]) / n, sum(rw[-n:]) / n
+        first, last = thirds(r["reward"])
         out.append(
-            f"{r['engines']:>7} {r['k']:>2}  {first:>11.3f} {last:>11.3f}  {' '.join(f'{x:.2f}' for x in rw)}"
+            f"{r['engines']:>7} {r['k']:>2}  {first:>11.3f} {last:>11.3f}  {is_cell(r):>13}  "
+            f"{' '.join(f'{x:.2f}' for x in r['reward'])}"
+        )
+    return "\n".join(out)
+
+
+def thirds(rewards: list[float]) -> tuple[float, float]:
+    """Mean reward of the first and of the last third of the steps (at least one step each)."""
+    n = max(1, len(rewards) // 3)
+    return sum(rewards[:n]) / n, sum(rewards[-n:]) / n
+
+
+def is_cell(row: dict) -> str:
+    """`mean IS weight / fraction capped` of a row's stale tokens; '-' without any (or not recorded)."""
+    if row.get("is_weight_mean") is None:
+        return "-"
+    return f"{row['is_weight_mean']:.2f} / {row['is_truncated_frac']:.2f}"
+
+
+# -------------------------------------------------------------------------------------------- summary
+
+
+def mean_sd(xs: list[float]) -> str:
+    """`mean ± sample standard deviation` (± - for a single value)."""
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return f"{m:.3f} ± -"
+    sd = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+    return f"{m:.3f} ± {sd:.3f}"
+
+
+def read_rows(paths: list[Path]) -> list[dict]:
+    """The run rows of `runs --out` files (one JSON object a line; other lines are skipped, so a
+    captured stdout of `runs` whose rows were given a `seed` works too)."""
+    rows = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.startswith("{"):
+                row = json.loads(line)
+                if "reward" in row and "seed" in row:
+                    rows.append(row)
+    return rows
+
+
+def summary_table(rows: list[dict]) -> str:
+    """Per (engines, seed, k): first/last third of the mean reward; per (engines, k): mean ± sd over the
+    seeds of both and of the gain, and of the paired difference to k = 0 of the same seed."""
+    by = {(r["engines"], r["seed"], r["k"]): r for r in rows}
+    out = [f"{'engines':>7} {'seed':>4} {'k':>2}  first third  last third    gain  IS w / capped  wall s"]
+    for key in sorted(by):
+        r = by[key]
+        first, last = thirds(r["reward"])
+        out.append(
+            f"{key[0]:>7} {key[1]:>4} {key[2]:>2}  {first:>11.3f} {last:>11.3f}  {last - first:>6.3f}  "
+            f"{is_cell(r):>13}  {r['wall_s']:>6.1f}"
+        )
+    out.append("")
+    head = f"{'engines':>7} {'k':>2} {'seeds':>5}  {'first third':>15}  {'last third':>15}  {'gain':>15}  "
+    out.append(head + "last third - k=0's (paired)")
+    for engines, k in sorted({(e, k) for e, _, k in by}):
+        seeds = sorted(s for e, s, kk in by if (e, kk) == (engines, k))
+        firsts, lasts = zip(*(thirds(by[engines, s, k]["reward"]) for s in seeds), strict=True)
+        gains = [b - a for a, b in zip(firsts, lasts, strict=True)]
+        paired = [
+            thirds(by[engines, s, k]["reward"])[1] - thirds(by[engines, s, 0]["reward"])[1]
+            for s in seeds
+            if (engines, s, 0) in by
+        ]
+        diff = mean_sd(paired) + f" (n={len(paired)})" if k and paired else "-"
+        out.append(
+            f"{engines:>7} {k:>2} {len(seeds):>5}  {mean_sd(list(firsts)):>15}  {mean_sd(list(lasts)):>15}  "
+            f"{mean_sd(gains):>15}  {diff}"
         )
     return "\n".join(out)
 
@@ -270,9 +359,12 @@ async def runs_section(args, client, store, workers, worker) -> None:
             await w.wait_ready(client, timeout=600)
         for k in args.lags:
             row = await one_run(client, store, run_config(args, n, k))
-            row["engines"] = n
+            row |= {"engines": n, "seed": args.seed, "steps": args.steps, "rollouts": rollouts(args)}
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if args.out is not None:
+                with args.out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
     print()
     print(
         f"delegation, model {args.model}, {args.steps} steps x {args.tasks} task(s) x group {args.group}, "
@@ -280,6 +372,11 @@ async def runs_section(args, client, store, workers, worker) -> None:
         "x k=0: ratio to k=0 at the same engine count; engine idle per engine"
     )
     print(table(rows))
+
+
+def rollouts(args: argparse.Namespace) -> int:
+    """Episodes a run trains on: steps x tasks x group."""
+    return args.steps * args.tasks * args.group
 
 
 async def orchestration_section(args, client, workers, worker, server) -> None:
@@ -309,7 +406,8 @@ async def orchestration_section(args, client, workers, worker, server) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("section", choices=["runs", "orchestration"], nargs="?", default="runs")
+    p.add_argument("section", choices=["runs", "orchestration", "summary"], nargs="?", default="runs")
+    p.add_argument("files", nargs="*", type=Path, help="summary: `runs --out` files")
     p.add_argument("--model", default="tiny")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--tasks", type=int, default=1)
@@ -329,4 +427,9 @@ if __name__ == "__main__":
         help="orchestration: episodes in flight per level",
     )  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep the stack's folder (logs) afterwards")
-    asyncio.run(guarded(main(p.parse_args())))
+    p.add_argument("--out", type=Path, help="runs: append each row (a JSON line, with its seed) to this file")
+    parsed = p.parse_args()
+    if parsed.section == "summary":
+        print(summary_table(read_rows(parsed.files)))
+    else:
+        asyncio.run(guarded(main(parsed)))
