@@ -4,9 +4,17 @@ same port and SQLite file, and the run finishes with nothing lost and nothing tr
 The moment is created with gates, never waited for: the engine (the `main` worker) holds each finished
 generation of step 2 (gate `generate`), and the trainer holds step 1's checkpoint after its first file
 (gate `store_put`). With both held, step 2 rolls out on version 0 while step 1 trains: the overlap k = 1
-allows. The server is SIGKILLed there, both gates are released while it is down (step 1's checkpoint
-commits and step 2's calls finish against a dead server), and it is restarted. No worker is restarted:
-they reconnect by themselves. The run must finish with:
+allows. Step 2's calls are then let go and its episodes are held again where they write their rows
+(gate `store_put`): every token of step 2 is sampled and recorded at version 0, before the outage. The
+server is SIGKILLed there, the store gate is released while it is down (step 1's checkpoint commits and
+step 2's episodes materialize against a dead server), and it is restarted. No worker is restarted: they
+reconnect by themselves.
+
+Why step 2's calls finish before the kill, not during the outage: a generation completed while the
+server is down survives only if the server comes back within the generate heartbeat timeout (20 s);
+on a loaded machine the restart alone can take longer, the attempt is then lost and re-run at version
+1 (correct, and covered by the worker-kill tests), and step 2 would train no lag-1 token. The rows
+write held across the outage is idempotent whichever way its attempt ends. The run must finish with:
 
 - each step trained exactly once, on exactly its own episodes (one COMMIT per step, the checkpoint's
   episode list = the step's documented episode ids), whatever the trainer activity had to redo;
@@ -65,8 +73,10 @@ async def test_k1_server_sigkill_in_the_overlap_resumes_on_the_same_database(sta
     first_ckpt = f"checkpoints/{cfg.run_id}/step-000001/model/config.json"
     for point in ("generate", "store_put"):
         stack.gates.clear(point)
-    stack.gates.arm("generate", f"^{re.escape(cfg.run_id)}/s{HELD_STEP:06d}/")
-    stack.gates.arm("store_put", f"^{re.escape(first_ckpt)}$")
+    step_prefix = f"{re.escape(cfg.run_id)}/s{HELD_STEP:06d}/"
+    stack.gates.arm("generate", f"^{step_prefix}")
+    # step 1's checkpoint, then (once step 2's calls are let go) each step-2 episode's rows
+    stack.gates.arm("store_put", f"^{re.escape(first_ckpt)}$|^rows/{step_prefix}")
     handle = await client.start_workflow(
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
         result_type=RunResult,
@@ -75,11 +85,15 @@ async def test_k1_server_sigkill_in_the_overlap_resumes_on_the_same_database(sta
     await wait_held(stack, "generate", 1, "a step-2 call held on the engine while step 1 trains")
     live = (await handle.query("progress", result_type=RunState)).live
     assert live is not None and (live.training_step, live.rolling_out) == (1, [2]), live
+    stack.gates.disarm("generate")  # step 2's calls finish on version 0: step 1's checkpoint is held
+    held = await wait_held(
+        stack, "store_put", 1 + TASKS_PER_STEP * GROUP_SIZE, "step 2's episodes writing their rows"
+    )
+    assert sum(k.startswith("rows/") for k in held) == TASKS_PER_STEP * GROUP_SIZE, held
 
     port, db = server.port, server.db_path
     server.kill()
-    stack.gates.disarm("store_put")  # step 1's checkpoint commits while the server is down
-    stack.gates.disarm("generate")  # and step 2's held calls finish
+    stack.gates.disarm("store_put")  # step 1's checkpoint commits and step 2's rows land while it is down
     await asyncio.sleep(DOWNTIME_S)  # an outage of this length, not a wait for anything
     server.start()  # same object: same port, same SQLite file
     assert (server.port, server.db_path) == (port, db)
