@@ -1,0 +1,257 @@
+"""A real policy that plays one scripted OpenCode episode: `tiny-tools` fine-tuned until its replies to the
+requests stock OpenCode sends in the acceptance episode (tests/e2e/test_opencode_acceptance.py) are
+fixed texts, whatever the environment block (working directory, date, model name), the task's words and
+the session ids. vLLM serves it like any model; its replies are genuinely sampled tokens with the
+engine's logprobs, not made-up responses (the way tests/harnesses/eos_model.py makes empty replies).
+
+Why: no local model delegates on its own reliably (docs/tool_model.md: tiny-tools makes two `task` calls
+to `worker` in 21-31% of trials), and the acceptance test must exercise two concurrent subagents and a
+compaction every time. The script:
+
+- the lead's first request (the `task` tool offered) -> two `task` calls, "Say red" and "Say cat";
+- the worker asked "Say red" -> " red" repeated with no end: it always fills `max_tokens`, so its usage
+  is its prompt + max_tokens (the test sets the workers' `limit.context` under it: OpenCode compacts
+  that session);
+- the worker asked "Say cat" -> "cat" (a short usage: no compaction);
+- OpenCode's summarization request -> "Said red.";
+- the post-compaction request ("What did we do so far?" ...) -> "red";
+- the lead's resumption with both task results -> "red cat".
+
+Built once per machine into the model cache (models/registry.py's locking and atomic publish) and
+checked right after training: greedy replies to fresh held-out variants must be the script's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from grove.paths import grove_home
+from models.corpus import render_chat
+from models.manifest import write_manifest
+from models.registry import _ensure_cached, ensure_model
+from models.tiny import _deterministic_torch
+from models.tool_drills import (
+    LEAD_PROMPT,
+    WORKER_PROMPT,
+    ToolDrillWriter,
+    _compaction_turns,
+    _summary_texts,
+    task_tool,
+)
+
+log = logging.getLogger(__name__)
+
+VERSION = "script-1"
+BASE = "tiny-tools"
+WORDS = ("red", "cat")  # one token each in tiny-tools' tokenizer, with or without a leading space
+SUMMARY = "Said red."
+REPEAT = 160  # training length of the endless reply (tokens of " red"); max_tokens stays below it
+STEPS, LR, VARIANTS = 160, 3e-3, 12
+WORKER_DESCRIPTION = "Repeats the word it is given."  # harnesses/opencode_delegation.py OPENCODE_AGENTS
+
+
+class ScriptModelError(RuntimeError):
+    """The fine-tuned model does not reply with its script on held-out variants."""
+
+
+def ask(word: str) -> str:
+    return f"Say {word}"
+
+
+def lead_calls() -> dict[str, Any]:
+    calls = [
+        {
+            "type": "function",
+            "function": {
+                "name": "task",
+                "arguments": {"description": ask(w), "prompt": ask(w), "subagent_type": "worker"},
+            },
+        }
+        for w in WORDS
+    ]
+    return {"role": "assistant", "content": "", "tool_calls": calls}
+
+
+class _Variants:
+    """The episode's requests with everything OpenCode or the task varies drawn from one seeded stream."""
+
+    def __init__(self, seed: int) -> None:
+        self.w = ToolDrillWriter(seed)
+        self.rng = self.w.rng
+
+    def _system(self, prompt: str) -> dict[str, str]:
+        return {"role": "system", "content": prompt + self.w.env()}
+
+    def _tools(self) -> list[dict[str, Any]]:
+        return [task_tool([("worker", WORKER_DESCRIPTION)], "long")]
+
+    def _user(self) -> dict[str, str]:
+        words = " ".join(self.w.words(2))
+        return {"role": "user", "content": self.rng.choice((f'"Words: {words}"', f"Words: {words}"))}
+
+    def lead_first(self) -> tuple[list[dict], list[dict] | None]:
+        return [self._system(LEAD_PROMPT), self._user()], self._tools()
+
+    def lead_resume(self) -> tuple[list[dict], list[dict] | None]:
+        messages = [self._system(LEAD_PROMPT), self._user(), lead_calls()]
+        messages += [self.w.task_result(w) for w in WORDS]
+        return messages, self._tools()
+
+    def worker(self, word: str) -> tuple[list[dict], list[dict] | None]:
+        return [self._system(WORKER_PROMPT), {"role": "user", "content": ask(word)}], None
+
+    def summary(self) -> tuple[list[dict], list[dict] | None]:
+        system, before, after = _summary_texts()
+        reply = " ".join([WORDS[0]] * self.rng.randint(20, 120))
+        conversation = f"[User]: {ask(WORDS[0])}\n\n[Assistant]: {reply}\n"
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": before + conversation + after},
+        ], None
+
+    def after_compaction(self) -> tuple[list[dict], list[dict] | None]:
+        question, cont = _compaction_turns()
+        messages = [
+            self._system(WORKER_PROMPT),
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": SUMMARY},
+            {"role": "user", "content": cont},
+        ]
+        return messages, None
+
+
+def script(v: _Variants) -> list[tuple[list[dict], list[dict] | None, Any]]:
+    """(messages, tools, reply) of every request of the episode; reply None: the endless repetition."""
+    return [
+        (*v.lead_first(), lead_calls()),
+        (*v.worker(WORDS[0]), None),
+        (*v.worker(WORDS[1]), {"role": "assistant", "content": WORDS[1]}),
+        (*v.summary(), {"role": "assistant", "content": SUMMARY}),
+        (*v.after_compaction(), {"role": "assistant", "content": WORDS[0]}),
+        (*v.lead_resume(), {"role": "assistant", "content": " ".join(WORDS)}),
+    ]
+
+
+def _example(tok: Any, messages: list[dict], tools: list[dict] | None, reply: Any) -> tuple[list[int], int]:
+    """Token ids of prompt + reply and where the reply starts (the loss covers the reply only)."""
+    prompt = render_chat(messages, tools) + "<|im_start|>assistant\n"
+    if reply is None:
+        full = prompt + f" {WORDS[0]}" * REPEAT
+    else:
+        full = render_chat([*messages, reply], tools)
+        if not full.startswith(prompt):
+            raise ScriptModelError("the chat template does not render the reply after the generation prompt")
+        full = full[: full.index("<|im_end|>", len(prompt)) + len("<|im_end|>")]  # the turn ends there
+    n_prompt = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    return tok(full, add_special_tokens=False)["input_ids"], n_prompt
+
+
+def fingerprint(base_dir: Path) -> str:
+    h = hashlib.sha256(VERSION.encode())
+    h.update((base_dir / "model.safetensors").read_bytes())
+    h.update(json.dumps([WORDS, SUMMARY, REPEAT, STEPS, LR, VARIANTS]).encode())
+    return h.hexdigest()[:16]
+
+
+def build(out: Path, base_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(base_dir))
+    examples = [_example(tok, *r) for seed in range(VARIANTS) for r in script(_Variants(seed))]
+    kinds = len(examples) // VARIANTS
+    with _deterministic_torch():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+        rng = random.Random(0)
+        model.train()
+        for _step in range(STEPS):
+            batch = [examples[rng.randrange(VARIANTS) * kinds + k] for k in range(kinds)]
+            loss = _batch_loss(model, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if _step % 20 == 0:
+                log.info("script model: step %d loss %.4f", _step, loss.item())
+        model.eval()
+        model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    for name in ("generation_config.json", "chat_template.jinja"):
+        if (base_dir / name).exists():
+            (out / name).write_bytes((base_dir / name).read_bytes())
+    check(out)
+    write_manifest(
+        out, {"fingerprint": fingerprint(base_dir), "base": str(base_dir), "final_loss": loss.item()}
+    )
+
+
+def _batch_loss(model: torch.nn.Module, batch: list[tuple[list[int], int]]) -> torch.Tensor:
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    weights = torch.zeros((len(batch), width), dtype=torch.float32)
+    for i, (seq, n_prompt) in enumerate(batch):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        weights[i, n_prompt : len(seq)] = 1.0
+    logits = model(input_ids=ids).logits[:, :-1]
+    per_token = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+    )
+    w = weights[:, 1:].reshape(-1)
+    return (per_token * w).sum() / w.sum()
+
+
+def check(model_dir: Path, seeds: range = range(1000, 1004), max_new: int = 160) -> None:
+    """Greedy replies to held-out variants must be the script (the endless reply: `max_new` tokens of it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    for seed in seeds:
+        for messages, tools, reply in script(_Variants(seed)):
+            full, n_prompt = _example(tok, messages, tools, reply)
+            want = full[n_prompt:][:max_new]
+            prompt = torch.tensor([full[:n_prompt]])
+            with torch.no_grad():
+                out = model.generate(
+                    prompt, max_new_tokens=len(want), do_sample=False, eos_token_id=None, pad_token_id=0
+                )
+            got = out[0, n_prompt:].tolist()
+            if got != want:
+                raise ScriptModelError(
+                    f"script model {model_dir}: held-out variant {seed} replied {tok.decode(got)!r} to "
+                    f"{messages[-1]['content'][:60]!r}, not {tok.decode(want)!r}"
+                )
+
+
+def ensure_script_model() -> Path:
+    base = ensure_model(BASE)
+    return _ensure_cached(
+        grove_home() / "models", "test-script", fingerprint(base), lambda out: build(out, base)
+    )
+
+
+def logit_gaps(model_dir: Path, seed: int = 2000) -> np.ndarray:
+    """Per scripted token of one held-out variant: its logit minus the best other token's (for reports)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    gaps = []
+    for messages, tools, reply in script(_Variants(seed)):
+        full, n_prompt = _example(tok, messages, tools, reply)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([full])).logits[0, n_prompt - 1 : -1]
+        target = torch.tensor(full[n_prompt:])
+        chosen = logits.gather(1, target[:, None])[:, 0]
+        logits.scatter_(1, target[:, None], float("-inf"))
+        gaps.append((chosen - logits.max(1).values).numpy())
+    return np.concatenate(gaps)
