@@ -132,13 +132,12 @@ async def test_opencode_run_trains_parent_and_concurrent_subagents_with_a_compac
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES
     )
     try:
-        await _until(
-            lambda: len(stack.gates.held("generate")) >= 2, "two subagent calls in the engine at once"
-        )
+        await _until(lambda: len(held_sessions(stack)) >= 2, "two subagents' calls in the engine at once")
     finally:
         stack.gates.disarm("generate")
     run: RunResult = await asyncio.wait_for(handle.result(), 1200)
 
+    held = held_sessions(stack)
     all_rows = []
     for spec in specs:
         result = await stack.client.get_workflow_handle(spec.episode_id, result_type=EpisodeResult).result()
@@ -149,6 +148,8 @@ async def test_opencode_run_trains_parent_and_concurrent_subagents_with_a_compac
         )
         rows = all_rows_of(stack, result)
         check_episode(tok, served, summary, result, rows, prompt)
+        if spec.episode_id == first:  # the two sessions held together are this episode's two workers
+            assert held == {c.split(".")[0] for c in served if c.startswith("worker-") and "~" not in c}
         all_rows += rows
 
     # one logical rollout per episode in the group baseline, whatever its number of rows (4 each)
@@ -161,6 +162,12 @@ async def test_opencode_run_trains_parent_and_concurrent_subagents_with_a_compac
     assert worker_tokens > 0 and record.metrics["loss_tokens"] == sum(r.num_loss_tokens for r in all_rows)
     assert np.isfinite(record.metrics["loss"])
     print(f"opencode acceptance: {len(all_rows)} rows, {worker_tokens} worker tokens trained")
+
+
+def held_sessions(stack) -> set[str]:
+    """The worker sessions whose calls reached the engine while the gate held them (key: the request id
+    `<episode>/<call>/attempt-<n>`)."""
+    return {key.split("/")[-2].split(".")[0] for key in stack.gates.held("generate")}
 
 
 def all_rows_of(stack, result):

@@ -39,22 +39,25 @@ from models.manifest import write_manifest
 from models.registry import _ensure_cached, ensure_model
 from models.tiny import _deterministic_torch
 from models.tool_drills import (
+    _DAYS,
+    _MONTHS,
     LEAD_PROMPT,
     WORKER_PROMPT,
     ToolDrillWriter,
     _compaction_turns,
+    _env_template,
     _summary_texts,
     task_tool,
 )
 
 log = logging.getLogger(__name__)
 
-VERSION = "script-1"
+VERSION = "script-2"
 BASE = "tiny-tools"
 WORDS = ("red", "cat")  # one token each in tiny-tools' tokenizer, with or without a leading space
 SUMMARY = "Said red."
 REPEAT = 160  # training length of the endless reply (tokens of " red"); max_tokens stays below it
-STEPS, LR, VARIANTS = 160, 3e-3, 12
+STEPS, LR, VARIANTS = 160, 3e-3, 32
 WORKER_DESCRIPTION = "Repeats the word it is given."  # harnesses/opencode_delegation.py OPENCODE_AGENTS
 
 
@@ -87,8 +90,31 @@ class _Variants:
         self.w = ToolDrillWriter(seed)
         self.rng = self.w.rng
 
+    def _folder(self) -> str:
+        """Working directories as the runner makes them (a temporary root, the episode folder's 16 hex
+        digits: many tokens each) and plain word paths. Only word paths in training made the model end
+        its turn after the first `task` call under a real runner path (measured: logit gap -2.3)."""
+        rng, w = self.rng, self.w
+        digits = "".join(rng.choice("0123456789abcdef") for _ in range(16))
+        return rng.choice(
+            (
+                f"/tmp/pytest-of-{w.name()}/pytest-{rng.randint(0, 9999)}/{w.name()}{rng.randint(0, 9)}/"
+                f"harness/{digits}/project",
+                f"/{w.name()}/{w.name()}/harness/{digits}/project",
+                f"/tmp/{w.name()}-{digits[: rng.randint(4, 12)]}/project",
+                "/" + "/".join(w.name() for _ in range(rng.randint(1, 4))),
+            )
+        )
+
     def _system(self, prompt: str) -> dict[str, str]:
-        return {"role": "system", "content": prompt + self.w.env()}
+        rng, folder = self.rng, self._folder()
+        date = f"{rng.choice(_DAYS)} {rng.choice(_MONTHS)} {rng.randint(1, 28):02d} {rng.randint(2024, 2030)}"
+        model = rng.choice(("grove", "policy", self.w.name()))
+        env = _env_template().format(dir=folder, provider="grove", model=model, date=date)
+        if rng.random() < 0.7:  # outside a git repository (the runner's folders): root "/", "no"
+            env = env.replace(f"Workspace root folder: {folder}", "Workspace root folder: /")
+            env = env.replace("git repo: yes", "git repo: no")
+        return {"role": "system", "content": prompt + env}
 
     def _tools(self) -> list[dict[str, Any]]:
         return [task_tool([("worker", WORKER_DESCRIPTION)], "long")]
