@@ -56,6 +56,7 @@ from gateway.continuation import Decision, Move, UndeclaredDiscontinuityError, d
 from gateway.episodes import EpisodeError, Episodes
 from gateway.hints import UndeclaredAuxiliaryCallError, diagnose, rewrite_error, summary_message
 from gateway.identity import (
+    AGENT_HEADER,
     AUX_SEPARATOR,
     DEFAULT_AGENT,
     KIND_HEADER,
@@ -67,14 +68,15 @@ from gateway.identity import (
 from gateway.records import ChatRecord, Usage, is_delivered, load_record, mark_delivered, save_record
 from gateway.replay import (
     SessionAlias,
-    agent_fits,
-    base_agent,
     claimed_agents,
     index_call,
     indexed_calls,
     launch_of,
     load_aliases,
+    program_agent,
+    program_session,
     prompt_digest,
+    replay_agent,
     save_alias,
 )
 from gateway.routing import (
@@ -87,6 +89,7 @@ from gateway.routing import (
     spawning_call,
 )
 from grove.contracts import CallRequest, CallResult, ChatPrompt, EpisodeSpec, PromptSpec
+from grove.gates import Gates
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
 from storage.base import ObjectStore
@@ -199,6 +202,7 @@ class Capture:
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
         self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
         self._plan_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # episode -> (lock, requests using it)
+        self._gates = Gates.from_env()  # tests only (grove/gates.py): hold a request as it arrives
 
     def release(self, episode_id: str, requested: str) -> None:
         key = (episode_id, requested)
@@ -268,9 +272,11 @@ class Capture:
     ) -> Delivery:
         """Capture one request; returns its delivery, which the caller must `settle` once the response
         was sent (or not)."""
+        launch = launch_of(headers)
+        if self._gates is not None:  # tests: a harness's request arrived, nothing is decided yet
+            await self._gates.hold("chat_request", request_gate_key(episode_id, launch, headers, request))
         spec = await self.episodes.spec(episode_id)
         sampling = sampling_for(request, spec.sampling)
-        launch = launch_of(headers)
         if launch is not None and launch > 1:
             async with self._replay_lock(episode_id):
                 replayed = await self._replay(episode_id, request, headers, launch)
@@ -336,7 +342,7 @@ class Capture:
         head = await self._head(episode_id, target)
         if head is _REPLAN:
             return None
-        alias = aliases.get(identity.session_id or "")
+        alias = aliases.get(_session_of(identity))
         if relaunch and alias is not None and isinstance(head, ChatRecord):
             head, forced = await self._diverge(episode_id, head, alias, launch)
             if forced is not None:
@@ -409,10 +415,13 @@ class Capture:
         self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str], launch: int
     ) -> Delivery | None:
         """A relaunched harness's request answered from a live record of an earlier launch, or None
-        (gateway/replay.py)."""
+        (gateway/replay.py): an OpenCode session's, or a program's agent's (no session header)."""
         session = headers.get(opencode.SESSION_HEADER)
+        program = program_agent(headers) if session is None else None
         if session is None:
-            return None
+            if program is None:
+                return None
+            session = program_session(program)
         digest = prompt_digest(request.messages, request.tools)
         ids = await asyncio.to_thread(indexed_calls, self.store, episode_id, digest)
         records = [r for r in [await self._record(episode_id, c) for c in ids] if r is not None]
@@ -424,12 +433,10 @@ class Capture:
         mine, taken = aliases.get(session), claimed_agents(aliases, session)
         child = opencode.PARENT_SESSION_HEADER in headers
         for record in records:
-            agent = base_agent(record.agent)
             if states.get(record.call_id) not in LIVE_STATES:
                 continue
-            if mine is not None and agent != mine.agent:
-                continue
-            if mine is None and (agent in taken or not agent_fits(record.agent, child)):
+            agent = replay_agent(record.agent, program, mine, taken, child)
+            if agent is None:
                 continue
             last = record.call_id if record.agent == agent else (mine.last_replayed if mine else None)
             alias = SessionAlias(agent=agent, last_replayed=last)
@@ -722,3 +729,18 @@ def _record_of(
         session_id=plan.identity.session_id,
         launch=launch,
     )
+
+
+def _session_of(identity: Identity) -> str:
+    """The alias key of a relaunched request's session: OpenCode's session id, else the program's agent
+    as named (gateway/replay.py)."""
+    if identity.session_id is not None:
+        return identity.session_id
+    return program_session(identity.agent) if identity.agent is not None else ""
+
+
+def request_gate_key(
+    episode_id: str, launch: int | None, headers: Mapping[str, str], request: ChatCompletionRequest
+) -> str:
+    """Key of the `chat_request` test gate: `{episode}/{launch or 0}/{x-grove-agent or -}/{n messages}`."""
+    return f"{episode_id}/{launch or 0}/{headers.get(AGENT_HEADER, '-')}/{len(request.messages)}"

@@ -18,6 +18,15 @@ where the first launch died, but under new session ids. For each request of laun
    of the session: calls of the earlier launch after it, which the relaunched harness never got, are
    discarded (accounted, never trained).
 
+Python harness programs (RunConfig.harness.kind `python`: LangGraph, the Agents SDK, any program sending
+grove's identity headers) have no sessions: they name their agents (`x-grove-agent`), and the adapters
+give the same names at every launch (LangGraph: `{node}-{n}` in `Send` order; Agents SDK: the agent's
+name and the tool call id of the recorded response). For them the "session" is the agent as named
+(`program_session`: `agent~<agent>`, auxiliary agents `<agent>~aux` their own): step 2 takes a recorded
+call of exactly that agent, and step 3 continues from the last call replayed to it. A program whose
+agent names change between launches gets no replay for the renamed agents: their requests are ordinary
+requests (docs/harnesses.md).
+
 A request whose prompt has no live record is an ordinary request (a new admission); so is every request
 without `x-grove-launch` or of the first launch: a hand-run harness that re-sends a request is retried,
 never replayed. Requests of one episode go to one gateway (the episode is in the URL path), whose claim
@@ -34,12 +43,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from chat.render import _canonical_tools, canonical_message, typed
-from gateway.identity import AUX_SEPARATOR
+from gateway.identity import AUX_SEPARATOR, grove_identity
 from storage.base import ObjectNotFoundError, ObjectStore
 from trainer.staging_format import staging_prefix
 
 LAUNCH_HEADER = "x-grove-launch"
 MAX_LAUNCH = 1000
+# Alias keys of programs' agents; OpenCode session ids never contain '~' (gateway/opencode.py _SESSION).
+PROGRAM_SESSION_PREFIX = "agent~"
 
 
 class InvalidLaunchHeaderError(ValueError):
@@ -123,3 +134,39 @@ def agent_fits(agent: str, child_session: bool) -> bool:
 def claimed_agents(aliases: Mapping[str, SessionAlias], session_id: str) -> set[str]:
     """Agents other sessions of this launch already answer for."""
     return {a.agent for s, a in aliases.items() if s != session_id}
+
+
+def program_agent(headers: Mapping[str, str]) -> str | None:
+    """The agent a program's request (grove's headers, no OpenCode session) replays, as the gateway
+    names it (`worker-2`, `worker-2~aux` for its auxiliary calls); None for a request that names its
+    context explicitly (`x-grove-context`): such programs place their calls themselves, never replayed."""
+    identity = grove_identity(headers)
+    if identity.context_id is not None or identity.agent is None:
+        return None
+    return identity.agent
+
+
+def program_session(agent: str) -> str:
+    """The alias key of a program's agent (module docstring): one per agent as named, per launch."""
+    return f"{PROGRAM_SESSION_PREFIX}{agent}"
+
+
+def replay_agent(
+    record_agent: str,
+    program: str | None,
+    mine: SessionAlias | None,
+    taken: set[str],
+    child_session: bool,
+) -> str | None:
+    """The agent a session would replay by answering with a live record of `record_agent`, or None when
+    that record is not its to replay. A program's agent (`program`) replays only its own calls, under
+    the same name; an OpenCode session replays the agent it already replays (`mine`), else an agent of
+    its kind that no other session of the launch replays (`taken`)."""
+    if program is not None:
+        return program if record_agent == program else None
+    agent = base_agent(record_agent)
+    if mine is not None:
+        return agent if agent == mine.agent else None
+    if agent in taken or not agent_fits(record_agent, child_session):
+        return None
+    return agent

@@ -10,8 +10,11 @@ What each request carries, read from LangGraph's run config (the metadata LangCh
 run) and the responses' headers; nothing in the graph mentions grove:
 
 - agent: a LangGraph task reached by `Send` (a push task) is a worker `{node}-{n}` (n counts that
-  node's push tasks in the order their first model call is made); every other task belongs to the
-  root agent `parent`. Model calls nested in a subgraph or in an agent invoked inside the node
+  node's push tasks in the order they start: the order of the `Send`s, when the graph runs with
+  grove's callbacks (`ainvoke`, `config()`); without them, the order of their first model calls);
+  every other task belongs to the root agent `parent`. Names that do not depend on which task reaches
+  the model first are what lets a relaunched program be answered from the recorded calls
+  (gateway/replay.py). Model calls nested in a subgraph or in an agent invoked inside the node
   belong to the outermost task (the first segment of `checkpoint_ns`); grove's callback handler
   (`config()`, `invoke`, `ainvoke`) tells which outer tasks were pushed.
 - spawn link: a worker's requests name `parent`'s last call (`x-grove-call-id` of the last response
@@ -62,7 +65,7 @@ class GroveGraphs:
         self.episode = episode
         self.root_agent = root_agent
         self._lock = threading.Lock()
-        self._pushed: dict[str, str] = {}  # outer task ns -> node, for tasks reached by Send
+        self._pushed: dict[str, str] = {}  # outer task ns -> worker agent, for tasks reached by Send
         self._tasks: dict[str, tuple[str, str | None]] = {}  # outer task ns -> (agent, spawned_by)
         self._workers: Counter[str] = Counter()  # node -> push tasks named so far
         self._declared: dict[str, str] = {}  # agent -> summary text its rewrite was declared for
@@ -142,8 +145,11 @@ class GroveGraphs:
     # ------------------------------------------------------------------------------- identity
 
     def mark_pushed(self, outer_ns: str, node: str) -> None:
+        """A task reached by `Send` started (or made its first model call): it is the node's next worker."""
         with self._lock:
-            self._pushed.setdefault(outer_ns, node)
+            if outer_ns not in self._pushed:
+                self._workers[node] += 1
+                self._pushed[outer_ns] = header_safe(f"{node}-{self._workers[node]}")
 
     def task_identity(self, metadata: Mapping[str, Any]) -> tuple[str, str | None]:
         """(agent, spawned_by) of a model run with this LangChain run metadata."""
@@ -157,12 +163,10 @@ class GroveGraphs:
         with self._lock:
             if outer in self._tasks:
                 return self._tasks[outer]
-            node = self._pushed.get(outer)
-            if node is None:
+            worker = self._pushed.get(outer)
+            if worker is None:
                 identity: tuple[str, str | None] = (self.root_agent, None)
             else:
-                self._workers[node] += 1
-                worker = header_safe(f"{node}-{self._workers[node]}")
                 identity = (worker, self.episode.last_call(self.root_agent))
             self._tasks[outer] = identity
             return identity

@@ -15,7 +15,10 @@ from gateway.replay import (
     indexed_calls,
     launch_of,
     load_aliases,
+    program_agent,
+    program_session,
     prompt_digest,
+    replay_agent,
     save_alias,
 )
 from storage.local import LocalStore
@@ -83,6 +86,30 @@ def test_which_agents_a_session_may_replay():
     assert base_agent("worker-ses_a~summary") == "worker-ses_a"
     aliases = {"s1": SessionAlias(agent="worker-a"), "s2": SessionAlias(agent="worker-b")}
     assert claimed_agents(aliases, "s1") == {"worker-b"}
+
+
+def test_a_programs_agent_replays_only_its_own_calls_under_the_same_name():
+    """Python programs have no sessions: the agent as named is the session (gateway/replay.py)."""
+    assert program_agent({}) == "parent"  # no identity header: the default agent
+    assert program_agent({"x-grove-agent": "worker-2", "x-grove-spawned-by": "parent.0.c0"}) == "worker-2"
+    summary_call = {"x-grove-agent": "worker-2", "x-grove-call-kind": "auxiliary"}
+    assert program_agent(summary_call) == "worker-2~aux"  # its auxiliary agent, a session of its own
+    assert program_agent({"x-grove-agent": "Research agent"}).startswith("Research-agent-")  # canonical
+    assert program_agent({"x-grove-context": "worker-2.1"}) is None  # places its calls itself
+    assert program_session("worker-2") != program_session("worker-2~aux")
+    assert not program_session("parent").startswith("ses_")  # never an OpenCode session id
+    # a program's agent: exactly its own records, whatever other sessions replay
+    assert replay_agent("worker-2", "worker-2", None, {"worker-2"}, False) == "worker-2"
+    assert replay_agent("worker-1", "worker-2", None, set(), False) is None
+    assert replay_agent("worker-2~aux", "worker-2", None, set(), False) is None
+    assert replay_agent("worker-2~aux", "worker-2~aux", None, set(), False) == "worker-2~aux"
+    # OpenCode sessions as before: a child session a worker no other session replays, then that one only
+    assert replay_agent("worker-ses_a", None, None, set(), True) == "worker-ses_a"
+    assert replay_agent("worker-ses_a", None, None, {"worker-ses_a"}, True) is None
+    assert replay_agent("parent", None, None, set(), True) is None
+    mine = SessionAlias(agent="worker-ses_a")
+    assert replay_agent("worker-ses_a~summary", None, mine, set(), True) == "worker-ses_a"
+    assert replay_agent("worker-ses_b", None, mine, set(), True) is None
 
 
 def test_index_and_aliases_round_trip_in_a_store(tmp_path):

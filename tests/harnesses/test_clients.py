@@ -3,10 +3,12 @@ the gateway, header-safe agent names, and the LangGraph identity rules on LangGr
 
 from __future__ import annotations
 
+import operator
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
@@ -128,6 +130,42 @@ def test_langgraph_tasks_map_to_parent_and_numbered_workers_spawned_by_the_paren
         "parent",
         None,
     )
+
+
+class SendState(TypedDict):
+    named: Annotated[list, operator.add]  # (job index, agent) from each Send task
+
+
+async def test_send_workers_are_numbered_in_send_order_whichever_reaches_the_model_first():
+    """A relaunched program is answered from the recorded calls only if its agents keep their names
+    (gateway/replay.py): with grove's callbacks, `Send` task i is `worker-{i+1}` even when the tasks
+    reach their model calls in the opposite order (each waits here until the next one has called)."""
+    import asyncio
+
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Send
+
+    g = GroveGraphs(Episode(BASE, "tok"))
+    called = [asyncio.Event() for _ in range(4)]
+    called[3].set()  # the last job waits for nobody
+
+    def fan(state: SendState):
+        return END if state["named"] else [Send("worker", {"i": i}) for i in range(3)]
+
+    async def worker(job: dict, config) -> dict:
+        await called[job["i"] + 1].wait()  # job 2 "calls the model" first, then 1, then 0
+        agent, _ = g.task_identity(config["metadata"])
+        called[job["i"]].set()
+        return {"named": [(job["i"], agent)]}
+
+    graph = StateGraph(SendState)
+    graph.add_node("lead", lambda state: {})
+    graph.add_node("worker", worker)
+    graph.add_edge(START, "lead")
+    graph.add_conditional_edges("lead", fan, ["worker", END])
+    graph.add_edge("worker", "lead")
+    out = await asyncio.wait_for(g.ainvoke(graph.compile(), {"named": []}), 60)
+    assert sorted(out["named"]) == [(0, "worker-1"), (1, "worker-2"), (2, "worker-3")]
 
 
 def test_summarization_call_is_auxiliary_and_a_new_summary_is_declared_once():

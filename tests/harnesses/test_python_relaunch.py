@@ -1,0 +1,123 @@
+"""Relaunch of a Python harness program (RunConfig.harness.kind `python`) on real services: the LangGraph
+delegation program (harnesses/langgraph_delegation.py, the real langgraph / langchain packages) launched by
+the `run_harness` activity in a `grove worker --queues harness` subprocess, the real gateway, the Temporal
+dev server and vLLM on the tiny model.
+
+The harness worker is SIGKILLed mid-episode: the program has had five calls answered (the lead's first
+turn; worker-1's answer; worker-2's warm-up, its summary and its answer after the declared rewrite) and
+its lead has sent its second request, held on arrival at the gateway by the `chat_request` gate (nothing
+admitted). Temporal's retry relaunches the program (launch 2), which sends the same five requests again:
+each must be answered from its record (gateway/replay.py), nothing generated or admitted twice, and its
+first new request must continue the lead's recorded call on its exact tokens. The held request of the
+dead launch stays held until the episode is over, then meets a closed episode.
+
+What the engine served is read from the engine itself (RecordingEngine), never from grove's records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+
+import pytest
+
+from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, PythonHarnessOptions
+from grove.sampling import SamplingConfig
+from harnesses import framework_delegation as fd
+from infra.temporal import TemporalDevServer
+from tests.durability.helpers import activity_attempts
+from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
+from tests.harnesses.opencode_kit import opencode_stack
+from trainer.rows import rows_from_parquet
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+PLAIN, COMPACTING = "worker-1", "worker-2"  # Send order (harnesses/clients/langgraph.py)
+SUMMARY = f"{COMPACTING}~aux.0.c0"  # SummarizationMiddleware's call: auxiliary, in no row
+BEFORE_KILL = ["parent.0.c0", f"{PLAIN}.0.c0", f"{COMPACTING}.0.c0", SUMMARY, f"{COMPACTING}.1.c0"]
+
+
+@pytest.fixture(scope="module")
+def py_server(tmp_path_factory):
+    """This module's own Temporal dev server (see tests/harnesses/test_opencode_runner.py oc_server: the
+    stack's in-process workers must not meet the session's grove_worker)."""
+    server = TemporalDevServer(tmp_path_factory.mktemp("py-temporal")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+async def stack(py_server, tiny_model_dir, tmp_path_factory):
+    from grove.client import connect
+
+    client = await connect(py_server.address)
+    async with opencode_stack(client, py_server, tiny_model_dir, tmp_path_factory.mktemp("py")) as s:
+        yield s
+
+
+def langgraph_spec(name: str) -> EpisodeSpec:
+    run = f"py-{name}-{uuid.uuid4().hex[:6]}"
+    harness = HarnessSpec(
+        kind="python", python=PythonHarnessOptions(entry=fd.ENTRIES[fd.LANGGRAPH]),
+        heartbeat_timeout_s=5, deadline_s=300,
+    )  # fmt: skip
+    return EpisodeSpec(
+        run_id=run, step=1, group_id=f"{run}/s000001/t0", episode_id=f"{run}/s000001/t0/g0",
+        task=fd.make_task_of(fd.LANGGRAPH)(3), harness=harness,
+        sampling=SamplingConfig(max_tokens=10, temperature=0.7),
+    )  # fmt: skip
+
+
+async def test_a_relaunched_langgraph_program_is_answered_from_the_records(stack, tiny_tokenizer):
+    spec = langgraph_spec("kill")
+    eid = spec.episode_id
+    # the lead's second request of launch 1: system, words, its reply, the workers' answers
+    stack.gates.arm("chat_request", f"^{re.escape(eid)}/1/parent/4$")
+    handle = await stack.client.start_workflow(
+        "EpisodeWorkflow", spec, id=eid, task_queue="episodes", result_type=EpisodeResult
+    )
+    try:
+        await _until(lambda: stack.gates.held("chat_request"), "the lead's second request held")
+        served_before = [s.call_id for s in stack.engine.served if s.episode_id == eid]
+        stack.harness.kill()  # the worker and, with it (PR_SET_PDEATHSIG), the program
+        stack.harness.start()
+        await stack.harness.wait_ready(stack.client)
+        result = await asyncio.wait_for(handle.result(), 400)
+    finally:
+        stack.gates.disarm("chat_request")
+    assert result.status == "ok", result.failure
+    assert sorted(served_before) == sorted(BEFORE_KILL)  # the compacting worker made three calls
+    assert await activity_attempts(handle, "run_harness") == [2]  # one relaunch after the lost launch
+    # generated once each: the five answered before the kill were replayed, only the lead's second is new
+    served = [s.call_id for s in stack.engine.served if s.episode_id == eid]
+    assert served == [*served_before, "parent.0.c1"]
+    assert result.counts == {"selected": 5, "auxiliary": 1}  # nothing admitted twice, nothing discarded
+
+    calls = stack.engine.calls_of(eid)
+    actions = sorted(set(BEFORE_KILL) - {SUMMARY} | {"parent.0.c1"})
+    rows = rows_from_parquet(stack.store.get(result.rows_key))
+    assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
+        "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
+        f"{PLAIN}.0.c0": [f"{PLAIN}.0.c0"],
+        f"{COMPACTING}.0.c0": [f"{COMPACTING}.0.c0"],
+        f"{COMPACTING}.1.c0": [f"{COMPACTING}.1.c0"],
+    }
+    for row in rows:  # exact tokens and logprobs as served, each action owned once
+        check_row_against_served(row, calls)
+    assert sorted(s.call_id for r in rows for s in r.spans if s.owned) == actions
+    # the relaunched lead read the workers' recorded answers: their served completions are in its prompt
+    lead = tiny_tokenizer.decode(calls["parent.0.c1"].prompt_ids)
+    for answer in (f"{PLAIN}.0.c0", f"{COMPACTING}.1.c0"):
+        text = tiny_tokenizer.decode(calls[answer].completion_ids, skip_special_tokens=True).strip()
+        assert text in lead, (answer, text)
+
+
+async def _until(probe, what: str, timeout: float = 300):
+    """Until a gate the test armed is reached (the gate's own protocol: grove/gates.py)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if probe():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
