@@ -3,6 +3,7 @@ parent-only baseline, on the real stack (Temporal dev server with its UI, vLLM, 
 
     grove demo [--model tiny|smollm2|DIR] [--steps N] [--name demo] [--lr X] [--temperature T] ...
     grove demo --harness opencode [--steps N] ...   # the same two runs, episodes driven by stock OpenCode
+    grove demo --harness langgraph|agents-sdk ...    # ... by a LangGraph / OpenAI Agents SDK program
 
 Both runs train at the same time, each with its own inference engine (one engine holds one policy).
 Progress bars show step, mean reward and episodes; metrics go to runs/<name>/metrics.csv and the
@@ -35,6 +36,7 @@ from grove.contracts import (
     EngineLimits,
     HarnessSpec,
     OpenCodeOptions,
+    PythonHarnessOptions,
     RunConfig,
     RunLive,
     RunResult,
@@ -56,8 +58,10 @@ class DemoConfig(BaseModel):
 
     name: str = "demo"
     # native: harnesses/delegation.py inside the episode workflows; opencode: stock OpenCode launched per
-    # episode by the harness runner on the `opencode-delegation` family (examples/opencode-delegation.yaml)
-    harness: Literal["native", "opencode"] = "native"
+    # episode by the harness runner on the `opencode-delegation` family (examples/opencode-delegation.yaml);
+    # langgraph / agents-sdk: a Python harness program launched per episode the same way, on the
+    # `langgraph-delegation` / `agents-sdk-delegation` family (harnesses/framework_delegation.py)
+    harness: Literal["native", "opencode", "langgraph", "agents-sdk"] = "native"
     model: str | None = None  # None: tiny (native) or tiny-tools (opencode: drilled on OpenCode's calls)
     steps: int = 20
     group_size: int = 8
@@ -72,6 +76,8 @@ class DemoConfig(BaseModel):
 
 
 OPENCODE_CONTEXT = 4096  # tiny-tools' engines and OpenCode's `limit.context`: holds the lead's resumption
+PYTHON_FAMILIES = {"langgraph": "langgraph-delegation", "agents-sdk": "agents-sdk-delegation"}
+HARNESSES = ("native", "opencode", *PYTHON_FAMILIES)
 
 
 def model_name(cfg: DemoConfig) -> str:
@@ -84,6 +90,14 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
         family = "opencode-delegation"
         harness = HarnessSpec(kind="opencode", opencode=OpenCodeOptions(context_limit=OPENCODE_CONTEXT))
         engine, max_tokens = EngineLimits(max_model_len=OPENCODE_CONTEXT), cfg.max_tokens or 64
+    elif cfg.harness in PYTHON_FAMILIES:
+        from harnesses.framework_delegation import ENTRIES
+
+        family = PYTHON_FAMILIES[cfg.harness]  # the same runs as examples/<family>.yaml
+        harness = HarnessSpec(
+            kind="python", python=PythonHarnessOptions(entry=ENTRIES[family]), deadline_s=600
+        )
+        engine, max_tokens = EngineLimits(), cfg.max_tokens or 8
     else:
         family, harness = "delegation", HarnessSpec(program="delegation")
         engine, max_tokens = EngineLimits(), cfg.max_tokens or 8
@@ -270,11 +284,11 @@ def plot(path: Path, histories: dict[str, list[StepRecord]], title: str) -> None
 
 def orchestration_worker_args(runs: list[RunConfig], model_dir: Path) -> list[str]:
     """`grove worker` arguments of the demo's one non-inference worker: episodes, io and the learner, and
-    for OpenCode runs the harness queue too (its embedded gateway measures prompts with the runs' model
-    tokenizer and engine context)."""
+    for OpenCode and Python-program runs the harness queue too (its embedded gateway measures prompts with
+    the runs' model tokenizer and engine context)."""
     names = ["episodes", "io", "trainer"]
     args = ["--model", str(model_dir)]
-    if any(r.harness.kind == "opencode" for r in runs):
+    if any(r.harness.kind in ("opencode", "python") for r in runs):
         names.append(queues.HARNESS)
         args += ["--max-model-len", str(max(r.engine.max_model_len for r in runs))]
     return ["--queues", ",".join(names), *args]

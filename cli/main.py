@@ -170,7 +170,8 @@ def demo(
     harness: str = typer.Option(
         "native",
         help="native: the in-workflow delegation program; opencode: stock OpenCode launched per episode "
-        "(opencode-delegation family, default model tiny-tools).",
+        "(opencode-delegation family, default model tiny-tools); langgraph / agents-sdk: a LangGraph / "
+        "OpenAI Agents SDK program launched per episode (langgraph-delegation / agents-sdk-delegation).",
     ),
     model: str = typer.Option(
         None, help="tiny | tiny-tools | smollm2 | a HF causal-LM folder (default tiny; opencode: tiny-tools)."
@@ -185,10 +186,10 @@ def demo(
     eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
-    from cli.demo import DemoConfig, main
+    from cli.demo import HARNESSES, DemoConfig, main
 
-    if harness not in ("native", "opencode"):
-        typer.echo(f"demo: --harness {harness!r}: expected native or opencode", err=True)
+    if harness not in HARNESSES:
+        typer.echo(f"demo: --harness {harness!r}: expected one of {', '.join(HARNESSES)}", err=True)
         raise typer.Exit(2)
     cfg = DemoConfig(
         name=name, harness=harness, model=model, steps=steps, group_size=group_size,

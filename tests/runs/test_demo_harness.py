@@ -4,6 +4,9 @@ way the real commands check them (pure: nothing is started; the tiny-tools model
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from typer.testing import CliRunner
 
 from cli.demo import DemoConfig, model_name, orchestration_worker_args, run_configs
@@ -14,6 +17,8 @@ from grove.contracts import RunState
 from harnesses.opencode import TASK_SETUPS, setup_for
 from models.registry import ensure_model, known_positions
 from workflows.training_run import step_specs
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_the_opencode_demo_trains_opencode_episodes_beside_the_parent_only_baseline():
@@ -54,4 +59,30 @@ def test_the_native_demo_is_unchanged():
 def test_an_unknown_demo_harness_is_refused_before_anything_starts():
     result = CliRunner().invoke(app, ["demo", "--harness", "langchain"])
     assert result.exit_code == 2
-    assert "--harness 'langchain': expected native or opencode" in result.output
+    assert "--harness 'langchain': expected one of native, opencode, langgraph, agents-sdk" in result.output
+
+
+@pytest.mark.parametrize(
+    "harness, family", [("langgraph", "langgraph-delegation"), ("agents-sdk", "agents-sdk-delegation")]
+)
+def test_the_framework_demos_launch_their_programs_beside_the_parent_only_baseline(harness, family):
+    """The same pair as the examples/<family>.yaml runs: a Python program per episode on the harness
+    queue, one run training every agent, the other only the parent."""
+    from grove.runconfig import load_run_config
+
+    cfg = DemoConfig(harness=harness, steps=3)
+    model_dir = ensure_model(model_name(cfg))
+    pw, po = run_configs(cfg, model_dir)
+    assert (pw.train_agents, po.train_agents) == ("all", "parent_only")
+    assert pw.model_dump(exclude={"run_id", "train_agents", "inference_queue"}) == po.model_dump(
+        exclude={"run_id", "train_agents", "inference_queue"}
+    )
+    example = load_run_config(EXAMPLES / f"{family}.yaml")
+    for run in (pw, po):
+        check_run_engine(run)
+        assert run.task_family == family and run.harness.kind == "python"
+        assert run.harness.python.entry == example.harness.python.entry
+        assert run.sampling == example.sampling  # the example's sampling: 8 tokens, temperature 0.7
+        assert {s.harness.kind for s in step_specs(RunState(config=run), 1)} == {"python"}
+    args = orchestration_worker_args([pw, po], model_dir)
+    assert queues.HARNESS in args[args.index("--queues") + 1].split(",")
