@@ -11,6 +11,12 @@ each must be answered from its record (gateway/replay.py), nothing generated or 
 first new request must continue the lead's recorded call on its exact tokens. The held request of the
 dead launch stays held until the episode is over, then meets a closed episode.
 
+The Agents SDK delegation program (harnesses/agents_sdk_delegation.py, the real openai-agents package) is
+killed the way the OpenCode relaunch test kills OpenCode: after the program exited, before the runner
+closed the episode (the `harness_exited` gate). The relaunch re-sends all four requests, the lead's two
+among them (before replay, the lead's first request of the relaunch was refused: 400), and each is
+answered from its record.
+
 What the engine served is read from the engine itself (RecordingEngine), never from grove's records.
 """
 
@@ -56,21 +62,21 @@ async def stack(py_server, tiny_model_dir, tmp_path_factory):
         yield s
 
 
-def langgraph_spec(name: str) -> EpisodeSpec:
+def program_spec(name: str, family: str) -> EpisodeSpec:
     run = f"py-{name}-{uuid.uuid4().hex[:6]}"
     harness = HarnessSpec(
-        kind="python", python=PythonHarnessOptions(entry=fd.ENTRIES[fd.LANGGRAPH]),
+        kind="python", python=PythonHarnessOptions(entry=fd.ENTRIES[family]),
         heartbeat_timeout_s=5, deadline_s=300,
     )  # fmt: skip
     return EpisodeSpec(
         run_id=run, step=1, group_id=f"{run}/s000001/t0", episode_id=f"{run}/s000001/t0/g0",
-        task=fd.make_task_of(fd.LANGGRAPH)(3), harness=harness,
+        task=fd.make_task_of(family)(3), harness=harness,
         sampling=SamplingConfig(max_tokens=10, temperature=0.7),
     )  # fmt: skip
 
 
 async def test_a_relaunched_langgraph_program_is_answered_from_the_records(stack, tiny_tokenizer):
-    spec = langgraph_spec("kill")
+    spec = program_spec("lg-kill", fd.LANGGRAPH)
     eid = spec.episode_id
     # the lead's second request of launch 1: system, words, its reply, the workers' answers
     stack.gates.arm("chat_request", f"^{re.escape(eid)}/1/parent/4$")
@@ -111,6 +117,41 @@ async def test_a_relaunched_langgraph_program_is_answered_from_the_records(stack
     for answer in (f"{PLAIN}.0.c0", f"{COMPACTING}.1.c0"):
         text = tiny_tokenizer.decode(calls[answer].completion_ids, skip_special_tokens=True).strip()
         assert text in lead, (answer, text)
+
+
+async def test_a_relaunched_agents_sdk_program_is_answered_from_the_records(stack):
+    spec = program_spec("sdk-kill", fd.AGENTS_SDK)
+    eid = spec.episode_id
+    workers = ["Worker-call_w1", "Worker-call_w2"]  # header_safe(f"{agent.name}-{tool call id}")
+    calls_made = ["parent.0.c0", *(f"{w}.0.c0" for w in workers), "parent.0.c1"]
+    stack.gates.arm("harness_exited", f"^{re.escape(eid)}$")
+    handle = await stack.client.start_workflow(
+        "EpisodeWorkflow", spec, id=eid, task_queue="episodes", result_type=EpisodeResult
+    )
+    try:
+        await _until(lambda: stack.gates.held("harness_exited"), "the first launch held after its exit")
+        served_before = [s.call_id for s in stack.engine.served if s.episode_id == eid]
+        stack.harness.kill()
+    finally:
+        stack.gates.disarm("harness_exited")
+    stack.harness.start()
+    await stack.harness.wait_ready(stack.client)
+    result = await asyncio.wait_for(handle.result(), 400)
+    assert result.status == "ok", result.failure
+    assert sorted(served_before) == sorted(calls_made)
+    assert await activity_attempts(handle, "run_harness") == [2]
+    # all four requests of the relaunch answered from the records: nothing generated again
+    assert [s.call_id for s in stack.engine.served if s.episode_id == eid] == served_before
+    assert result.counts == {"selected": 4}
+    calls = stack.engine.calls_of(eid)
+    rows = rows_from_parquet(stack.store.get(result.rows_key))
+    assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
+        "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
+        **{f"{w}.0.c0": [f"{w}.0.c0"] for w in workers},
+    }
+    for row in rows:
+        check_row_against_served(row, calls)
+    assert sorted(s.call_id for r in rows for s in r.spans if s.owned) == sorted(calls_made)
 
 
 async def _until(probe, what: str, timeout: float = 300):
