@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError
 from tqdm import tqdm
 
 from grove import queues
@@ -157,15 +158,19 @@ async def attach(client: Client, run: RunConfig):
     )
 
 
-async def history_of(handle) -> tuple[list[StepRecord], bool, RunLive | None]:
-    """(steps done so far, finished?, moving parts) of a run, from its result or its `progress` query."""
+async def history_of(handle) -> tuple[list[StepRecord], bool, RunLive | None] | None:
+    """(steps done so far, finished?, moving parts) of a run, from its result or its `progress` query;
+    None when the query got no answer this time (the workers still starting, a loaded machine)."""
     desc = await handle.describe()
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         result: RunResult = await handle.result()
         return _all_steps(handle.id, result.history, result.history_from), True, None
     if desc.status != WorkflowExecutionStatus.RUNNING:
         raise RuntimeError(f"run {handle.id} is {desc.status.name}; inspect it in the Temporal UI")
-    state = await handle.query("progress", result_type=RunState)
+    try:
+        state = await handle.query("progress", result_type=RunState)
+    except RPCError:  # no worker answered within the server's query timeout: ask again next round
+        return None
     if state is None:
         return [], False, None
     return _all_steps(handle.id, state.history, state.history_from), False, state.live
@@ -309,7 +314,10 @@ async def follow(client: Client, runs: list[RunConfig], out: Path, workers: list
         for rid, handle in handles.items():
             if rid in finished:
                 continue
-            history, done, live = await history_of(handle)
+            progress = await history_of(handle)
+            if progress is None:
+                continue
+            history, done, live = progress
             if len(history) != len(histories[rid]) or live is not None:
                 new = len(history) != len(histories[rid])
                 histories[rid] = history
