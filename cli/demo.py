@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from tqdm import tqdm
 
 from grove import queues
@@ -77,6 +77,16 @@ class DemoConfig(BaseModel):
 
 
 OPENCODE_CONTEXT = 4096  # tiny-tools' engines and OpenCode's `limit.context`: holds the lead's resumption
+# a progress query nobody answered yet, not one that was refused: the server's query timeout (a loaded
+# machine), a dropped call, or FAILED_PRECONDITION "no poller seen" while the workers are still starting
+UNANSWERED = frozenset(
+    {
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.FAILED_PRECONDITION,
+    }
+)
 PYTHON_FAMILIES = {"langgraph": "langgraph-delegation", "agents-sdk": "agents-sdk-delegation"}
 HARNESSES = ("native", "opencode", *PYTHON_FAMILIES)
 
@@ -169,7 +179,9 @@ async def history_of(handle) -> tuple[list[StepRecord], bool, RunLive | None] | 
         raise RuntimeError(f"run {handle.id} is {desc.status.name}; inspect it in the Temporal UI")
     try:
         state = await handle.query("progress", result_type=RunState)
-    except RPCError:  # no worker answered within the server's query timeout: ask again next round
+    except RPCError as err:  # no worker answered within the server's query timeout: ask again next round
+        if err.status not in UNANSWERED:
+            raise
         return None
     if state is None:
         return [], False, None
