@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -28,6 +29,7 @@ from gateway.episode_ref import episode_ref
 from grove import queues
 from grove.client import connect
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessHeartbeat, HarnessSpec, OpenCodeOptions
+from grove.receipts import ContextOrigin
 from grove.sampling import SamplingConfig
 from harnesses import delegation
 from harnesses.opencode import (
@@ -54,6 +56,7 @@ from tests.harnesses.opencode_kit import (
     run_episode,
 )
 from trainer.rows import rows_from_parquet
+from workflows.accounting import LedgerSummary
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -279,19 +282,37 @@ async def _external_episode(stack, name: str) -> tuple[str, str, str]:
 
 
 def _opencode(project: Path, home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """One `opencode run` in its own process group, which is killed whatever happens (a timeout, a
+    cancelled test): nothing it started outlives the call, so no thread or pipe is left waiting."""
     argv = [str(opencode_binary()), "run", "--pure", "--format", "json", *args]
-    return subprocess.run(
-        argv, cwd=project, env=opencode_env(str(home)), capture_output=True, text=True, timeout=timeout
-    )
+    proc = subprocess.Popen(
+        argv, cwd=project, env=opencode_env(str(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:
+            proc.communicate()  # the group is dead: its pipes close
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def _project(tmp_path: Path, base: str, token: str, context_limit: int) -> tuple[Path, Path]:
+OUTPUT_LIMIT = 8  # OpenCode's limit.output: its compaction threshold is limit.context - limit.output
+MARGIN = 40  # tokens between run 1's usage and the compaction threshold (the post-compaction prompt is
+# ~75 tokens longer than OpenCode's fixed prompt, run 1's ~150: ~35 tokens of margin on that side)
+
+
+def _project(
+    tmp_path: Path, base: str, token: str, context_limit: int, exist_ok: bool = False
+) -> tuple[Path, Path]:
     project, home = tmp_path / "project", tmp_path / "home"
-    (home / "tmp").mkdir(parents=True)
-    project.mkdir()
+    (home / "tmp").mkdir(parents=True, exist_ok=exist_ok)
+    project.mkdir(exist_ok=exist_ok)
     setup = setup_for(delegation.make_task(3), OpenCodeOptions())
     config = opencode_config(
-        setup, f"{base}/v1", token, launch=1, context_limit=context_limit, output_limit=8
+        setup, f"{base}/v1", token, launch=1, context_limit=context_limit, output_limit=OUTPUT_LIMIT
     )
     (project / "opencode.json").write_text(json.dumps(config))
     return project, home
@@ -331,6 +352,62 @@ async def test_an_empty_reply_left_out_by_opencode_continues_its_context(stack, 
     c1 = served["parent.0.c1"]
     assert list(row.input_ids) == [*c1.prompt_ids, *c1.completion_ids]
     assert row.loss_mask.astype(int).tolist() == [0] * len(c1.prompt_ids) + [1]
+
+
+async def test_an_empty_compaction_summary_is_followed_by_a_recognised_rewrite(stack, eos_queue, tmp_path):
+    """Real OpenCode compacts once, and the always-EOS policy makes its summary empty. Run 1 sends a long
+    message (answered with EOS). Run 2's `limit.context` is set from the engine's own count of run 1's
+    prompt so that run 1's usage is over OpenCode's threshold (limit.context - limit.output) by a margin
+    while the post-compaction prompt (the long message replaced by two short ones) is under it by one:
+    exactly one compaction, no loop. The empty summary is left out of the post-compaction request, which
+    the gateway takes as OpenCode's rewrite (a new parent context, not a 400); run 3's request omits that
+    context's empty reply and continues it. Summaries are auxiliary, empty replies discarded, only the
+    last parent call trained."""
+    eid, base, token = await _external_episode(stack, "compact")
+    long_message = " ".join(["the cat"] * 75)  # 151 tokens in tiny's tokenizer: run 1 still fits 2,048
+    project, home = _project(tmp_path, base, token, context_limit=4096)
+    first = await asyncio.to_thread(_opencode, project, home, long_message)
+    assert first.returncode == 0, first.stderr[-2000:]
+    session = next(e["sessionID"] for e in parse_events(first.stdout.splitlines()) if e.get("sessionID"))
+    [c0] = eos_queue.calls_of(eid).values()
+    usage = c0.prompt_ids.size + c0.completion_ids.size  # what the gateway reported to OpenCode
+    _project(tmp_path, base, token, context_limit=usage - MARGIN + OUTPUT_LIMIT, exist_ok=True)
+    second = await asyncio.to_thread(_opencode, project, home, "--session", session, "again")
+    assert second.returncode == 0, second.stderr[-2000:]
+    third = await asyncio.to_thread(_opencode, project, home, "--session", session, "more")
+    assert third.returncode == 0, third.stderr[-2000:]
+    for run in (second, third):
+        assert not [e for e in parse_events(run.stdout.splitlines()) if e.get("type") == "error"]
+    summary = await stack.client.get_workflow_handle(eid).query("summary", result_type=LedgerSummary)
+    result = await _close(base, token)
+    served = eos_queue.calls_of(eid)
+    tok = stack_tokenizer(stack)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert all(list(s.completion_ids) == [end] for s in served.values())  # every reply empty
+    summaries = sorted(c for c in served if c.startswith("parent~summary"))
+    assert len(summaries) == 1, sorted(served)  # one compaction, no loop
+    assert sorted(c for c in served if not c.startswith("parent~")) == [
+        "parent.0.c0", "parent.1.c0", "parent.1.c1"
+    ], sorted(served)  # fmt: skip
+    contexts = {c.context_id: c for c in summary.contexts}
+    assert contexts["parent.1"].origin == ContextOrigin.REWRITE
+    # the post-compaction request: OpenCode's question and continuation, the empty summary left out
+    after = tok.decode(served["parent.1.c0"].prompt_ids)
+    assert "What did we do so far?" in after and "Continue if you have next steps" in after
+    assert "the cat the cat" not in after and "<|im_start|>assistant\n<|im_end|>" not in after
+    assert served["parent.1.c0"].prompt_ids.size + 1 < usage - MARGIN  # under the threshold: no loop
+    # run 3 continues the rewritten context: its prompt extends parent.1.c0's prompt (the empty reply
+    # left out), and ends with the new message
+    c1 = served["parent.1.c1"]
+    assert list(c1.prompt_ids[: served["parent.1.c0"].prompt_ids.size]) == list(
+        served["parent.1.c0"].prompt_ids
+    )
+    assert "more" in tok.decode(c1.prompt_ids[served["parent.1.c0"].prompt_ids.size :])
+    # accounting: every served call once; the summary auxiliary; the empty replies discarded
+    assert result["counts"] == {"auxiliary": 1, "discarded": 2, "selected": 1}, result["counts"]
+    [row] = rows_from_parquet(stack.store.get(result["rows_key"]))
+    assert list(row.input_ids) == [*c1.prompt_ids, *c1.completion_ids]
+    assert [s.call_id for s in row.spans if s.owned] == ["parent.1.c1"]  # summaries never trained
 
 
 def stack_tokenizer(stack):
