@@ -196,9 +196,8 @@ async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_ser
     (project / "opencode.json").write_text(json.dumps(config))
     binary = str(opencode_binary())
     ran = await asyncio.to_thread(
-        subprocess.run, opencode_argv(binary, setup.message), cwd=project, env=opencode_env(str(home)),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        _run_group, opencode_argv(binary, setup.message), project, opencode_env(str(home)), 300
+    )
     assert ran.returncode == 0, ran.stderr[-2000:]
     answer = outcome_of_events(parse_events(ran.stdout.splitlines())).final_answer
     async with httpx.AsyncClient(timeout=300) as http:
@@ -281,13 +280,14 @@ async def _external_episode(stack, name: str) -> tuple[str, str, str]:
     return eid, base, issue_token(SECRET, eid)
 
 
-def _opencode(project: Path, home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """One `opencode run` in its own process group, which is killed whatever happens (a timeout, a
-    cancelled test): nothing it started outlives the call, so no thread or pipe is left waiting."""
-    argv = [str(opencode_binary()), "run", "--pure", "--format", "json", *args]
+def _run_group(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess:
+    """Run a harness in its own process group, which is SIGKILLed whatever happens (OpenCode ignores
+    SIGTERM): nothing it started outlives the call, so no pipe is held open and no thread left waiting."""
     proc = subprocess.Popen(
-        argv, cwd=project, env=opencode_env(str(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        text=True, start_new_session=True,
     )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -297,6 +297,11 @@ def _opencode(project: Path, home: Path, *args: str, timeout: float = 240) -> su
         if proc.returncode is None:
             proc.communicate()  # the group is dead: its pipes close
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _opencode(project: Path, home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    argv = [str(opencode_binary()), "run", "--pure", "--format", "json", *args]
+    return _run_group(argv, project, opencode_env(str(home)), timeout)
 
 
 OUTPUT_LIMIT = 8  # OpenCode's limit.output: its compaction threshold is limit.context - limit.output
