@@ -43,7 +43,7 @@ from harnesses.opencode import (
 from harnesses.opencode_install import opencode_binary
 from infra.temporal import TemporalDevServer
 from tests.durability.helpers import activity_attempts
-from tests.e2e.test_acceptance import check_row_against_served
+from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
 from tests.fixtures.worker import RecordingEngine
 from tests.harnesses.eos_model import build_eos_model
 from tests.harnesses.opencode_kit import (
@@ -366,8 +366,8 @@ async def test_an_empty_compaction_summary_is_followed_by_a_recognised_rewrite(s
     while the post-compaction prompt (the long message replaced by two short ones) is under it by one:
     exactly one compaction, no loop. The empty summary is left out of the post-compaction request, which
     the gateway takes as OpenCode's rewrite (a new parent context, not a 400); run 3's request omits that
-    context's empty reply and continues it. Summaries are auxiliary, empty replies discarded, only the
-    last parent call trained."""
+    context's empty reply and continues it. The summary is auxiliary and the omitted empty reply
+    discarded: accounted, never trained."""
     eid, base, token = await _external_episode(stack, "compact")
     long_message = " ".join(["the cat"] * 75)  # 151 tokens in tiny's tokenizer: run 1 still fits 2,048
     project, home = _project(tmp_path, base, token, context_limit=4096)
@@ -401,18 +401,24 @@ async def test_an_empty_compaction_summary_is_followed_by_a_recognised_rewrite(s
     assert "What did we do so far?" in after and "Continue if you have next steps" in after
     assert "the cat the cat" not in after and "<|im_start|>assistant\n<|im_end|>" not in after
     assert served["parent.1.c0"].prompt_ids.size + 1 < usage - MARGIN  # under the threshold: no loop
-    # run 3 continues the rewritten context: its prompt extends parent.1.c0's prompt (the empty reply
-    # left out), and ends with the new message
-    c1 = served["parent.1.c1"]
-    assert list(c1.prompt_ids[: served["parent.1.c0"].prompt_ids.size]) == list(
-        served["parent.1.c0"].prompt_ids
-    )
-    assert "more" in tok.decode(c1.prompt_ids[served["parent.1.c0"].prompt_ids.size :])
-    # accounting: every served call once; the summary auxiliary; the empty replies discarded
-    assert result["counts"] == {"auxiliary": 1, "discarded": 2, "selected": 1}, result["counts"]
-    [row] = rows_from_parquet(stack.store.get(result["rows_key"]))
-    assert list(row.input_ids) == [*c1.prompt_ids, *c1.completion_ids]
-    assert [s.call_id for s in row.spans if s.owned] == ["parent.1.c1"]  # summaries never trained
+    # run 3 continues the rewritten context: its prompt is parent.1.c0's history (without the generation
+    # prompt that awaited the empty reply, which OpenCode left out) followed by the new message
+    c0, c1 = served["parent.1.c0"], served["parent.1.c1"]
+    opening = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    history = c0.prompt_ids.size - len(opening)
+    assert list(c0.prompt_ids[history:]) == opening
+    assert list(c1.prompt_ids[:history]) == list(c0.prompt_ids[:history])
+    assert "more" in tok.decode(c1.prompt_ids[history:])
+    # accounting: every served call once; the summary auxiliary, the omitted empty reply discarded; run 1's
+    # empty reply, which nothing omitted (its context was rewritten), stays the selected end of its context
+    print(f"empty compaction summary: counts {result['counts']}, served {sorted(served)}")
+    assert result["counts"] == {"auxiliary": 1, "discarded": 1, "selected": 2}, result["counts"]
+    rows = rows_from_parquet(stack.store.get(result["rows_key"]))
+    assert sorted(endpoint_of(r) for r in rows) == ["parent.0.c0", "parent.1.c1"]
+    for row in rows:
+        check_row_against_served(row, served)  # exactly the served tokens; loss on its own reply only
+    owned = sorted(s.call_id for r in rows for s in r.spans if s.owned)
+    assert owned == ["parent.0.c0", "parent.1.c1"]  # neither the summary nor the omitted empty reply
 
 
 def stack_tokenizer(stack):
