@@ -41,7 +41,7 @@ from harnesses.opencode_install import opencode_binary
 from infra.temporal import TemporalDevServer
 from models.tool_drills import WORKER_PROMPT, _env_template
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
-from tests.harnesses.opencode_kit import REPO, opencode_stack
+from tests.harnesses.opencode_kit import REPO, opencode_stack, until_reached
 from tests.harnesses.script_model import SUMMARY, WORDS
 from trainer.advantages import episode_advantages
 from trainer.rows import rows_from_parquet
@@ -132,7 +132,9 @@ async def test_opencode_run_trains_parent_and_concurrent_subagents_with_a_compac
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES
     )
     try:
-        await _until(lambda: len(held_sessions(stack)) >= 2, "two subagents' calls in the engine at once")
+        await until_reached(
+            lambda: len(held_sessions(stack)) >= 2, "two subagents' calls in the engine at once", 900
+        )
     finally:
         stack.gates.disarm("generate")
     run: RunResult = await asyncio.wait_for(handle.result(), 1200)
@@ -217,12 +219,3 @@ def check_episode(tok, served, summary: LedgerSummary, result, rows, prompt: int
     between = tok.decode(lead_row.input_ids[c0.end : c1.start])
     assert "<tool_response>" in between and all(w in between for w in WORDS)
     assert not lead_row.loss_mask[c0.end : c1.start].any()
-
-
-async def _until(probe, what: str, timeout: float = 900):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if probe():  # a state that stays once reached (held keys are never forgotten)
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")

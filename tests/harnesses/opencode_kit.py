@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from grove.gates import GateControl
 from grove.sampling import SamplingConfig
 from harnesses import delegation
 from storage.local import LocalStore
-from tests.durability.helpers import WorkerProcess
+from tests.durability.helpers import WorkerProcess, wait_until
 from tests.fixtures.worker import RecordingEngine
 
 SECRET = "opencode-test-secret-0123456789"
@@ -154,3 +155,13 @@ def launch_events(root: Path, episode_id: str) -> list[dict]:
 
     path = episode_folder(root, episode_id) / "home" / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+async def until_reached(probe: Callable[[], object], what: str, timeout: float) -> None:
+    """Until a state the test created is reached: a gate it armed is held (grove/gates.py), which stays
+    once reached, so this poll cannot miss it (tests/durability/helpers.py wait_until)."""
+
+    async def reached() -> object:
+        return probe()
+
+    await wait_until(reached, timeout, what)

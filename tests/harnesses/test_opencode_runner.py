@@ -54,6 +54,7 @@ from tests.harnesses.opencode_kit import (
     opencode_spec,
     opencode_stack,
     run_episode,
+    until_reached,
 )
 from trainer.rows import rows_from_parquet
 from workflows.accounting import LedgerSummary
@@ -119,7 +120,7 @@ async def test_heartbeat_shows_process_calls_and_last_request(stack):
         "EpisodeWorkflow", spec, id=spec.episode_id, task_queue="episodes", result_type=EpisodeResult
     )
     try:
-        await _until(lambda: stack.gates.held("generate"), "the lead's call held in the engine")
+        await until_reached(lambda: stack.gates.held("generate"), "the lead's call held in the engine", 120)
         beat = await _until_heartbeat(handle, lambda b: b.calls >= 1)
         assert beat.launch == 1 and beat.pid is not None
         os.kill(beat.pid, 0)  # the OpenCode process is alive (raises if not)
@@ -154,7 +155,9 @@ async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
         "EpisodeWorkflow", spec, id=spec.episode_id, task_queue="episodes", result_type=EpisodeResult
     )
     try:
-        await _until(lambda: stack.gates.held("harness_exited"), "the first launch held after its exit")
+        await until_reached(
+            lambda: stack.gates.held("harness_exited"), "the first launch held after its exit", 120
+        )
         served_before = list(stack.engine.calls_of(spec.episode_id))
         stack.harness.kill()
     finally:
@@ -216,15 +219,6 @@ async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_ser
     result = closed.json()["result"]
     assert result["status"] == "ok" and result["counts"] == {"selected": 1}
     assert list(stack.engine.calls_of(eid)) == ["parent.0.c0"]
-
-
-async def _until(probe, what: str, timeout: float = 120):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if probe():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def _until_heartbeat(handle, accept, timeout: float = 120) -> HarnessHeartbeat:

@@ -34,7 +34,7 @@ from harnesses import framework_delegation as fd
 from infra.temporal import TemporalDevServer
 from tests.durability.helpers import activity_attempts
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
-from tests.harnesses.opencode_kit import opencode_stack
+from tests.harnesses.opencode_kit import opencode_stack, until_reached
 from trainer.rows import rows_from_parquet
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -84,7 +84,7 @@ async def test_a_relaunched_langgraph_program_is_answered_from_the_records(stack
         "EpisodeWorkflow", spec, id=eid, task_queue="episodes", result_type=EpisodeResult
     )
     try:
-        await _until(lambda: stack.gates.held("chat_request"), "the lead's second request held")
+        await until_reached(lambda: stack.gates.held("chat_request"), "the lead's second request held", 300)
         served_before = [s.call_id for s in stack.engine.served if s.episode_id == eid]
         stack.harness.kill()  # the worker and, with it (PR_SET_PDEATHSIG), the program
         stack.harness.start()
@@ -129,7 +129,9 @@ async def test_a_relaunched_agents_sdk_program_is_answered_from_the_records(stac
         "EpisodeWorkflow", spec, id=eid, task_queue="episodes", result_type=EpisodeResult
     )
     try:
-        await _until(lambda: stack.gates.held("harness_exited"), "the first launch held after its exit")
+        await until_reached(
+            lambda: stack.gates.held("harness_exited"), "the first launch held after its exit", 300
+        )
         served_before = [s.call_id for s in stack.engine.served if s.episode_id == eid]
         stack.harness.kill()
     finally:
@@ -152,13 +154,3 @@ async def test_a_relaunched_agents_sdk_program_is_answered_from_the_records(stac
     for row in rows:
         check_row_against_served(row, calls)
     assert sorted(s.call_id for r in rows for s in r.spans if s.owned) == sorted(calls_made)
-
-
-async def _until(probe, what: str, timeout: float = 300):
-    """Until a gate the test armed is reached (the gate's own protocol: grove/gates.py)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if probe():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
