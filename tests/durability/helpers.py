@@ -31,14 +31,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from grove import queues
 from grove.gates import GateControl
 from infra.procs import log_tail
+from tests.bounds import STATE_WAIT  # noqa: F401 (the kit's waits; tests import it from here too)
 
 T = TypeVar("T")
 
-# How long a test waits for a state it is sure to reach (a worker polling, a gate held): the bound
-# only turns a hang into a failure, so it is sized for a heavily loaded 2-core machine, where a vLLM
-# worker has been seen to need more than 3 minutes to start. The waits fail at once if the process
-# they wait on dies (check_alive), so a generous bound costs nothing when something is wrong.
-STATE_WAIT = 900.0
 # server answers that mean "not answered", not "no": a polled read asks again (wait_until)
 TRANSIENT_RPC = frozenset(
     {RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE}

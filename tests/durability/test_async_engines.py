@@ -36,11 +36,12 @@ from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import DurabilityStack, WorkerProcess, activity_results, wait_until
 from trainer.checkpoint_layout import commit_key
 from workflows.training_run import TrainingRunWorkflow, step_specs
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 TASKS_PER_STEP, GROUP_SIZE, STEPS = 1, 2, 3
 HELD_STEP = 2
@@ -102,7 +103,9 @@ async def test_k1_two_engines_engine_and_trainer_killed_in_the_overlap(fleet):
         step2_calls = sum(len(v) for v in held.values())  # one root call per step-2 episode, then blocked
         return held if step2_calls >= TASKS_PER_STEP * GROUP_SIZE and stack.gates.held("store_put") else None
 
-    held = await wait_until(overlap, 300, "step 2 held on the engines while step 1 trains", logs=stack.logs())
+    held = await wait_until(
+        overlap, STATE_WAIT, "step 2 held on the engines while step 1 trains", logs=stack.logs()
+    )
     # the run's progress shows the overlap: step 1 training, step 2 rolling out one version ahead,
     # and both engines (as they reported when step 1 started training) at version 0
     live = (await handle.query("progress", result_type=RunState)).live
@@ -119,7 +122,7 @@ async def test_k1_two_engines_engine_and_trainer_killed_in_the_overlap(fleet):
     stack.trainer.start()
     await stack.trainer.wait_ready(client)
 
-    run = await asyncio.wait_for(handle.result(), 600)
+    run = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     assert [h.step for h in run.history] == [1, 2, 3]
     assert [h.policy_version for h in run.history] == [1, 2, 3]
 

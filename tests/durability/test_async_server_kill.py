@@ -39,11 +39,12 @@ from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import wait_held, wait_until, workflow_ids_of_run
 from trainer.checkpoint_layout import commit_key
 from workflows.training_run import TrainingRunWorkflow
 
-pytestmark = pytest.mark.timeout(600)  # ~90 s here (87 s on the loaded 2-core machine)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 TASKS_PER_STEP, GROUP_SIZE, NUM_TASKS, SEED, STEPS = 1, 2, 4, 11, 3
 HELD_STEP = 2
@@ -98,7 +99,7 @@ async def test_k1_server_sigkill_in_the_overlap_resumes_on_the_same_database(sta
     server.start()  # same object: same port, same SQLite file
     assert (server.port, server.db_path) == (port, db)
 
-    run = await asyncio.wait_for(handle.result(), 480)
+    run = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     assert (stack.main.pid, stack.trainer.pid) == pids  # the workers were never restarted
     assert [h.step for h in run.history] == [1, 2, 3]
     assert [h.policy_version for h in run.history] == [1, 2, 3]
@@ -122,5 +123,5 @@ async def test_k1_server_sigkill_in_the_overlap_resumes_on_the_same_database(sta
         ids = await workflow_ids_of_run(client, cfg.run_id, "EpisodeWorkflow")
         return ids if len(ids) >= len(expected) else None
 
-    ids = await wait_until(listed, 30, "visibility to list every episode of the run")
+    ids = await wait_until(listed, STATE_WAIT, "visibility to list every episode of the run")
     assert sorted(ids) == expected

@@ -22,12 +22,16 @@ import pytest
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
 from infra.procs import log_tail
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import descendants, wait_exited
 from workflows.episode import _is_lost_attempt
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
-EXIT_BOUND_S = 30.0  # generous: measured well under a second here (see the printed times)
+# A bound on exiting, not a speed check: the processes exit in well under a second on an idle machine
+# and in seconds at load ~12 (8.4 s from the EngineCore's SIGKILL to the worker's exit); the bug it
+# guards is a process that never exits (still running 30 s and more after its owner died).
+EXIT_BOUND_S = 120.0
 
 
 def engine_processes(worker_pid: int) -> dict[int, str]:

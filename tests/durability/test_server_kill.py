@@ -32,6 +32,7 @@ from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import (
     activity_attempts,
     activity_results,
@@ -45,7 +46,7 @@ from tests.durability.helpers import (
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 TASKS_PER_STEP, GROUP_SIZE, NUM_TASKS, SEED = 2, 2, 5, 7
 SCENARIO_CALLS = 7  # harnesses/scenario.py: parent 2, worker-1 3 + 1 after its compaction, worker-2 1
@@ -93,7 +94,7 @@ async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
     server.start()  # same object: same port, same SQLite file
     assert (server.port, server.db_path) == (port, db)
 
-    run = await asyncio.wait_for(handle.result(), 240)
+    run = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     assert (stack.main.pid, stack.trainer.pid) == pids  # the workers were never restarted: they reconnected
     assert stack.main.alive() and stack.trainer.alive()
 
@@ -108,7 +109,9 @@ async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
     # every episode exists exactly once (one execution per deterministic id, no extra ids)
     expected = expected_episode_ids(cfg, 1) + expected_episode_ids(cfg, 2)
     ids = await wait_until(
-        lambda: _listed(client, cfg.run_id, len(expected)), 30, "visibility to list every episode of the run"
+        lambda: _listed(client, cfg.run_id, len(expected)),
+        STATE_WAIT,
+        "visibility to list every episode of the run",
     )
     assert sorted(ids) == sorted(expected)
     # in-flight episodes finished: a call lost with the server may be discarded and retried, never missing

@@ -45,6 +45,7 @@ from harnesses import scenario
 from infra.procs import free_port
 from infra.s3server import ACCESS_KEY, SECRET_KEY, LocalBucketServer
 from storage.base import ObjectStore
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import (
     DurabilityStack,
     activity_attempts,
@@ -161,7 +162,7 @@ def check_committed(store: ObjectStore, run_id: str, step: int) -> set[str]:
     return {prefix + n for n in [*manifest, "COMMIT", *SIDECARS]}
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 @pytest.mark.parametrize(
     "outage_s", [pytest.param(OUTAGE_S, id="short"), pytest.param(60.0, id="60s", marks=pytest.mark.long)]
 )
@@ -189,14 +190,14 @@ async def test_s3_outage_mid_materialize_and_mid_checkpoint_loses_and_duplicates
     episodes = [client.get_workflow_handle(e) for e in episode_ids]
     restarted = await outage(stack, s3, "store_before_put", episodes, "materialize_episode", outage_s)
     for h in episodes:
-        await asyncio.wait_for(h.result(), 300)  # the store is back: the episodes finish
+        await asyncio.wait_for(h.result(), RESULT_WAIT)  # the store is back: the episodes finish
     recovered = [await _completed_at(h, "materialize_episode") - restarted for h in episodes]
 
     # 2. mid-checkpoint: step 2's first checkpoint file is written, the rest and COMMIT are not
     what = f"step 2's train_step held after writing {checkpoint_key}"
     assert await wait_held(stack, "store_put", 1, what) == [checkpoint_key]
     restarted = await outage(stack, s3, "store_put", [handle], "train_step", outage_s)
-    run = await asyncio.wait_for(handle.result(), 600)
+    run = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     recovered.append(await _completed_at(handle, "train_step") - restarted)
     print(f"\noutage {outage_s:g} s; from restart to completion: materialize {recovered[0]:.1f} / "
           f"{recovered[1]:.1f} s, train_step {recovered[2]:.1f} s")  # fmt: skip

@@ -27,6 +27,7 @@ from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import (
     activity_attempts,
     activity_results,
@@ -46,7 +47,7 @@ from trainer.learner import Learner
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 TASKS_PER_STEP, GROUP_SIZE = 1, 2
 KILL_STEP = 2
@@ -107,7 +108,7 @@ async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stac
 
     stack.trainer.start()
     await stack.trainer.wait_ready(client)
-    run = await asyncio.wait_for(handle.result(), 240)
+    run = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     assert [h.step for h in run.history] == [1, 2]
 
     # the kill landed inside the activity: it ran again, and reused the checkpoint iff it was committed

@@ -40,6 +40,7 @@ from grove.sampling import SamplingConfig
 from harnesses import scenario
 from infra.procs import log_tail
 from storage.local import LocalStore
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import (
     activity_attempts,
     activity_results,
@@ -53,7 +54,7 @@ from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow
 
 # ~2.5 min on the loaded 2-core machine (two rank attempts, each ~20 s of process start per rank)
-pytestmark = [pytest.mark.long, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.long, pytest.mark.timeout(SERVICE_TEST_TIMEOUT)]
 
 # Float32 sums in another order (micro-batches split over 2 ranks); measured ~1e-6 after one step.
 TOLERANCE = 1e-4
@@ -80,13 +81,13 @@ async def test_two_rank_step_with_a_killed_rank_trains_once_and_equals_one_proce
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
         result_type=RunResult,
     )  # fmt: skip
-    held = await wait_held(stack, RANK_GATE, 2, "both ranks of step 1 held after pass 0", timeout=240)
+    held = await wait_held(stack, RANK_GATE, 2, "both ranks of step 1 held after pass 0")
     assert held == keys
     pids = [stack.gates.holder(RANK_GATE, key) for key in keys]
     os.kill(pids[1], signal.SIGKILL)
     stack.gates.disarm(RANK_GATE)  # the retry's ranks pass through
     try:
-        run = await asyncio.wait_for(handle.result(), 300)
+        run = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     except WorkflowFailureError as err:  # name the cause chain and the trainer's log, not just "failed"
         causes, e = [], err.cause
         while e is not None:

@@ -22,6 +22,7 @@ from grove.receipts import CallState
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import (
     decoded_inputs,
     is_started,
@@ -34,7 +35,7 @@ from trainer.rows import rows_from_parquet
 from workflows.accounting import LedgerSummary
 from workflows.episode import EpisodeWorkflow
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 SAMPLING = SamplingConfig(max_tokens=8)
 WORKER_CALLS = r"/worker-[^/]*/[^/]*$"  # request ids of worker agents' calls: {episode}/{call}/{attempt}
@@ -104,7 +105,7 @@ async def test_worker_sigkill_mid_worker_call_discards_the_lost_attempt(stack):
     old.start()  # a new process (new pid) on the same queues
     assert old.pid != killed_pid
     await old.wait_ready(client)
-    result = await asyncio.wait_for(handle.result(), 180)
+    result = await asyncio.wait_for(handle.result(), RESULT_WAIT)
 
     # the episode completed; every admitted call is in exactly one terminal state
     assert result.status == "ok", result.failure

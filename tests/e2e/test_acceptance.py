@@ -23,6 +23,7 @@ from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, RunConfig, 
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.inference.reference import learner_logprobs
 from tests.learner.forests import Call, Episode
 from tests.learner.test_reference import learner_loss, per_call_reference
@@ -32,7 +33,7 @@ from trainer.learner import load_policy
 from trainer.rows import Row, rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow, step_specs
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 SAMPLING = SamplingConfig(max_tokens=10)
 LEARNER = LearnerConfig(lr=1e-3)

@@ -22,12 +22,13 @@ from grove import queues
 from grove.contracts import EpisodeResult, HarnessRunResult, RunResult, RunState
 from grove.receipts import ContextOrigin
 from grove.runconfig import load_run_config
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
 from tests.gateway.test_app_e2e import contexts, summary
 from trainer.rows import Row, rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow, step_specs
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -26,10 +26,11 @@ from grove.contracts import EpisodeResult, HarnessSpec, RunConfig, RunResult, Ru
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow, step_specs
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 
 def config(model: str, group_size: int, learner: LearnerConfig) -> RunConfig:

@@ -17,11 +17,12 @@ from gateway.capture import Capture
 from gateway.chat_request import ChatCompletionRequest
 from gateway.episodes import Episodes, EpisodeUpdateRejectedError
 from grove.contracts import CloseRequest, GenerateInput
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs
 from tests.episodes.kit import episode_spec, start
 from trainer.staging_format import staging_prefix
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 BIG = 1_900_000  # bytes of message text: the size of the requests that terminated an episode
 PER_CALL_LIMIT = 32_000  # history bytes one call may add, whatever its request's size

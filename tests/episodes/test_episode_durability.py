@@ -18,6 +18,7 @@ from temporalio.client import Client
 
 from gateway.episodes import ALREADY_CLOSED, Episodes, EpisodeUpdateRejectedError
 from grove.contracts import CloseRequest, MaterializeInput
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_activities, wait_until
 from tests.episodes.kit import (
     ROOT,
@@ -32,7 +33,7 @@ from trainer.rows import rows_from_parquet
 from trainer.staging_format import staging_prefix
 from workflows.handover import ledger_prefix
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 OLD_IO_ATTEMPTS = 5  # the IO retry policy before issue 12 gave up after this many attempts
 
@@ -149,7 +150,9 @@ def _completed_after_handing_over(history) -> int:
     "n, per_run",
     [
         pytest.param(240, 40, id="240-calls"),
-        pytest.param(2_400, 300, id="2400-calls", marks=[pytest.mark.long, pytest.mark.timeout(900)]),
+        pytest.param(
+            2_400, 300, id="2400-calls", marks=[pytest.mark.long, pytest.mark.timeout(SERVICE_TEST_TIMEOUT)]
+        ),
     ],
 )
 async def test_long_episode_continues_as_new_with_its_ledger(

@@ -26,11 +26,12 @@ from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from workflows.accounting import LedgerSummary
 from workflows.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key
 from workflows.ledger import Ledger
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 CALLS = 90
 PER_RUN = 25  # calls per earlier workflow run: each wrote what changed since its restore

@@ -30,10 +30,11 @@ from grove.contracts import EpisodeSpec, HarnessSpec
 from grove.receipts import CallState, ContextOrigin
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from trainer.rows import rows_from_parquet
 from workflows.accounting import LedgerSummary
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 SECRET = "gateway-test-secret-0123456789"
 MODEL = "grove-tiny"

@@ -25,6 +25,7 @@ from gateway.records import delivered_key, record_key
 from gateway.settings import GatewaySettings
 from grove.receipts import CallState, ContextOrigin
 from storage.local import LocalStore
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (
     MODEL,
     SECRET,
@@ -40,7 +41,7 @@ from tests.gateway.test_app_e2e import (
     summary,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 
 # ---------------------------------------------------------------------------------------------- gates

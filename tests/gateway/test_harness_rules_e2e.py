@@ -22,6 +22,7 @@ from grove.contracts import EpisodeSpec, HarnessOutcome, HarnessSpec
 from grove.receipts import ContextOrigin
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
     MODEL,
     SYSTEM,
@@ -35,7 +36,7 @@ from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixtur
     summary,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 
 async def start(client, name: str, **options) -> str:

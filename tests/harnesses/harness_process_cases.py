@@ -29,8 +29,9 @@ from grove.contracts import TaskSpec
 from grove.gates import ENV as GATES_ENV
 from grove.gates import GateControl
 from harnesses.python_harness import python_job
+from tests.bounds import SERVICE_TEST_TIMEOUT, STATE_WAIT
 
-pytestmark = pytest.mark.timeout(180)  # every wait below is bounded; this bounds each case too
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 SCRIPT = """\
 #!/bin/sh
@@ -64,7 +65,7 @@ async def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
     return False
 
 
-async def _wait_until(condition, what: str, timeout: float = 120.0) -> None:
+async def _wait_until(condition, what: str, timeout: float = STATE_WAIT) -> None:
     """Until `condition()` holds (a state that stays once reached); bounded."""
     deadline = time.monotonic() + timeout
     while not condition():
@@ -139,7 +140,7 @@ async def test_a_launch_cancelled_while_starting_kills_its_group(tmp_path, monke
     task.cancel()  # delivered at the task's next step, before the start can see the release below
     gates.disarm("harness_starting")
     with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(task, timeout=120)
+        await asyncio.wait_for(task, timeout=STATE_WAIT)
     grandchild = int((home / "grandchild.pid").read_text())
     assert await _wait_gone(grandchild), "the harness's group outlived the cancelled launch"
     assert await _wait_gone(run.pid)

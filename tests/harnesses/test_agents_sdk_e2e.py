@@ -30,6 +30,7 @@ from gateway.auth import issue_token
 from grove.receipts import CallState, ContextOrigin
 from harnesses.clients import Episode, header_safe
 from harnesses.clients.agents_sdk import GroveModelProvider
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
     SECRET,
     base_url,
@@ -40,7 +41,7 @@ from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixtur
     summary,
 )
 
-pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from agents_sdk_temporal import LeadWorkflow, lead_agent  # noqa: E402

@@ -20,6 +20,7 @@ from gateway.auth import issue_token
 from grove.receipts import ContextOrigin
 from harnesses.clients import Episode
 from harnesses.clients.langgraph import GroveGraphs
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
     SECRET,
     base_url,
@@ -31,7 +32,7 @@ from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixtur
 )
 from trainer.rows import rows_from_parquet
 
-pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "langgraph_supervisor.py"
 

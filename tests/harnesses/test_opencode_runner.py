@@ -42,6 +42,7 @@ from harnesses.opencode import (
 )
 from harnesses.opencode_install import opencode_binary
 from infra.temporal import TemporalDevServer
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import activity_attempts
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
 from tests.fixtures.worker import RecordingEngine
@@ -59,7 +60,7 @@ from tests.harnesses.opencode_kit import (
 from trainer.rows import rows_from_parquet
 from workflows.accounting import LedgerSummary
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 EOS_QUEUE = "inference-eos"
 
@@ -120,14 +121,16 @@ async def test_heartbeat_shows_process_calls_and_last_request(stack):
         "EpisodeWorkflow", spec, id=spec.episode_id, task_queue="episodes", result_type=EpisodeResult
     )
     try:
-        await until_reached(lambda: stack.gates.held("generate"), "the lead's call held in the engine", 120)
+        await until_reached(
+            lambda: stack.gates.held("generate"), "the lead's call held in the engine", STATE_WAIT
+        )
         beat = await _until_heartbeat(handle, lambda b: b.calls >= 1)
         assert beat.launch == 1 and beat.pid is not None
         os.kill(beat.pid, 0)  # the OpenCode process is alive (raises if not)
         assert beat.last_request is not None and beat.elapsed_s > 0
     finally:
         stack.gates.disarm("generate")
-    result = await asyncio.wait_for(handle.result(), 300)
+    result = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     assert result.status == "ok", result.failure
 
 
@@ -156,7 +159,7 @@ async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
     )
     try:
         await until_reached(
-            lambda: stack.gates.held("harness_exited"), "the first launch held after its exit", 120
+            lambda: stack.gates.held("harness_exited"), "the first launch held after its exit", STATE_WAIT
         )
         served_before = list(stack.engine.calls_of(spec.episode_id))
         stack.harness.kill()
@@ -164,7 +167,7 @@ async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
         stack.gates.disarm("harness_exited")
     stack.harness.start()
     await stack.harness.wait_ready(stack.client)
-    result = await asyncio.wait_for(handle.result(), 300)
+    result = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     assert result.status == "ok", result.failure
     assert await activity_attempts(handle, "run_harness") == [2]  # one relaunch after the lost launch
     served = [s for s in stack.engine.served if s.episode_id == spec.episode_id]
@@ -192,7 +195,9 @@ async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_ser
         "--gateway-url", stack.gateway_url, "--max-tokens", "48", "--address", oc_server.address,
         "--json",
     ]  # fmt: skip
-    done = await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=120)
+    done = await asyncio.to_thread(
+        subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=STATE_WAIT
+    )
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     assert printed["base_url"].startswith(stack.gateway_url) and printed["token"].startswith("grove-")
@@ -221,7 +226,7 @@ async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_ser
     assert list(stack.engine.calls_of(eid)) == ["parent.0.c0"]
 
 
-async def _until_heartbeat(handle, accept, timeout: float = 120) -> HarnessHeartbeat:
+async def _until_heartbeat(handle, accept, timeout: float = STATE_WAIT) -> HarnessHeartbeat:
     from temporalio.converter import DataConverter
 
     deadline = asyncio.get_running_loop().time() + timeout

@@ -32,12 +32,13 @@ from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, PythonHarne
 from grove.sampling import SamplingConfig
 from harnesses import framework_delegation as fd
 from infra.temporal import TemporalDevServer
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import activity_attempts
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
 from tests.harnesses.opencode_kit import opencode_stack, until_reached
 from trainer.rows import rows_from_parquet
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 PLAIN, COMPACTING = "worker-1", "worker-2"  # Send order (harnesses/clients/langgraph.py)
 SUMMARY = f"{COMPACTING}~aux.0.c0"  # SummarizationMiddleware's call: auxiliary, in no row
@@ -84,12 +85,14 @@ async def test_a_relaunched_langgraph_program_is_answered_from_the_records(stack
         "EpisodeWorkflow", spec, id=eid, task_queue="episodes", result_type=EpisodeResult
     )
     try:
-        await until_reached(lambda: stack.gates.held("chat_request"), "the lead's second request held", 300)
+        await until_reached(
+            lambda: stack.gates.held("chat_request"), "the lead's second request held", STATE_WAIT
+        )
         served_before = [s.call_id for s in stack.engine.served if s.episode_id == eid]
         stack.harness.kill()  # the worker and, with it (PR_SET_PDEATHSIG), the program
         stack.harness.start()
         await stack.harness.wait_ready(stack.client)
-        result = await asyncio.wait_for(handle.result(), 400)
+        result = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     finally:
         stack.gates.disarm("chat_request")
     assert result.status == "ok", result.failure
@@ -130,7 +133,7 @@ async def test_a_relaunched_agents_sdk_program_is_answered_from_the_records(stac
     )
     try:
         await until_reached(
-            lambda: stack.gates.held("harness_exited"), "the first launch held after its exit", 300
+            lambda: stack.gates.held("harness_exited"), "the first launch held after its exit", STATE_WAIT
         )
         served_before = [s.call_id for s in stack.engine.served if s.episode_id == eid]
         stack.harness.kill()
@@ -138,7 +141,7 @@ async def test_a_relaunched_agents_sdk_program_is_answered_from_the_records(stac
         stack.gates.disarm("harness_exited")
     stack.harness.start()
     await stack.harness.wait_ready(stack.client)
-    result = await asyncio.wait_for(handle.result(), 400)
+    result = await asyncio.wait_for(handle.result(), RESULT_WAIT)
     assert result.status == "ok", result.failure
     assert sorted(served_before) == sorted(calls_made)
     assert await activity_attempts(handle, "run_harness") == [2]

@@ -30,6 +30,7 @@ from grove.contracts import TrainStepInput
 from grove.gates import ENV, GateControl
 from grove.learner_config import LearnerConfig
 from storage.local import LocalStore
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import wait_exited
 from tests.learner.test_reference import controlled_batch, rows_of
 from trainer.checkpoint import (
@@ -44,7 +45,7 @@ from trainer.checkpoint_layout import step_prefix
 from trainer.learner import Learner, StepMetrics
 from trainer.rows import rows_to_parquet
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS_KEY = "rows/batch.parquet"

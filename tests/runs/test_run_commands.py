@@ -22,9 +22,10 @@ import pytest
 
 from cli.run_commands import EXIT_CONFLICT, EXIT_INVALID_CONFIG, EXIT_NOT_FOUND, EXIT_UNREACHABLE
 from grove.contracts import EpisodeResult, RunResult
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from trainer.checkpoint_layout import CHECKPOINTS_ROOT, commit_key
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "delegation-parent-and-workers.yaml"

@@ -27,9 +27,10 @@ from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from storage.local import LocalStore
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from trainer.checkpoint_layout import commit_key
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 GROUP = 2
 

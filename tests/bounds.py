@@ -1,0 +1,19 @@
+"""Bounds of tests that run real services (Temporal dev server, vLLM, S3 server, harness processes).
+
+A bound only turns a hang into a failure; it never checks speed (benchmarks in bench/ do). On a loaded
+2-core machine the same work takes many times its idle time: with three full test suites and several
+helpers' work beside it (load average 10-12), a `grove worker` with its vLLM engine took 3.7-4.9 min to
+start, and the server-kill test, ~90 s on an idle machine, ran past the 300 s it was given. Every wait
+is on a moment the test creates or a state it is sure to reach, and fails at once when the process it
+waits on dies, so a generous bound costs nothing when something is wrong.
+"""
+
+from __future__ import annotations
+
+# A state the test is sure to reach: a worker polling its queue, a gate held, a listing complete.
+STATE_WAIT = 900.0
+# A run or an episode the test is sure to see finish.
+RESULT_WAIT = 900.0
+# pytest-timeout of a test that starts services (fixture setup included, as pytest-timeout counts it):
+# services up within STATE_WAIT, then the test's own waits and work.
+SERVICE_TEST_TIMEOUT = 1800
