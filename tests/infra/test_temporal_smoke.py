@@ -3,7 +3,6 @@ knows grove's search attributes."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import timedelta
 
@@ -14,6 +13,8 @@ from temporalio.worker import Worker
 
 from grove.client import connect
 from infra.temporal import SEARCH_ATTRIBUTES, TemporalDevServer
+from tests.bounds import STATE_WAIT
+from tests.durability.helpers import wait_until
 
 
 class ShoutInput(BaseModel):
@@ -62,12 +63,15 @@ async def test_grove_search_attributes_are_registered_and_queryable(temporal_cli
                 [SearchAttributePair(run_key, run_id), SearchAttributePair(step_key, 7)]
             ),
         )
-    # visibility is eventually consistent on the dev server: poll briefly
-    for _ in range(50):
-        found = [w async for w in temporal_client.list_workflows(f"GroveRun = '{run_id}' AND GroveStep = 7")]
-        if found:
-            break
-        await asyncio.sleep(0.1)
+    # Visibility is eventually consistent on the dev server: poll until the finished workflow is listed (it
+    # stays listed once it is), bounded as every state wait (tests/bounds.py) - the visibility update lags
+    # more the more loaded the machine is (the bound was 5 s); a read the loaded server drops is asked
+    # again (wait_until).
+
+    async def listed() -> list:
+        return [w async for w in temporal_client.list_workflows(f"GroveRun = '{run_id}' AND GroveStep = 7")]
+
+    found = await wait_until(listed, STATE_WAIT, f"workflow of run {run_id} listed by its search attributes")
     assert len(found) == 1
     assert set(SEARCH_ATTRIBUTES) >= {"GroveRun", "GroveStep", "GroveStatus"}
 
