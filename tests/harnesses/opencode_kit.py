@@ -30,6 +30,7 @@ from grove.gates import GateControl
 from grove.sampling import SamplingConfig
 from harnesses import delegation
 from storage.local import LocalStore
+from tests.bounds import RESULT_WAIT
 from tests.durability.helpers import WorkerProcess, wait_until
 from tests.fixtures.worker import RecordingEngine
 
@@ -142,7 +143,18 @@ def opencode_spec(name: str, task: TaskSpec | None = None, *, max_tokens: int = 
     )  # fmt: skip
 
 
-async def run_episode(client, spec: EpisodeSpec, timeout: float = 400) -> EpisodeResult:
+def response_text(tokenizer, completion_ids) -> str:
+    """The text a harness gets for a served completion, per the gateway's documented rule (written here
+    from the rule, not with the engine's code): special tokens stay in the text (a policy can sample
+    `<|im_start|>` mid-reply: seen in a loaded suite run), one final stop token is not part of it."""
+    ids = list(completion_ids)
+    stops = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id}
+    if ids and ids[-1] in stops:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+async def run_episode(client, spec: EpisodeSpec, timeout: float = RESULT_WAIT) -> EpisodeResult:
     handle = await client.start_workflow(
         "EpisodeWorkflow", spec, id=spec.episode_id, task_queue=queues.EPISODES, result_type=EpisodeResult
     )

@@ -54,6 +54,7 @@ from tests.harnesses.opencode_kit import (
     launch_events,
     opencode_spec,
     opencode_stack,
+    response_text,
     run_episode,
     until_reached,
 )
@@ -102,7 +103,7 @@ async def test_runner_launches_opencode_and_closes_the_episode(stack, tiny_token
     # purpose in test_an_empty_reply_left_out_by_opencode_continues_its_context).
     events = launch_events(stack.harness_root, spec.episode_id)
     texts = [e["part"]["text"].strip() for e in events if e["type"] == "text"]
-    completion = tiny_tokenizer.decode(call.completion_ids, skip_special_tokens=True).strip()
+    completion = response_text(tiny_tokenizer, call.completion_ids).strip()
     if completion:
         assert texts and texts[-1] == completion, (texts, completion)
     else:

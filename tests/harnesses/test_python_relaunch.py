@@ -35,7 +35,7 @@ from infra.temporal import TemporalDevServer
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import activity_attempts
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
-from tests.harnesses.opencode_kit import opencode_stack, until_reached
+from tests.harnesses.opencode_kit import opencode_stack, response_text, until_reached
 from trainer.rows import rows_from_parquet
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
@@ -118,7 +118,7 @@ async def test_a_relaunched_langgraph_program_is_answered_from_the_records(stack
     # the relaunched lead read the workers' recorded answers: their served completions are in its prompt
     lead = tiny_tokenizer.decode(calls["parent.0.c1"].prompt_ids)
     for answer in (f"{PLAIN}.0.c0", f"{COMPACTING}.1.c0"):
-        text = tiny_tokenizer.decode(calls[answer].completion_ids, skip_special_tokens=True).strip()
+        text = response_text(tiny_tokenizer, calls[answer].completion_ids).strip()
         assert text in lead, (answer, text)
 
 
