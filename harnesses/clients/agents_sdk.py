@@ -24,14 +24,24 @@ Temporal-native runs (the integration's runner replaces every agent's model with
 GroveModelProvider())` and run agents in the workflow with `run_config=grove_run_config(base_url,
 api_key)`; the episode's URL and token travel in `extra_args["grove_episode"]`. An activity retry re-sends
 the same request, which the gateway recognises as a retry (the earlier call is discarded, the new one
-extends what the earlier one extended): nothing is trained twice. Streaming (`Runner.run_streamed`) is
-not supported here: the SDK fixes model settings before the filter runs on that path.
+extends what the earlier one extended): nothing is trained twice.
+
+Streamed runs (`Runner.run_streamed`, and `as_tool(on_stream=...)` nested runs): `stream_response` sends
+the same request with `stream: true`; the gateway answers with server-sent chunks of the finished call
+(tool calls included), and every stream event that names a response or an item is stamped with the call
+id, so identity and spawn links are those of `Runner.run`. A stream the program drops before its end
+(`result.cancel()`, a closed connection) leaves the call undelivered: the gateway discards it (never
+trained); the program's next request is a fresh call. Inside a Temporal workflow a streamed run is refused
+(AgentsConfigError): on that path the SDK resolves the model settings before the filter runs, so the
+activity could not name its agent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -280,21 +290,95 @@ class GroveModel(Model):
             _stamp(response, call_id)
         return response
 
-    async def stream_response(self, *args: Any, **kwargs: Any):  # noqa: ANN201
-        raise NotImplementedError(
-            "grove's Agents SDK model does not stream (Runner.run_streamed): the SDK fixes model "
-            "settings before the identity filter runs on that path; use Runner.run"
-        )
-        yield  # pragma: no cover  (an async generator, as the SDK expects)
+    async def stream_response(
+        self,
+        system_instructions,
+        input,
+        model_settings,
+        tools,
+        output_schema,
+        handoffs,
+        tracing,
+        previous_response_id=None,
+        conversation_id=None,
+        prompt=None,
+        **kwargs: Any,
+    ) -> AsyncIterator[Any]:
+        """`Runner.run_streamed`'s model call: the same request as `get_response` with `stream: true`
+        (the gateway answers with server-sent chunks of the finished call). Every event that names a
+        response or an output item is stamped with the grove call id, as `get_response` stamps its
+        items, so a tool call in the stream hands its worker the spawning call just the same."""
+        extra = model_settings.extra_args or {}
+        if EPISODE_ARG in extra and IDENTITY_ARG not in extra and _IDENTITY.get() is None:
+            raise AgentsConfigError(
+                "a streamed run (Runner.run_streamed) inside a Temporal workflow: the SDK resolves "
+                "each turn's model settings before grove's identity filter runs on that path, so the "
+                "call could not name its agent; use Runner.run in workflows (streaming works in a "
+                "plain process with GroveModelProvider(episode).run_config())"
+            )
+        episode, _, settings = self._split(model_settings)
+        if settings.include_usage is None:  # the SDK asks for usage only from api.openai.com by default
+            settings = dataclasses.replace(settings, include_usage=True)  # the call's real token counts
+        name = self.model_name or await self.provider.served_model(episode)
+        model = OpenAIChatCompletionsModel(model=name, openai_client=self.provider.client(episode))
+        holder: dict[str, str] = {}
+        # Set in the task that iterates this stream (the SDK may iterate it in a task of its own): the
+        # client's response hook fills it when the response headers arrive, before the first event.
+        token = _RESPONSE.set(holder)
+        recorded = False
+        try:
+            async for event in model.stream_response(
+                system_instructions,
+                input,
+                settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=None,
+                conversation_id=None,
+                prompt=prompt,
+            ):
+                call_id = holder.get(CALL_ID_HEADER)
+                if call_id:
+                    if not recorded:
+                        episode.record({CALL_ID_HEADER: call_id, AGENT_HEADER: holder.get(AGENT_HEADER, "")})
+                        recorded = True
+                    _stamp_event(event, call_id)
+                yield event
+        finally:
+            # closed from another context (garbage collection): nothing to undo there
+            with contextlib.suppress(ValueError):
+                _RESPONSE.reset(token)
 
 
 def _stamp(response: ModelResponse, call_id: str) -> None:
     """Each output item's id := the grove call id (chat completions has none of its own: the SDK puts a
     placeholder there), so a tool call handed to a worker names the call that made it."""
     response.response_id = call_id
-    for item in response.output:
+    _stamp_items(response.output, call_id)
+
+
+def _stamp_items(items: Any, call_id: str) -> None:
+    for item in items or ():
         if getattr(item, "id", None) in (None, FAKE_ID):
             try:
                 item.id = call_id
             except (AttributeError, TypeError, ValueError):  # an item type without an id field
                 continue
+
+
+def _stamp_event(event: Any, call_id: str) -> None:
+    """A stream event's placeholder ids := the grove call id: the response of `response.created` /
+    `response.completed` (its id becomes ModelResponse.response_id, its output the turn's items), the
+    item of `response.output_item.added/done`, and the `item_id` of the delta events."""
+    response = getattr(event, "response", None)
+    if response is not None:
+        if getattr(response, "id", None) in (None, FAKE_ID):
+            response.id = call_id
+        _stamp_items(getattr(response, "output", None), call_id)
+    item = getattr(event, "item", None)
+    if item is not None:
+        _stamp_items([item], call_id)
+    if getattr(event, "item_id", None) == FAKE_ID:
+        event.item_id = call_id

@@ -48,13 +48,13 @@ async def harness_launches(client, episode_id: str) -> list[HarnessRunResult]:
     return results
 
 
-async def run_one_step(client, example: str, model_dir: Path) -> tuple[RunResult, list]:
+async def run_one_step(client, example: str, model_dir: Path, *extra: str) -> tuple[RunResult, list]:
     cfg = load_run_config(
         EXAMPLES / example,
         [
             f"run_id={example.split('.')[0]}-{uuid.uuid4().hex[:6]}", f"model={model_dir}", "steps=1",
             "tasks_per_step=1", "group_size=2", "sampling.max_tokens=10", "inference_queue=inference",
-            "harness.deadline_s=300",
+            "harness.deadline_s=300", *extra,
         ],
     )  # fmt: skip
     run: RunResult = await client.execute_workflow(
@@ -126,7 +126,11 @@ async def test_one_step_of_a_langgraph_delegation_run(
 async def test_one_step_of_an_agents_sdk_delegation_run(
     temporal_client, grove_worker, recording_engine, e2e_store, tiny_model_dir
 ):
-    run, specs = await run_one_step(temporal_client, "agents-sdk-delegation.yaml", tiny_model_dir)
+    # streamed (Runner.run_streamed, the worker tool's nested runs too): the program's option; its plain
+    # Runner.run path is run by tests/harnesses/test_python_relaunch.py
+    run, specs = await run_one_step(
+        temporal_client, "agents-sdk-delegation.yaml", tiny_model_dir, "harness.python.options.stream=true"
+    )
     all_rows: list[Row] = []
     workers = ("Worker-call_w1", "Worker-call_w2")  # header_safe(f"{agent.name}-{tool call id}")
     for spec in specs:

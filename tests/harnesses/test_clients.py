@@ -208,3 +208,24 @@ def test_call_ids_are_read_where_langchain_puts_response_headers():
     g = GroveGraphs(Episode(BASE, "tok"))
     g.after("parent", {"x-grove-agent": "parent"}, [], GroveChatOpenAI._response_headers(fresh))
     assert g.episode.last_call("parent") == "parent.0.c0"
+
+
+async def test_a_streamed_run_without_the_filters_identity_is_refused_before_any_request():
+    """Inside a Temporal workflow the SDK resolves a streamed turn's model settings before grove's input
+    filter runs: the activity's call names its episode but no agent. It must fail naming the fix, not
+    reach the gateway as `parent` (the episode's URL here has no server: a request would fail otherwise)."""
+    from agents import ModelSettings
+    from agents.models.interface import ModelTracing
+
+    from harnesses.clients.agents_sdk import EPISODE_ARG, AgentsConfigError, GroveModelProvider
+
+    settings = ModelSettings(
+        extra_args={EPISODE_ARG: {"base_url": "http://127.0.0.1:9/episodes/e/v1", "api_key": "t"}}
+    )
+    stream = (
+        GroveModelProvider()
+        .get_model("m")
+        .stream_response(None, "hi", settings, [], None, [], ModelTracing.DISABLED)
+    )
+    with pytest.raises(AgentsConfigError, match="Runner.run in workflows"):
+        await anext(stream)

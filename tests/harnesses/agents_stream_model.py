@@ -1,0 +1,222 @@
+"""A real policy that plays one scripted Agents SDK episode, for the streamed-run tests
+(tests/harnesses/test_agents_sdk_stream_e2e.py): the pretrained `tiny` model fine-tuned until its replies
+to the requests of the program below are fixed texts. vLLM serves it like any model; its replies are
+genuinely sampled tokens with the engine's logprobs (as tests/harnesses/script_model.py does for OpenCode).
+
+Why: the tiny models never write a parseable tool call on their own, and the streamed-run test must see a
+tool call arrive in the stream and the SDK run the worker tool (a nested run) from it. The script:
+
+- the lead (its worker agent offered as the tool `worker`), asked `Words: red cat` -> two `worker`
+  calls in one response, `{"input": "red"}` and `{"input": "cat"}` (the SDK runs them concurrently);
+- the worker asked `red` -> `red`; asked `cat` -> `cat`;
+- the lead's resumption with both tool results -> `red cat`.
+
+The training prompts are what the gateway will render for those requests: the request bodies are the
+ones the SDK itself sends (captured by running the program once against a scripted in-memory
+transport), rendered with the gateway's renderer; the resumption's prompt is the exact splice of the
+lead's first prompt, its scripted completion and the rendered tool results (chat/render.py).
+
+Built once per machine into the model cache (models/registry.py's locking and atomic publish) and checked
+right after training: greedy replies to every scripted prompt must be the script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+VERSION = "agents-stream-1"
+BASE = "tiny"
+WORDS = ("red", "cat")
+USER = "Words: " + " ".join(WORDS)
+LEAD_INSTRUCTIONS = "You lead. Send each word to the worker tool, then answer with the words."
+WORKER_INSTRUCTIONS = "Reply with the word you are given."
+LEAD_NAME, WORKER_NAME = "Stream lead", "Stream worker"  # spaces: the provider makes them header-safe
+WORKER_TOOL = "worker"
+STEPS, LR = 120, 3e-3
+
+log = logging.getLogger(__name__)
+
+
+class AgentsScriptModelError(RuntimeError):
+    """The fine-tuned model does not reply with its script."""
+
+
+def lead_agent(settings: Any = None, on_stream: Any = None) -> Any:
+    """The program's lead: the worker agent as its tool (`on_stream`: the nested run is streamed too)."""
+    from agents import Agent, ModelSettings
+
+    settings = settings or ModelSettings()
+    worker = Agent(name=WORKER_NAME, instructions=WORKER_INSTRUCTIONS, model_settings=settings)
+    tool = worker.as_tool(
+        tool_name=WORKER_TOOL, tool_description="Repeats the word it is given.", on_stream=on_stream
+    )
+    return Agent(name=LEAD_NAME, instructions=LEAD_INSTRUCTIONS, tools=[tool], model_settings=settings)
+
+
+def tool_call_message(words: tuple[str, ...] = WORDS) -> dict[str, Any]:
+    calls = [
+        {"type": "function", "function": {"name": WORKER_TOOL, "arguments": {"input": w}}} for w in words
+    ]
+    return {"role": "assistant", "content": "", "tool_calls": calls}
+
+
+def _scripted_reply(body: dict[str, Any]) -> dict[str, Any]:
+    """The script as a chat.completion message for a captured request."""
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return {"role": "assistant", "content": " ".join(WORDS)}
+    if body.get("tools"):
+        calls = [
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": WORKER_TOOL, "arguments": json.dumps({"input": w})},
+            }
+            for i, w in enumerate(WORDS)
+        ]
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "content": last["content"]}
+
+
+def capture_requests() -> list[dict[str, Any]]:
+    """The chat-completions bodies the program sends, in order: lead, two workers, lead again."""
+    import httpx
+    from agents import OpenAIChatCompletionsModel, RunConfig, Runner
+    from openai import AsyncOpenAI
+
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        message = _scripted_reply(body)
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        return httpx.Response(
+            200,
+            json={
+                "id": f"chatcmpl-{len(bodies)}", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            },
+        )  # fmt: skip
+
+    async def run() -> None:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+        client = AsyncOpenAI(base_url="http://script/v1", api_key="x", http_client=http, max_retries=0)
+        model = OpenAIChatCompletionsModel(model="m", openai_client=client)
+        await Runner.run(lead_agent(), USER, run_config=RunConfig(model=model, tracing_disabled=True))
+
+    asyncio.run(run())
+    if len(bodies) != 4:
+        raise AgentsScriptModelError(f"the program sent {len(bodies)} requests, expected 4")
+    return bodies
+
+
+def examples(tok: Any) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, reply ids) of every scripted request, as the gateway renders the prompts."""
+    from chat.content_tokens import encode
+    from chat.render import Predecessor, assistant_turn_text, render_chat, render_root
+
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def reply(message: dict[str, Any], tools: Any) -> list[int]:
+        return [*encode(tok, assistant_turn_text(tok, message, tools)), end]
+
+    lead, *workers, resume = capture_requests()
+    tools = lead.get("tools")
+    lead_prompt = render_root(tok, lead["messages"], tools)
+    lead_reply = reply(tool_call_message(), tools)
+    out = [(lead_prompt, lead_reply)]
+    for body in workers:
+        word = body["messages"][-1]["content"]
+        out.append((render_root(tok, body["messages"]), reply({"role": "assistant", "content": word}, None)))
+    pred = Predecessor(lead["messages"], lead_prompt, lead_reply, tools)
+    resumed = render_chat(tok, resume["messages"], resume.get("tools"), pred)
+    if not resumed.continuation:
+        raise AgentsScriptModelError("the lead's resumption does not continue its first call")
+    out.append((resumed.prompt_ids, reply({"role": "assistant", "content": " ".join(WORDS)}, tools)))
+    return out
+
+
+def fingerprint(base_dir: Path) -> str:
+    h = hashlib.sha256(VERSION.encode())
+    h.update((base_dir / "model.safetensors").read_bytes())
+    h.update(json.dumps([WORDS, USER, LEAD_INSTRUCTIONS, WORKER_INSTRUCTIONS, STEPS, LR]).encode())
+    return h.hexdigest()[:16]
+
+
+def build(out: Path, base_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models.manifest import write_manifest
+    from models.tiny import _deterministic_torch
+    from tests.harnesses.script_model import _batch_loss
+
+    tok = AutoTokenizer.from_pretrained(str(base_dir))
+    batch = [([*prompt, *reply], len(prompt)) for prompt, reply in examples(tok)]
+    with _deterministic_torch():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
+        rng = random.Random(0)
+        model.train()
+        for step in range(STEPS):
+            rng.shuffle(batch)
+            loss = _batch_loss(model, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if step % 20 == 0:
+                log.info("agents script model: step %d loss %.4f", step, loss.item())
+        model.eval()
+        model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    for name in ("generation_config.json", "chat_template.jinja"):
+        if (base_dir / name).exists():
+            (out / name).write_bytes((base_dir / name).read_bytes())
+    check(out)
+    write_manifest(
+        out, {"fingerprint": fingerprint(base_dir), "base": str(base_dir), "final_loss": loss.item()}
+    )
+
+
+def check(model_dir: Path) -> None:
+    """Greedy replies to every scripted prompt must be the script, end of turn included."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    for prompt, want in examples(tok):
+        with torch.no_grad():
+            got = model.generate(
+                torch.tensor([prompt]), max_new_tokens=len(want), do_sample=False, eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()  # fmt: skip
+        if got != want:
+            raise AgentsScriptModelError(
+                f"agents script model {model_dir}: replied {tok.decode(got)!r}, not {tok.decode(want)!r}"
+            )
+
+
+def ensure_agents_script_model() -> Path:
+    from grove.paths import grove_home
+    from models.registry import _ensure_cached, ensure_model
+
+    base = ensure_model(BASE)
+    return _ensure_cached(
+        grove_home() / "models", "test-agents-script", fingerprint(base), lambda out: build(out, base)
+    )
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    print(ensure_agents_script_model())
