@@ -25,7 +25,8 @@ from grove.runconfig import load_run_config
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
 from tests.gateway.test_app_e2e import contexts, summary
-from trainer.rows import Row, rows_from_parquet
+from tests.harnesses.framework_kit import published_rows
+from trainer.rows import Row
 from workflows.training_run import TrainingRunWorkflow, step_specs
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
@@ -111,7 +112,7 @@ async def test_one_step_of_a_langgraph_delegation_run(
         assert set(served) == actions | {f"{w}~aux.0.c0"}  # nothing lost, nothing extra
         assert result.counts == {"selected": 5, "auxiliary": 1}  # accounting complete
 
-        rows = rows_from_parquet(e2e_store.get(result.rows_key))
+        rows = published_rows(e2e_store, result.rows_key)
         assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
             "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
             f"{plain}.0.c0": [f"{plain}.0.c0"],
@@ -144,7 +145,7 @@ async def test_one_step_of_an_agents_sdk_delegation_run(
         actions = {"parent.0.c0", "parent.0.c1", *(f"{a}.0.c0" for a in workers)}
         served = recording_engine.calls_of(eid)
         assert set(served) == actions and result.counts == {"selected": 4}
-        rows = rows_from_parquet(e2e_store.get(result.rows_key))
+        rows = published_rows(e2e_store, result.rows_key)
         assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
             "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
             **{f"{a}.0.c0": [f"{a}.0.c0"] for a in workers},

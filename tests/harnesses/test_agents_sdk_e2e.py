@@ -26,29 +26,22 @@ from temporalio.common import RetryPolicy
 from temporalio.contrib.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
 from temporalio.worker import Worker
 
-from gateway.auth import issue_token
 from grove.receipts import CallState, ContextOrigin
-from harnesses.clients import Episode, header_safe
+from harnesses.clients import header_safe
 from harnesses.clients.agents_sdk import GroveModelProvider
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
-    SECRET,
-    base_url,
     contexts,
     extension_of,
     gateway_url,
-    start_episode,
     summary,
 )
+from tests.harnesses.framework_kit import external_episode, nonzero, published_rows
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from agents_sdk_temporal import LeadWorkflow, lead_agent  # noqa: E402
-
-
-def nonzero(counts: dict) -> dict:
-    return {state: n for state, n in counts.items() if n}
 
 
 def tool_context(tool, call_id: str, spawning_item_id: str, topic: str, lead, run_config) -> ToolContext:
@@ -72,8 +65,8 @@ async def test_provider_names_agents_and_spawns_concurrent_workers(
     temporal_client,
     recording_engine,
 ):
-    eid = await start_episode(temporal_client, "agents-sdk")
-    provider = GroveModelProvider(Episode(base_url(gateway_url, eid), issue_token(SECRET, eid)))
+    eid, episode = await external_episode(temporal_client, gateway_url, "agents-sdk")
+    provider = GroveModelProvider(episode)
     lead, config = lead_agent(), provider.run_config()
     result = await Runner.run(lead, "Fix the failing build.", run_config=config)
     [response] = result.raw_responses
@@ -133,7 +126,7 @@ async def test_temporal_native_agents_retry_is_recognised_by_the_gateway(
     recording_engine,
     e2e_store,
 ):
-    eid = await start_episode(temporal_client, "agents-temporal")
+    eid, episode = await external_episode(temporal_client, gateway_url, "agents-temporal")
     params = ModelActivityParameters(
         start_to_close_timeout=timedelta(seconds=180),
         retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=3),
@@ -144,7 +137,7 @@ async def test_temporal_native_agents_retry_is_recognised_by_the_gateway(
     async with Worker(client, task_queue=queue, workflows=[LeadWorkflow]):
         answer = await client.execute_workflow(
             LeadWorkflow.run,
-            args=[base_url(gateway_url, eid), issue_token(SECRET, eid)],
+            args=[episode.base_url, episode.api_key],
             id=f"lead-{queue}",
             task_queue=queue,
             execution_timeout=timedelta(seconds=300),
@@ -160,10 +153,8 @@ async def test_temporal_native_agents_retry_is_recognised_by_the_gateway(
     )
     assert extension_of(recording_engine, eid, "parent.0.c2", "parent.0.c1")
 
-    closed = await Episode(base_url(gateway_url, eid), issue_token(SECRET, eid)).aclose(answer, wait=True)
+    closed = await episode.aclose(answer, wait=True)
     result = closed["result"]
     assert result["status"] == "ok" and result["counts"] == {"selected": 2, "discarded": 1}
-    from trainer.rows import rows_from_parquet
-
-    [row] = rows_from_parquet(e2e_store.get(result["rows_key"]))
+    [row] = published_rows(e2e_store, result["rows_key"])
     assert [s.call_id for s in row.spans] == ["parent.0.c1", "parent.0.c2"]  # the lost attempt: no row

@@ -26,22 +26,20 @@ from agents.stream_events import RawResponsesStreamEvent, RunItemStreamEvent
 from activities.engine import EngineConfig
 from cli.worker import run_worker
 from gateway.app import create_app
-from gateway.auth import issue_token
 from gateway.records import delivered_key
 from gateway.settings import GatewaySettings
 from grove import queues
 from grove.client import connect
 from grove.receipts import CallState, ContextOrigin
-from harnesses.clients import Episode, header_safe
+from harnesses.clients import header_safe
 from harnesses.clients.agents_sdk import GroveModelProvider
 from infra.temporal import TemporalDevServer
 from storage.local import LocalStore
-from tests.e2e.test_acceptance import check_row_against_served
 from tests.fixtures.worker import RecordingEngine
-from tests.gateway.test_app_e2e import MODEL, SECRET, base_url, contexts, serving, start_episode, summary
+from tests.gateway.test_app_e2e import MODEL, SECRET, contexts, serving, start_episode, summary
 from tests.gateway.test_delivery_e2e import SendGate
 from tests.harnesses.agents_stream_model import USER, WORDS, WORKER_NAME, lead_agent
-from trainer.rows import rows_from_parquet
+from tests.harnesses.framework_kit import bind, nonzero, rows_as_served
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -111,11 +109,7 @@ async def stack(tmp_path_factory):
 
 
 def provider_for(stack: Stack, eid: str) -> GroveModelProvider:
-    return GroveModelProvider(Episode(base_url(stack.url, eid), issue_token(SECRET, eid)))
-
-
-def nonzero(counts: dict) -> dict:
-    return {state: n for state, n in counts.items() if n}
+    return GroveModelProvider(bind(stack.url, eid))
 
 
 async def streamed_program(provider: GroveModelProvider, nested: list) -> tuple[object, list]:
@@ -128,9 +122,8 @@ async def streamed_program(provider: GroveModelProvider, nested: list) -> tuple[
 
 def check_rows(stack: Stack, eid: str, rows_key: str, dropped: set[str] = frozenset()) -> list:
     served = stack.engine.calls_of(eid)
-    rows = rows_from_parquet(stack.store.get(rows_key))
+    rows = rows_as_served(stack.store, rows_key, served)
     for row in rows:
-        check_row_against_served(row, served)
         assert not {s.call_id for s in row.spans} & dropped
     owned = sorted(s.call_id for row in rows for s in row.spans if s.owned)
     assert owned == sorted(set(served) - dropped)  # every delivered call trained once, the dropped none

@@ -16,21 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.auth import issue_token
 from grove.receipts import ContextOrigin
-from harnesses.clients import Episode
 from harnesses.clients.langgraph import GroveGraphs
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
-    SECRET,
-    base_url,
     contexts,
     extension_of,
     gateway_url,
-    start_episode,
     summary,
 )
-from trainer.rows import rows_from_parquet
+from tests.harnesses.framework_kit import external_episode, published_rows
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
@@ -52,8 +47,8 @@ async def test_supervisor_with_send_workers_and_summarization(
     e2e_store,
 ):
     example = load_example()
-    eid = await start_episode(temporal_client, "langgraph")
-    grove = GroveGraphs(Episode(base_url(gateway_url, eid), issue_token(SECRET, eid)))
+    eid, episode = await external_episode(temporal_client, gateway_url, "langgraph")
+    grove = GroveGraphs(episode)
     answer = await example.run(grove, max_tokens=12)
 
     ctx = contexts(await summary(temporal_client, eid))
@@ -82,7 +77,7 @@ async def test_supervisor_with_send_workers_and_summarization(
     # parent 2 + plain worker 2 + compacting worker (1 before, 1 after the rewrite); the summary aside
     assert result["counts"] == {"selected": 6, "auxiliary": 1}
 
-    rows = rows_from_parquet(e2e_store.get(result["rows_key"]))
+    rows = published_rows(e2e_store, result["rows_key"])
     owned = [s.call_id for r in rows for s in r.spans if s.owned]
     actions = {"parent.0.c0", "parent.0.c1", f"{plain}.0.c0", f"{plain}.0.c1", f"{w}.0.c0", f"{w}.1.c0"}
     assert sorted(owned) == sorted(actions)  # every action owned exactly once, the summary in no row
