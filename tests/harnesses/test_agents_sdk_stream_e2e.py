@@ -35,19 +35,19 @@ from harnesses.clients import header_safe
 from harnesses.clients.agents_sdk import GroveModelProvider
 from infra.temporal import TemporalDevServer
 from storage.local import LocalStore
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.fixtures.worker import RecordingEngine
 from tests.gateway.test_app_e2e import MODEL, SECRET, contexts, serving, start_episode, summary
 from tests.gateway.test_delivery_e2e import SendGate
 from tests.harnesses.agents_stream_model import USER, WORDS, WORKER_NAME, lead_agent
 from tests.harnesses.framework_kit import bind, nonzero, rows_as_served
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT = 1024
 # The script's tokens lead the others by a wide margin after training; at 0.3 a deviation is negligible.
 SETTINGS = ModelSettings(temperature=0.3, max_tokens=64)
-BOUND_S = 240  # generous bounds: the machine is shared
 
 
 @dataclass
@@ -168,7 +168,7 @@ def check_streamed_episode(
 async def test_streamed_run_runs_streamed_tool_calls_as_spawned_workers(stack):
     eid = await start_episode(stack.client, "agents-stream")
     provider, nested = provider_for(stack, eid), []
-    result, events = await asyncio.wait_for(streamed_program(provider, nested), BOUND_S)
+    result, events = await asyncio.wait_for(streamed_program(provider, nested), RESULT_WAIT)
     ctx = contexts(await summary(stack.client, eid))
     check_streamed_episode(stack, eid, result, events, nested, ctx, "parent.0.c0")
     assert nonzero(ctx["parent.0"].counts) == {CallState.COMPLETED: 2}
@@ -188,16 +188,16 @@ async def test_a_streamed_run_dropped_mid_way_is_not_trained(stack):
     dropped = Runner.run_streamed(lead_agent(SETTINGS), USER, run_config=provider.run_config())
     async for event in dropped.stream_events():
         if isinstance(event, RawResponsesStreamEvent):
-            await asyncio.wait_for(gate.held.wait(), BOUND_S)  # the server holds the rest of the stream
+            await asyncio.wait_for(gate.held.wait(), STATE_WAIT)  # the server holds the rest of the stream
             dropped.cancel()  # the program gives up: the run's model stream closes its connection
-    await asyncio.wait_for(gate.finished.wait(), BOUND_S)  # the server saw the client go and settled
+    await asyncio.wait_for(gate.finished.wait(), STATE_WAIT)  # the server saw the client go and settled
     s = await summary(stack.client, eid)
     assert nonzero(contexts(s)["parent.0"].counts) == {CallState.DISCARDED: 1}
     assert contexts(s)["parent.0"].head is None
     assert stack.store.stat(delivered_key(eid, "parent.0.c0")) is None
 
     nested: list = []
-    result, events = await asyncio.wait_for(streamed_program(provider, nested), BOUND_S)
+    result, events = await asyncio.wait_for(streamed_program(provider, nested), RESULT_WAIT)
     ctx = contexts(await summary(stack.client, eid))
     check_streamed_episode(stack, eid, result, events, nested, ctx, "parent.0.c1")
     assert nonzero(ctx["parent.0"].counts) == {CallState.DISCARDED: 1, CallState.COMPLETED: 2}
