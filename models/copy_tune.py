@@ -69,8 +69,13 @@ class CopyTuneSpec(BaseModel):
     seed: int = 0
     dense_steps: int = Field(800, ge=0)
     dense_batch: int = Field(16, gt=0)
+    # every `lead_every`-th dense step also trains `dense_leads` lead requests (the tool-call format
+    # is forgotten in a few hundred pure list steps otherwise)
+    lead_every: int = Field(4, ge=1)
+    dense_leads: int = Field(2, ge=0)
     real_steps: int = Field(200, ge=0)
-    real_batch: int = Field(4, gt=0)  # OpenCode-format examples per real step (plus `real_dense` chats)
+    real_leads: int = Field(8, gt=0)  # lead requests (first or resumption) per real step, one prefix
+    real_workers: int = Field(4, ge=0)
     real_dense: int = Field(4, ge=0)
     learning_rate: float = Field(2e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
@@ -172,14 +177,15 @@ class CopyDrillWriter:
             env = env.replace("git repo: yes", "git repo: no")
         return {"role": "system", "content": prompt + env}
 
-    def _lead_start(self, words: list[str]) -> tuple[list[dict], list[dict]]:
+    def _lead_start(self, words: list[str], system: dict | None) -> tuple[list[dict], list[dict]]:
         ask = " ".join(words)
         user = {"role": "user", "content": self.rng.choice((f'"Words: {ask}"', f"Words: {ask}"))}
-        return [self._system(LEAD_PROMPT), user], [task_tool([("worker", WORKER_DESCRIPTION)], "long")]
+        system = system or self._system(LEAD_PROMPT)
+        return [system, user], [task_tool([("worker", WORKER_DESCRIPTION)], "long")]
 
-    def lead_first(self) -> tuple[list[dict], list[dict]]:
+    def lead_first(self, system: dict | None = None) -> tuple[list[dict], list[dict]]:
         words = self.words(2)
-        messages, tools = self._lead_start(words)
+        messages, tools = self._lead_start(words, system)
         calls = {"role": "assistant", "content": "", "tool_calls": [_task_call(w) for w in words]}
         return [*messages, calls], tools
 
@@ -191,9 +197,9 @@ class CopyDrillWriter:
             {"role": "assistant", "content": word},
         ], None
 
-    def lead_resume(self) -> tuple[list[dict], list[dict]]:
+    def lead_resume(self, system: dict | None = None) -> tuple[list[dict], list[dict]]:
         words = self.words(2)
-        messages, tools = self._lead_start(words)
+        messages, tools = self._lead_start(words, system)
         calls = {"role": "assistant", "content": "", "tool_calls": [_task_call(w) for w in words]}
         answers = [self.w.task_result(self.rng.choice(("{w}", "{w}", "{w}.")).format(w=w)) for w in words]
         final = {
@@ -202,8 +208,10 @@ class CopyDrillWriter:
         }
         return [*messages, calls, *answers, final], tools
 
-    def real(self) -> tuple[list[dict], list[dict] | None]:
-        return self.rng.choice((self.lead_first, self.lead_first, self.worker, self.lead_resume))()
+    def leads(self, n: int) -> list[tuple[list[dict], list[dict]]]:
+        """`n` lead requests of one episode environment (one system prompt: they share its tokens)."""
+        system = self._system(LEAD_PROMPT)
+        return [(self.lead_first if self.rng.random() < 0.5 else self.lead_resume)(system) for _ in range(n)]
 
 
 def encode(tok: Any, messages: list[dict], tools: list[dict] | None) -> Example:
@@ -226,30 +234,75 @@ def _lr_at(step: int, spec: CopyTuneSpec) -> float:
     return spec.learning_rate * warm * 0.5 * (1.0 + math.cos(math.pi * step / max(1, spec.total_steps)))
 
 
-def _group_loss(model: torch.nn.Module, batch: list[Example], pad_id: int) -> tuple[torch.Tensor, float]:
-    """(sum of weighted token losses, sum of weights) of examples padded to one width."""
+def _pad(batch: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(e.ids) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     weights = torch.zeros((len(batch), width), dtype=torch.float32)
     for i, e in enumerate(batch):
         ids[i, : len(e.ids)] = torch.tensor(e.ids)
         weights[i, : len(e.ids)] = torch.tensor(e.weights)
-    logits = model(input_ids=ids).logits[:, :-1]
+    return ids, weights
+
+
+def _weighted_sum(logits: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     per_token = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+        logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
     )
-    w = weights[:, 1:].reshape(-1)
-    return (per_token * w).sum(), float(w.sum())
+    return (per_token * weights[:, 1:].reshape(-1)).sum()
 
 
-def _step_batches(writer: CopyDrillWriter, tok: Any, spec: CopyTuneSpec, step: int) -> list[list[Example]]:
-    """The step's examples, grouped by similar length (so padding wastes little)."""
+def _group_loss(model: torch.nn.Module, batch: list[Example], pad_id: int) -> torch.Tensor:
+    """Sum of weighted token losses of examples padded (on the right) to one width."""
+    ids, weights = _pad(batch, pad_id)
+    return _weighted_sum(model(input_ids=ids).logits, ids, weights)
+
+
+def _common_prefix(batch: list[Example]) -> int:
+    first, n = batch[0].ids, min(len(e.ids) for e in batch) - 1  # keep a token after it
+    for e in batch[1:]:
+        n = next((i for i in range(n) if e.ids[i] != first[i]), n)
+    return n
+
+
+def _prefixed_loss(model: torch.nn.Module, batch: list[Example], pad_id: int) -> torch.Tensor:
+    """Like `_group_loss` for examples that share a long unweighted prefix (OpenCode's system prompt and
+    tool schema, ~1,000 tokens): the prefix runs once, without gradient, and each example's rest attends
+    to its keys and values. Gradients then skip the prefix's own activations (they carry no loss), which
+    makes a lead request ~4x cheaper to train on."""
+    n = _common_prefix(batch)
+    if any(any(e.weights[: n + 1]) for e in batch):  # token n is predicted from the prefix: not trained
+        raise ValueError(f"copy tune: the shared prefix of {n} tokens holds loss tokens")
+    with torch.no_grad():
+        cache = model(input_ids=torch.tensor([batch[0].ids[:n]]), use_cache=True).past_key_values
+    cache.batch_repeat_interleave(len(batch))
+    rest = [Example(e.ids[n:], e.weights[n:]) for e in batch]
+    ids, weights = _pad(rest, pad_id)
+    return _weighted_sum(model(input_ids=ids, past_key_values=cache, use_cache=True).logits, ids, weights)
+
+
+@dataclass(frozen=True)
+class _Group:
+    examples: list[Example]
+    shared_prefix: bool = False
+
+
+def _step_groups(writer: CopyDrillWriter, tok: Any, spec: CopyTuneSpec, step: int) -> list[_Group]:
+    """The step's examples in groups of similar length (padding wastes little); lead requests share a
+    prefix."""
+
+    def chats(draws: list[tuple[list[dict], Any]]) -> list[Example]:
+        return [encode(tok, *d) for d in draws]
+
     if step < spec.dense_steps:
-        return [[encode(tok, *writer.dense()) for _ in range(spec.dense_batch)]]
-    real = sorted((encode(tok, *writer.real()) for _ in range(spec.real_batch)), key=lambda e: len(e.ids))
-    groups = [[e] for e in real]  # 1,000-1,300 tokens each: pad nothing
+        groups = [_Group(chats([writer.dense() for _ in range(spec.dense_batch)]))]
+        if spec.dense_leads and step % spec.lead_every == spec.lead_every - 1:
+            groups.append(_Group(chats(writer.leads(spec.dense_leads)), shared_prefix=True))
+        return groups
+    groups = [_Group(chats(writer.leads(spec.real_leads)), shared_prefix=True)]
+    if spec.real_workers:
+        groups.append(_Group(chats([writer.worker() for _ in range(spec.real_workers)])))
     if spec.real_dense:
-        groups.append([encode(tok, *writer.dense()) for _ in range(spec.real_dense)])
+        groups.append(_Group(chats([writer.dense() for _ in range(spec.real_dense)])))
     return groups
 
 
@@ -269,11 +322,11 @@ def tune(
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, spec)
         opt.zero_grad(set_to_none=True)
-        batches = _step_batches(writer, tok, spec, step)
-        total = sum(sum(e.weights[1:]) for b in batches for e in b)
+        groups = _step_groups(writer, tok, spec, step)
+        total = sum(sum(e.weights[1:]) for g in groups for e in g.examples)
         loss_sum = 0.0
-        for batch in batches:  # gradients accumulate; each group's share of the mean
-            part, _ = _group_loss(model, batch, pad_id)
+        for g in groups:  # gradients accumulate; each group's share of the mean
+            part = (_prefixed_loss if g.shared_prefix else _group_loss)(model, g.examples, pad_id)
             (part / total).backward()
             loss_sum += part.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

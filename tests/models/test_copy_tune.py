@@ -8,14 +8,31 @@ import math
 import re
 
 import pytest
+import torch
 
 import models.registry as registry
-from models.copy_tune import CopyDrillWriter, CopyTuneSpec, build_copy_model, encode
+from models.copy_tune import (
+    CopyDrillWriter,
+    CopyTuneSpec,
+    _common_prefix,
+    _group_loss,
+    _prefixed_loss,
+    build_copy_model,
+    encode,
+)
 from models.registry import ensure_model, known_positions
 from models.tool_drills import is_held_out
 
 SMALL = CopyTuneSpec(
-    base="tiny-random", dense_steps=2, dense_batch=2, real_steps=1, real_batch=1, real_dense=1
+    base="tiny-random",
+    dense_steps=2,
+    dense_batch=2,
+    lead_every=2,
+    dense_leads=2,
+    real_steps=1,
+    real_leads=2,
+    real_workers=1,
+    real_dense=1,
 )
 
 
@@ -67,6 +84,19 @@ def test_only_the_assistant_turns_carry_loss(tokenizer):
         for c in messages[2]["tool_calls"]
     ).rstrip("\n")
     assert weighted == calls + "<|im_end|>" + messages[-1]["content"] + "<|im_end|>"
+
+
+def test_a_shared_prefix_runs_once_and_gives_the_same_loss(base_dir, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    batch = [encode(tokenizer, *d) for d in CopyDrillWriter(11).leads(3)]
+    shared = _common_prefix(batch)
+    assert shared > 500 and len({tuple(e.ids[:shared]) for e in batch}) == 1
+    with torch.no_grad():
+        whole = _group_loss(model, batch, pad_id=0).item()
+        prefixed = _prefixed_loss(model, batch, pad_id=0).item()
+    assert prefixed == pytest.approx(whole, rel=1e-4) and whole > 0
 
 
 def test_build_is_deterministic_and_seeded(base_dir, tmp_path):
