@@ -67,17 +67,17 @@ class CopyTuneSpec(BaseModel):
     version: str = "copy-1"  # bump when the drills or the loop change for an unchanged spec
     base: str = "tiny-tools"
     seed: int = 0
-    dense_steps: int = Field(800, ge=0)
+    dense_steps: int = Field(500, ge=0)
     dense_batch: int = Field(16, gt=0)
     # every `lead_every`-th dense step also trains `dense_leads` lead requests (the tool-call format
     # is forgotten in a few hundred pure list steps otherwise)
     lead_every: int = Field(4, ge=1)
     dense_leads: int = Field(2, ge=0)
-    real_steps: int = Field(200, ge=0)
+    real_steps: int = Field(150, ge=0)
     real_leads: int = Field(8, gt=0)  # lead requests (first or resumption) per real step, one prefix
     real_workers: int = Field(4, ge=0)
     real_dense: int = Field(4, ge=0)
-    learning_rate: float = Field(2e-3, gt=0)
+    learning_rate: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
     max_words: int = Field(8, ge=2)
 
