@@ -45,7 +45,7 @@ from harnesses import scenario
 from infra.procs import free_port
 from infra.s3server import ACCESS_KEY, SECRET_KEY, LocalBucketServer
 from storage.base import ObjectStore
-from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import (
     DurabilityStack,
     activity_attempts,
@@ -117,13 +117,16 @@ async def outage(
     seconds: float,
 ) -> float:
     """Stop the S3 server while writes are held at gate `point`, let them go on into the dead store,
-    check that each activity is failing and retrying, restart after `seconds`; the restart's wall time."""
+    check that each activity is failing and retrying, restart `seconds` after the stop (later, if seeing
+    every activity fail took longer: the store stays down until then); the restart's wall time."""
     endpoint = s3.endpoint
     s3.stop()
     down_at = time.monotonic()
     stack.gates.disarm(point)  # the held writes go on, into a store that is not there
     for handle in handles:
-        info = await wait_until(lambda h=handle: _failing(h, activity), seconds, f"{activity} retrying")
+        # Bounded apart from the outage's length: the failed put, its report and the retry's scheduling
+        # take longer the more loaded the machine is (the bound was the 12 s outage itself).
+        info = await wait_until(lambda h=handle: _failing(h, activity), STATE_WAIT, f"{activity} retrying")
         # what the UI shows: the typed storage error naming the endpoint the activity waits for
         # (not "Failure exceeds size limit.": the chained client tracebacks are left out)
         failure = info.last_failure
