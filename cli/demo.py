@@ -68,7 +68,8 @@ class DemoConfig(BaseModel):
     group_size: int = 8
     tasks_per_step: int = 2
     lr: float = 5e-4
-    max_tokens: int | None = None  # None: 8 (native: one word) or 64 (opencode: a `task` call's JSON)
+    # None: 8 (native: one word) or 128 (opencode: two `task` calls with made-up words take ~90 tokens)
+    max_tokens: int | None = None
     temperature: float = 0.7
     eval_every: int = 5  # held-out evaluation (8 tasks never trained on) every this many steps
     port: int = 7233
@@ -77,6 +78,9 @@ class DemoConfig(BaseModel):
 
 
 OPENCODE_CONTEXT = 4096  # tiny-tools' engines and OpenCode's `limit.context`: holds the lead's resumption
+# OpenCode's `limit.output`: the lead's two `task` calls, each with a made-up word written twice, take
+# ~90-105 tokens (at 64 the second call was cut, and a cut call leaves the whole reply plain text)
+OPENCODE_MAX_TOKENS = 128
 # a progress query nobody answered yet, not one that was refused: the server's query timeout (a loaded
 # machine), a dropped call, or FAILED_PRECONDITION "no poller seen" while the workers are still starting
 UNANSWERED = frozenset(
@@ -100,7 +104,8 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
     if cfg.harness == "opencode":
         family = "opencode-delegation"
         harness = HarnessSpec(kind="opencode", opencode=OpenCodeOptions(context_limit=OPENCODE_CONTEXT))
-        engine, max_tokens = EngineLimits(max_model_len=OPENCODE_CONTEXT), cfg.max_tokens or 64
+        engine = EngineLimits(max_model_len=OPENCODE_CONTEXT)
+        max_tokens = cfg.max_tokens or OPENCODE_MAX_TOKENS
     elif cfg.harness in PYTHON_FAMILIES:
         from harnesses.framework_delegation import ENTRIES
 

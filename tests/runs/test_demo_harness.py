@@ -35,6 +35,7 @@ def test_the_opencode_demo_trains_opencode_episodes_beside_the_parent_only_basel
         check_run_engine(run)  # what `grove run start` refuses: a context past the model's positions
         assert run.harness.kind == "opencode" and run.task_family in TASK_SETUPS
         assert run.harness.opencode.context_limit <= run.engine.max_model_len <= known_positions(model_dir)
+        assert lead_reply_tokens(model_dir) <= run.sampling.max_tokens  # OpenCode's limit.output
         specs = step_specs(RunState(config=run), 1)
         assert {s.harness.kind for s in specs} == {"opencode"}
         setup = setup_for(specs[0].task, specs[0].harness.opencode)
@@ -44,6 +45,16 @@ def test_the_opencode_demo_trains_opencode_episodes_beside_the_parent_only_basel
     assert queues.HARNESS in served and queues.INFERENCE not in served  # inference: one worker per run
     # the harness worker's embedded gateway measures prompts with the engines' context
     assert args[args.index("--max-model-len") + 1] == str(pw.engine.max_model_len)
+
+
+def lead_reply_tokens(model_dir: Path) -> int:
+    """The longest reply of 100 held-out tasks' leads: two `task` calls, each word written twice."""
+    from transformers import AutoTokenizer
+
+    from models.copy_tune import CopyDrillWriter, encode
+
+    tok, writer = AutoTokenizer.from_pretrained(str(model_dir)), CopyDrillWriter(0, held_out=True)
+    return max(int(sum(encode(tok, *writer.lead_first()).weights)) for _ in range(100))
 
 
 def test_the_native_demo_is_unchanged():
