@@ -36,6 +36,13 @@ from tests.fixtures.worker import RecordingEngine
 
 SECRET = "opencode-test-secret-0123456789"
 MAX_MODEL_LEN = 2048  # the tiny model's positions; OpenCode's restricted lead prompt is ~1,850 tokens
+# The run_harness heartbeat timeout of the relaunch tests: how long a SIGKILLed harness worker goes
+# unnoticed before Temporal retries the launch. Not short: the runner heartbeats after two ledger queries
+# every 2 s, so a timeout of T fails a live launch whose queries take ~T - 2 s (a loaded machine's dev
+# server); and nothing beats while a launch is held at the `harness_exited` gate, where the test must kill
+# the worker within ~T - 2 s of the launch's last beat, or the timeout hands the retry to that still-live
+# worker (then attempt 3, not 2). At 5 s both margins were ~3 s.
+RELAUNCH_HEARTBEAT_TIMEOUT_S = 60.0
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -49,6 +49,7 @@ from tests.fixtures.worker import RecordingEngine
 from tests.harnesses.eos_model import build_eos_model
 from tests.harnesses.opencode_kit import (
     MAX_MODEL_LEN,
+    RELAUNCH_HEARTBEAT_TIMEOUT_S,
     REPO,
     SECRET,
     launch_events,
@@ -153,7 +154,7 @@ async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
     episode (held there by a gate). The activity's retry relaunches OpenCode, whose request matches the
     recorded call: answered from the record, nothing generated or admitted again; the rows are those of an
     uninterrupted episode that made the same request: the served call's tokens and logprobs, once."""
-    spec = opencode_spec("kill", heartbeat_timeout_s=5)
+    spec = opencode_spec("kill", heartbeat_timeout_s=RELAUNCH_HEARTBEAT_TIMEOUT_S)
     stack.gates.arm("harness_exited", f"^{re.escape(spec.episode_id)}$")
     handle = await stack.client.start_workflow(
         "EpisodeWorkflow", spec, id=spec.episode_id, task_queue="episodes", result_type=EpisodeResult

@@ -35,7 +35,12 @@ from infra.temporal import TemporalDevServer
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import activity_attempts
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
-from tests.harnesses.opencode_kit import opencode_stack, response_text, until_reached
+from tests.harnesses.opencode_kit import (
+    RELAUNCH_HEARTBEAT_TIMEOUT_S,
+    opencode_stack,
+    response_text,
+    until_reached,
+)
 from trainer.rows import rows_from_parquet
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
@@ -67,7 +72,7 @@ def program_spec(name: str, family: str) -> EpisodeSpec:
     run = f"py-{name}-{uuid.uuid4().hex[:6]}"
     harness = HarnessSpec(
         kind="python", python=PythonHarnessOptions(entry=fd.ENTRIES[family]),
-        heartbeat_timeout_s=5, deadline_s=300,
+        heartbeat_timeout_s=RELAUNCH_HEARTBEAT_TIMEOUT_S, deadline_s=300,
     )  # fmt: skip
     return EpisodeSpec(
         run_id=run, step=1, group_id=f"{run}/s000001/t0", episode_id=f"{run}/s000001/t0/g0",
