@@ -95,9 +95,12 @@ async def gateway_url(temporal_server, grove_worker, e2e_store, tiny_model_dir, 
         yield url
 
 
-async def start_episode(client, name: str) -> str:
-    """An external episode (id with '/') waiting for the gateway's calls and its close."""
-    run = f"gw-{name}-{uuid.uuid4().hex[:6]}"
+async def start_episode(client, name: str, *, pinned: bool = False) -> str:
+    """An external episode (id with '/') waiting for the gateway's calls and its close. Its id seeds its
+    calls (activities/generate.call_seed): a fresh id per run draws fresh replies, which these checks
+    take whatever they are; `pinned` fixes it (`gw-{name}`: one episode of that name per session) for a
+    test whose checks hold for the replies its fixed requests draw, not for every possible reply."""
+    run = f"gw-{name}" if pinned else f"gw-{name}-{uuid.uuid4().hex[:6]}"
     spec = EpisodeSpec(
         run_id=run, step=1, group_id=f"{run}/t0", episode_id=f"{run}/s000001/t0/g0",
         task=scenario.make_task(0), harness=HarnessSpec(kind="external"),

@@ -20,9 +20,12 @@ def bind(gateway_url: str, episode_id: str) -> Episode:
     return Episode(base_url(gateway_url, episode_id), issue_token(SECRET, episode_id))
 
 
-async def external_episode(client, gateway_url: str, name: str) -> tuple[str, Episode]:
-    """A fresh external episode (waiting for the harness's calls and its close) and its binding."""
-    episode_id = await start_episode(client, name)
+async def external_episode(
+    client, gateway_url: str, name: str, *, pinned: bool = False
+) -> tuple[str, Episode]:
+    """A fresh external episode (waiting for the harness's calls and its close) and its binding; `pinned`:
+    a fixed id, so fixed replies to fixed requests (tests/gateway/test_app_e2e.py start_episode)."""
+    episode_id = await start_episode(client, name, pinned=pinned)
     return episode_id, bind(gateway_url, episode_id)
 
 
