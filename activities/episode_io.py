@@ -1,4 +1,5 @@
-"""Episode activities on the `io` queue: reward, row materialization, staging cleanup, ledger pages.
+"""Episode activities on the `io` queue: reward, row materialization, staging cleanup, ledger pages,
+claim-checked completions (the native harness's).
 
 Thin shells: load from the object store, call the pure core (the task family's scorer,
 trainer.forest.reconstruct), store. Every write is idempotent (deterministic key, put_if_absent),
@@ -21,13 +22,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.failures import retryable_storage_failure
+from gateway.claims import load_completion
 from gateway.opencode import text_of
 from gateway.records import load_record
 from grove.contracts import (
     ArchiveStepsInput,
     CleanStagingInput,
     CleanStagingResult,
+    Completion,
     HarnessOutcome,
+    LoadCompletionInput,
     MaterializeInput,
     MaterializeResult,
     RewardInput,
@@ -188,3 +192,11 @@ class EpisodeIO:
         """One snapshot page, packed for the workflow (a fraction of its JSON's bytes in the history)."""
         with io_attempt("load ledger page", key=key):
             return pack_page(LedgerPage.model_validate_json(self.store.get(key)))
+
+    @activity.defn(name="load_completion")
+    def load_completion(self, inp: LoadCompletionInput) -> Completion:
+        """A claim-checked completion for the native harness (verified; gateway/claims.py). Missing or
+        different bytes are bad input (CompletionMissingError / CompletionDigestError, not retried);
+        an unreachable store is retried like every IO read."""
+        with io_attempt("load completion", key=inp.ref.key):
+            return load_completion(self.store, inp.episode_id, inp.ref)

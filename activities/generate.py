@@ -22,6 +22,10 @@ asked for and returns the receipt of what is staged. Two racing attempts cannot 
 receipts: the loser's put_if_absent fails on the arrays, and it returns the winner's receipt, found
 under the winner's arrays digest.
 
+The response (decoded text, parsed chat message) returns inline when small; above
+`inp.completion_inline_max` bytes it is stored beside the arrays and returned as a reference
+(gateway/claims.py `stash_completion`), so a long completion never crosses Temporal.
+
 The per-call seed is a pure function of (episode id, call id), so a retried generation samples the
 same tokens where the engine is deterministic (same weights, same batch numerics).
 """
@@ -41,8 +45,9 @@ from temporalio import activity
 from activities.engine import Generation, PolicyEngine
 from activities.follow import check_served_version
 from chat.toolcalls import ParsedAssistant
+from gateway.claims import by_reference, stash_completion
 from gateway.prompt import build_prompt, resolve_chat_ref
-from grove.contracts import GenerateInput, GenerateResult
+from grove.contracts import Completion, GenerateInput, GenerateResult
 from grove.receipts import ToolCallOutcome
 from grove.sampling import SamplingProcessing
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
@@ -95,6 +100,7 @@ def tool_call_id_prefix(episode_id: str, call_id: str) -> str:
 def _result(
     inp: GenerateInput,
     engine: PolicyEngine,
+    store: ObjectStore,
     tokens: CallTokens,
     receipt: StagedReceipt,
     reused: bool,
@@ -104,13 +110,19 @@ def _result(
     # The model family's parser (EngineConfig.tool_call_parser); the staged tokens are already final.
     prefix = tool_call_id_prefix(inp.episode_id, inp.call_id)
     parsed = engine.tool_parser.parse(text, id_prefix=prefix, tools=tools)
+    ids = tokens.completion_ids.tolist()
+    completion = Completion(text=text, assistant_message=parsed.message())
+    # A large completion goes by claim check (deterministic key and bytes: a re-run verifies its own).
+    if by_reference(ids, completion, inp.completion_inline_max):
+        ref = stash_completion(store, inp.episode_id, inp.call_id, completion)
+        carried: dict[str, Any] = {"completion_ref": ref}
+    else:
+        carried = {"completion_ids": ids, **completion.model_dump()}
     return GenerateResult(
         call_id=inp.call_id,
         staging_key=staging_key(inp.episode_id, inp.call_id),
         digests=tokens.digests(),
-        completion_ids=tokens.completion_ids.tolist(),
-        text=text,
-        assistant_message=parsed.message(),
+        **carried,
         finish_reason=receipt.finish_reason,
         policy_version=receipt.policy_version,
         reused_staged=reused,
@@ -156,7 +168,7 @@ def staged_result(
             f"call {inp.call_id}: arrays are staged at {key!r} but their receipt {rkey!r} is missing; the "
             "object was not written by the generate activity. Inspect it, then delete it to regenerate"
         ) from None
-    return _result(inp, engine, tokens, receipt, reused=True, tools=tools)
+    return _result(inp, engine, store, tokens, receipt, reused=True, tools=tools)
 
 
 def stage(
@@ -183,7 +195,7 @@ def stage(
         store.put_if_absent(staging_key(inp.episode_id, inp.call_id), data)
     except DigestMismatchError:
         return staged_result(inp, engine, store, prompt, tools)  # another attempt staged first
-    return _result(inp, engine, tokens, receipt, reused=False, tools=tools)
+    return _result(inp, engine, store, tokens, receipt, reused=False, tools=tools)
 
 
 # ---- activity -----------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ def io_worker(client: Client, store) -> Worker:
             io.store_ledger_page,
             io.archive_step_records,
             io.load_ledger_page,
+            io.load_completion,
             track_step,
             engines.engine_statuses,
         ],

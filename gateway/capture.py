@@ -17,7 +17,8 @@ the context's head, admit it through the episode's Updates, and record what the 
     fit       -> the call's prompt ids built as the generate activity will build them: a prompt that
                  does not fit the served model's context is a 400 context_length_exceeded
                  (gateway/context_window.py), before anything is opened, discarded or admitted
-    act       -> open_context (new agent, or a rewrite), discard (retry), call -> CallResult
+    act       -> open_context (new agent, or a rewrite), discard (retry), call -> CallResult (a large
+                 completion by reference: read from the store and verified, gateway/claims.py)
     record    -> written before the response leaves (gateway/records.py)
     delivery  -> `Delivery`: the route sends the response and settles it (gateway/delivery.py):
                  delivered whole -> delivery mark; not -> the call is discarded, never trained
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field, replace
 
 from gateway import opencode
 from gateway.chat_request import ChatCompletionRequest, sampling_for
-from gateway.claims import stash_prompt
+from gateway.claims import completion_of, stash_prompt
 from gateway.context_window import ContextWindow
 from gateway.continuation import Decision, Move, UndeclaredDiscontinuityError, decide
 from gateway.episodes import EpisodeError, Episodes
@@ -88,7 +89,7 @@ from gateway.routing import (
     spawn_target,
     spawning_call,
 )
-from grove.contracts import CallRequest, CallResult, ChatPrompt, EpisodeSpec, PromptSpec
+from grove.contracts import CallRequest, CallResult, ChatPrompt, Completion, EpisodeSpec, PromptSpec
 from grove.gates import Gates
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
@@ -542,7 +543,9 @@ class Capture:
         """The call Update (admission, generation), then the chat record, written before any response."""
         try:
             result = await self.episodes.call(episode_id, call)
-            record = _record_of(episode_id, call, result, request, plan, launch)
+            # A large completion came by reference (gateway/claims.py): read and verified here.
+            completion = await asyncio.to_thread(completion_of, self.store, episode_id, result)
+            record = _record_of(episode_id, call, result, completion, request, plan, launch)
             await asyncio.to_thread(save_record, self.store, record)
             digest = prompt_digest(request.messages, request.tools)
             await asyncio.to_thread(index_call, self.store, episode_id, digest, record.call_id)
@@ -709,6 +712,7 @@ def _record_of(
     episode_id: str,
     call: CallRequest,
     result: CallResult,
+    completion: Completion,
     request: ChatCompletionRequest,
     plan: Plan,
     launch: int | None,
@@ -722,7 +726,7 @@ def _record_of(
         extends=call.extends,
         messages=request.messages,
         tools=request.tools,
-        response=result.assistant_message,
+        response=completion.assistant_message,
         finish_reason=result.finish_reason,
         usage=Usage(prompt_tokens=result.digests.prompt_len, completion_tokens=result.digests.completion_len),
         policy_version=result.policy_version,

@@ -9,12 +9,22 @@ activity loads it and verifies the digest (gateway/prompt.py `resolve_chat_ref`)
 
 Keys are deterministic per (episode, call, content), written with put_if_absent: a retried request
 finds its own bytes.
+
+The same in the other direction: a completion larger than COMPLETION_INLINE_MAX (its ids, text and chat
+message) would land twice in the history (the generate activity's result and the `call` Update's) and,
+big enough, fail the Update with a payload-size error. The generate activity stores its `Completion`
+(`stash_completion`) beside the call's staged arrays and returns an `ObjectRef`; whoever answers the
+harness (the gateway, the native harness through the `load_completion` IO activity) reads it back with
+`load_completion`, which verifies size and sha256. A missing or different object is a typed storage
+error: `CompletionMissingError` (an ObjectNotFoundError) or `CompletionDigestError` (a
+DigestMismatchError), handled like every other store read of its kind (HTTP 503 at the gateway, whose
+client's retry regenerates the call; a non-retryable, named failure in an IO activity).
 """
 
 from __future__ import annotations
 
-from grove.contracts import CallRequest, ObjectRef
-from storage.base import ObjectStore, sha256_hex
+from grove.contracts import CallRequest, Completion, ObjectRef
+from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, StorageError, sha256_hex
 from trainer.staging_format import staging_prefix
 
 
@@ -33,3 +43,69 @@ def stash_prompt(store: ObjectStore, episode_id: str, call: CallRequest) -> Call
     store.put_if_absent(key, data)
     ref = ObjectRef(key=key, sha256=sha, size=len(data))
     return call.model_copy(update={"prompt": call.prompt.model_copy(update={"chat": None, "chat_ref": ref})})
+
+
+# ---- completions ---------------------------------------------------------------------------------
+
+
+class CompletionClaimError(StorageError):
+    """A claim-checked completion that cannot be read as its reference names it."""
+
+
+class CompletionMissingError(CompletionClaimError, ObjectNotFoundError):
+    """The completion's object is not in the store (deleted with the episode's staging, or lost)."""
+
+
+class CompletionDigestError(CompletionClaimError, DigestMismatchError):
+    """The object under the completion's key is not the bytes its reference names, or the reference
+    points outside the episode's staging."""
+
+
+def completion_key(episode_id: str, call_id: str, sha256: str) -> str:
+    return f"{staging_prefix(episode_id)}completions/{call_id}-{sha256[:16]}.json"
+
+
+def inline_size(completion_ids: list[int], completion: Completion) -> int:
+    """Bytes the completion adds to a payload when inline (its ids, text and message as JSON)."""
+    ids = len(",".join(map(str, completion_ids))) + 2
+    return ids + len(completion.model_dump_json().encode())
+
+
+def by_reference(completion_ids: list[int], completion: Completion, inline_max: int | None) -> bool:
+    """Whether a completion travels by reference: its inline form is over `inline_max` (None: never)."""
+    return inline_max is not None and inline_size(completion_ids, completion) > inline_max
+
+
+def stash_completion(store: ObjectStore, episode_id: str, call_id: str, completion: Completion) -> ObjectRef:
+    """Store `completion` under a deterministic key (idempotent: a re-run verifies its own bytes)."""
+    data = completion.model_dump_json().encode()
+    sha = sha256_hex(data)
+    key = completion_key(episode_id, call_id, sha)
+    store.put_if_absent(key, data)
+    return ObjectRef(key=key, sha256=sha, size=len(data))
+
+
+def load_completion(store: ObjectStore, episode_id: str, ref: ObjectRef) -> Completion:
+    """The completion `ref` names, verified (size, sha256, inside the episode's staging)."""
+    what = f"completion {ref.key!r} of episode {episode_id!r}"
+    if not ref.key.startswith(staging_prefix(episode_id)):
+        raise CompletionDigestError(f"{what} is outside the episode's staging {staging_prefix(episode_id)!r}")
+    try:
+        data = store.get(ref.key)
+    except ObjectNotFoundError:
+        raise CompletionMissingError(
+            f"{what} is not in the store (the generate activity wrote it before returning; the episode's "
+            "staging is deleted when it ends): retry the request, which generates the call again"
+        ) from None
+    if len(data) != ref.size or sha256_hex(data) != ref.sha256:
+        raise CompletionDigestError(
+            f"{what} holds {len(data)} B with sha256 {sha256_hex(data)[:16]}..., not the {ref.size} B / "
+            f"{ref.sha256[:16]}... its reference names: the stored completion was changed; retry the request"
+        )
+    return Completion.model_validate_json(data)
+
+
+def completion_of(store: ObjectStore, episode_id: str, result) -> Completion:
+    """The completion of a CallResult or GenerateResult: inline, or read from the store."""
+    inline = result.inline_completion()
+    return inline if inline is not None else load_completion(store, episode_id, result.completion_ref)

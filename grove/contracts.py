@@ -2,8 +2,9 @@
 
 One model in and one model out per workflow, update and activity, so fields can be added later without
 breaking callers. Pure (pydantic + stdlib + other pure grove models): the workflow sandbox imports it.
-Token arrays never appear here except a call's own completion ids (bounded by max_tokens) and a new
-observation suffix; prompts travel as references to staged arrays.
+Token arrays never appear here except a small completion's ids (inline below COMPLETION_INLINE_MAX bytes,
+else the completion travels as a reference: `Completion`) and a new observation suffix; prompts travel
+as references to staged arrays.
 """
 
 from __future__ import annotations
@@ -200,13 +201,53 @@ class CallRequest(BaseModel):
     sampling: SamplingConfig | None = None  # default: the episode's
 
 
-class CallResult(BaseModel):
-    """What the caller gets back: the response, and how the ledger recorded it."""
+# Completions whose inline form (ids + text + chat message, JSON) is larger than this many bytes travel
+# as a claim check (`completion_ref`): the generate activity stores the `Completion` and its result, the
+# `call` Update's result and the history carry a ~0.2 KB reference. Below it, storing would cost a write
+# and a read per call to save less history than the reference adds back; docs/reliability.md has the
+# measurement (the default max_tokens 256 stays inline).
+COMPLETION_INLINE_MAX = 4096
 
-    call_id: str  # the id that finally completed (a retry after a lost attempt has its own id)
-    completion_ids: list[int]
+
+class Completion(BaseModel):
+    """A call's response as its caller sees it: the completion decoded, and parsed as a chat message.
+    The token ids are the staged arrays' (`staging_key`); this is what a claim check stores."""
+
     text: str
     assistant_message: dict[str, Any]
+
+
+class _CompletionCarrier(BaseModel):
+    """A completion inline (`completion_ids`, `text`, `assistant_message`) or by reference
+    (`completion_ref`: a `Completion` JSON in the object store, read with gateway/claims.py)."""
+
+    # None when not carried (by reference; a native program's loaded completion): the ids are staged
+    # at staging_key
+    completion_ids: list[int] | None = None
+    text: str | None = None
+    assistant_message: dict[str, Any] | None = None
+    completion_ref: ObjectRef | None = None
+
+    @model_validator(mode="after")
+    def _inline_or_ref(self) -> _CompletionCarrier:
+        inline = (self.text, self.assistant_message, self.completion_ids)
+        if self.completion_ref is None and None in inline[:2]:
+            raise ValueError("a completion needs text and assistant_message inline, or completion_ref")
+        if self.completion_ref is not None and inline != (None, None, None):
+            raise ValueError("a completion is inline or by reference (completion_ref), not both")
+        return self
+
+    def inline_completion(self) -> Completion | None:
+        """The completion when it travelled inline (None: read `completion_ref` from the store)."""
+        if self.completion_ref is not None:
+            return None
+        return Completion(text=self.text, assistant_message=self.assistant_message)
+
+
+class CallResult(_CompletionCarrier):
+    """What the caller gets back: the response (inline or by reference), and how the ledger recorded it."""
+
+    call_id: str  # the id that finally completed (a retry after a lost attempt has its own id)
     finish_reason: str
     policy_version: int
     digests: TokenDigests
@@ -416,15 +457,17 @@ class GenerateInput(BaseModel):
     prompt: PromptSpec
     sampling: SamplingConfig
     policy: PolicyRef | None = None  # the engine follows this run first (activities/follow.py)
+    # A completion whose inline form is larger than this many bytes is returned by reference (a
+    # `Completion` in the object store). None: always inline (callers before claim-checked completions).
+    completion_inline_max: int | None = Field(None, ge=0)
 
 
-class GenerateResult(BaseModel):
+class GenerateResult(_CompletionCarrier):
+    """The staged call's receipt and its response: inline when small, else `completion_ref`."""
+
     call_id: str
     staging_key: str
     digests: TokenDigests
-    completion_ids: list[int]
-    text: str
-    assistant_message: dict[str, Any]  # the completion parsed as a chat message (content / tool_calls)
     finish_reason: str
     policy_version: int
     reused_staged: bool = False  # a retry found this call already staged and returned it
@@ -434,6 +477,13 @@ class GenerateResult(BaseModel):
     # How the completion parsed when the request offered tools (None: no tools offered); the
     # ledger records it in the call's receipt.
     tool_call: ToolCallOutcome | None = None
+
+
+class LoadCompletionInput(BaseModel):
+    """Read a claim-checked completion (the native harness's: its program runs in the workflow)."""
+
+    episode_id: str
+    ref: ObjectRef
 
 
 class RewardInput(BaseModel):

@@ -51,12 +51,14 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 with workflow.unsafe.imports_passed_through():
     from grove import queues
     from grove.contracts import (
+        COMPLETION_INLINE_MAX,
         LEDGER_OUTPUT_KINDS,
         RUNNER_KINDS,
         CallRequest,
         CallResult,
         CleanStagingInput,
         CloseRequest,
+        Completion,
         DiscardRequest,
         EpisodeProgress,
         EpisodeResult,
@@ -65,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         HarnessOutcome,
         HarnessRunInput,
         HarnessRunResult,
+        LoadCompletionInput,
         MaterializeInput,
         MaterializeResult,
         RestoreProgress,
@@ -501,6 +504,25 @@ class EpisodeWorkflow:
             raise _ledger_failure(err) from err
 
     async def call(self, req: CallRequest) -> CallResult:
+        """Native harness entry: the call, its completion inline. A completion that came by reference
+        (too large to carry twice) is read by the `load_completion` IO activity: the program is workflow
+        code, so what it reads is in the history once, as that activity's result (no token ids)."""
+        result = await self._call(req)
+        if result.completion_ref is None:
+            return result
+        inp = LoadCompletionInput(episode_id=self.spec.episode_id, ref=result.completion_ref)
+        try:
+            completion = await _io("load_completion", inp, Completion)
+        except ActivityError as err:  # the store lost what generate wrote: not the policy's doing
+            raise ApplicationError(
+                f"call {result.call_id}: its completion {inp.ref.key!r} could not be read: "
+                f"{_failure_text(err)}",
+                "infrastructure", type=GENERATION_FAILED, non_retryable=True,
+            ) from err  # fmt: skip
+        inline = {"completion_ref": None, **completion.model_dump()}
+        return result.model_copy(update=inline)
+
+    async def _call(self, req: CallRequest) -> CallResult:
         """Admit, generate and complete one call; a lost attempt is discarded and re-admitted."""
         lost: list[str] = []
         call_id = req.call_id
@@ -536,6 +558,7 @@ class EpisodeWorkflow:
                 completion_ids=result.completion_ids,
                 text=result.text,
                 assistant_message=result.assistant_message,
+                completion_ref=result.completion_ref,  # a large completion: its reference, never its bytes
                 finish_reason=result.finish_reason,
                 policy_version=result.policy_version,
                 digests=result.digests,
@@ -551,6 +574,10 @@ class EpisodeWorkflow:
             sampling=req.sampling or self.spec.sampling,
             policy=self.spec.policy,
         )
+        # Patched in: a large completion comes back by reference (grove/contracts.py COMPLETION_INLINE_MAX);
+        # runs recorded before it asked for inline completions and replay as they ran.
+        if workflow.patched("grove-completion-by-ref"):
+            inp.completion_inline_max = COMPLETION_INLINE_MAX
         # One attempt per call id: a retry after a crash is a new admission (see the module docstring).
         return await workflow.execute_activity(
             "generate", inp, task_queue=self.spec.inference_queue, start_to_close_timeout=GENERATE_TIMEOUT,
@@ -597,7 +624,8 @@ class EpisodeWorkflow:
 
     @workflow.update(name="call")
     async def call_update(self, req: CallRequest) -> CallResult:
-        return await self._handled(lambda: self.call(req))
+        # the completion as generate returned it: a large one by reference (the gateway reads it)
+        return await self._handled(lambda: self._call(req))
 
     @call_update.validator
     def _validate_call(self, req: CallRequest) -> None:

@@ -78,6 +78,38 @@ async def test_rerun_of_a_staged_call_returns_its_receipt_without_generating(pol
     assert policy_engine.batch_stats.steps == 0  # the engine ran no forward pass
 
 
+async def test_a_completion_over_the_inline_limit_is_returned_by_reference(policy_engine, store):
+    acts = InferenceActivities(policy_engine, store)
+    prompt = ids_of(policy_engine, "<|im_start|>user\nCount to fifty.<|im_end|>\n<|im_start|>assistant\n")
+    inline = await run(
+        acts, GenerateInput(episode_id="ep-8", call_id="c0", prompt=PromptSpec(ids=prompt), sampling=SAMPLING)
+    )
+    inp = GenerateInput(
+        episode_id="ep-8",
+        call_id="c1",
+        prompt=PromptSpec(ids=prompt),
+        sampling=SAMPLING,
+        completion_inline_max=64,
+    )
+
+    result = await run(acts, inp)
+
+    # 20 tokens are more than 64 bytes inline: only the reference travels, the completion is in the store.
+    assert result.completion_ref is not None and (result.text, result.completion_ids) == (None, None)
+    staged = decode_call_tokens(store.get(staging_key("ep-8", "c1")))
+    stored = json.loads(store.get(result.completion_ref.key))
+    assert sha256_hex(store.get(result.completion_ref.key)) == result.completion_ref.sha256
+    # The stored text is the staged tokens' (seeded per call id: c1 sampled its own tokens)
+    ids = staged.completion_ids.tolist()
+    ids = ids[:-1] if ids[-1] in policy_engine.stop_ids(SAMPLING) else ids  # a final stop ends the turn
+    assert stored["text"] == policy_engine.tokenizer.decode(ids, skip_special_tokens=False)
+    assert stored["assistant_message"]["content"] == stored["text"]
+    assert result.digests == staged.digests() and inline.completion_ref is None  # no limit: inline
+    # A re-run (the staged call found) names the same object: deterministic key and bytes.
+    again = await run(acts, inp)
+    assert again.reused_staged and again.completion_ref == result.completion_ref
+
+
 async def test_rerun_with_another_prompt_is_a_conflict(policy_engine, store):
     acts = InferenceActivities(policy_engine, store)
     await run(
