@@ -23,7 +23,7 @@ client's retry regenerates the call; a non-retryable, named failure in an IO act
 
 from __future__ import annotations
 
-from grove.contracts import CallRequest, Completion, ObjectRef
+from grove.contracts import CallRequest, CallResult, Completion, GenerateResult, ObjectRef
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, StorageError, sha256_hex
 from trainer.staging_format import staging_prefix
 
@@ -105,7 +105,7 @@ def load_completion(store: ObjectStore, episode_id: str, ref: ObjectRef) -> Comp
     return Completion.model_validate_json(data)
 
 
-def completion_of(store: ObjectStore, episode_id: str, result) -> Completion:
+def completion_of(store: ObjectStore, episode_id: str, result: CallResult | GenerateResult) -> Completion:
     """The completion of a CallResult or GenerateResult: inline, or read from the store."""
     inline = result.inline_completion()
     return inline if inline is not None else load_completion(store, episode_id, result.completion_ref)
