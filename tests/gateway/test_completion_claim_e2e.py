@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 import pytest
+from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 
@@ -24,7 +25,7 @@ from tests.gateway.test_app_e2e import MODEL, SYSTEM, close, gateway_url, oai  #
 from trainer.rows import rows_from_parquet
 from trainer.staging_format import decode_call_tokens, staging_key
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)  # the first test starts Temporal and vLLM (minutes on a loaded machine)
 
 LONG = 400  # tokens of each long completion (ignore_eos): two fit the engine's 1,024-token context
 SMALL_PAYLOAD = 2_048  # bytes: what a call's largest payload may be with its completion by reference
@@ -33,12 +34,19 @@ SMALL_PAYLOAD = 2_048  # bytes: what a call's largest payload may be with its co
 def _payloads(message) -> list[Payload]:
     """Every Payload inside a history event (any attribute, any depth)."""
     found = []
-    for field, value in message.ListFields():
-        values = value if field.label == field.LABEL_REPEATED else [value]
+    for _field, value in message.ListFields():
+        if isinstance(value, Message):
+            values = [value]
+        elif hasattr(value, "values") and hasattr(value, "keys"):  # a map field: its values
+            values = list(value.values())
+        elif isinstance(value, str | bytes | int | float | bool):
+            continue
+        else:  # a repeated field
+            values = list(value)
         for v in values:
             if isinstance(v, Payload):
                 found.append(v)
-            elif hasattr(v, "ListFields"):
+            elif isinstance(v, Message):
                 found.extend(_payloads(v))
     return found
 
