@@ -103,7 +103,10 @@ async def test_a_completion_over_the_inline_limit_is_returned_by_reference(polic
     ids = staged.completion_ids.tolist()
     ids = ids[:-1] if ids[-1] in policy_engine.stop_ids(SAMPLING) else ids  # a final stop ends the turn
     assert stored["text"] == policy_engine.tokenizer.decode(ids, skip_special_tokens=False)
-    assert stored["assistant_message"]["content"] == stored["text"]
+    # The same call asked inline (a re-run without the limit) answers the same response inline.
+    plain = await run(acts, inp.model_copy(update={"completion_inline_max": None}))
+    assert plain.completion_ref is None and plain.completion_ids == staged.completion_ids.tolist()
+    assert {"text": plain.text, "assistant_message": plain.assistant_message} == stored
     assert result.digests == staged.digests() and inline.completion_ref is None  # no limit: inline
     # A re-run (the staged call found) names the same object: deterministic key and bytes.
     again = await run(acts, inp)
