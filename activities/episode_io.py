@@ -38,7 +38,7 @@ from grove.contracts import (
     RewardResult,
     step_record_key,
 )
-from grove.receipts import CallReceipt, ContextRecord
+from grove.receipts import CallReceipt
 from harnesses.programs import family
 from storage.base import (
     DigestMismatchError,
@@ -51,6 +51,8 @@ from trainer.forest import MEMBER_STATES, EpisodeRef, ForestError, Reconstructio
 from trainer.rows import Row, rows_to_parquet
 from trainer.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
 from workflows.handover import LedgerPage, join_pages, pack_page, unpack_page
+from workflows.ledger import Ledger
+from workflows.step_metrics import call_stats
 
 # Retrying cannot fix these: the data is wrong or gone (a storage outage raises other errors).
 BAD_INPUT_ERRORS: tuple[type[Exception], ...] = (
@@ -125,21 +127,43 @@ class EpisodeIO:
             if r.state in MEMBER_STATES and r.staging_key is not None
         }
 
-    def _ledger(self, inp: MaterializeInput) -> tuple[list[ContextRecord], list[CallReceipt]]:
-        """The episode's contexts and receipts: inline, or from its ledger snapshot pages."""
-        if not inp.ledger_pages:
-            return inp.contexts, inp.receipts
+    def _joined(self, inp: MaterializeInput) -> Ledger:
+        """The episode's whole ledger from its snapshot pages, closed as the workflow closed it."""
         pages = [LedgerPage.model_validate_json(self.store.get(key)) for key in inp.ledger_pages]
         ledger = join_pages(inp.episode_id, inp.group_id, pages)  # later pages override earlier ones
         if inp.close_reason is not None:  # pages of the ledger before its close: close it as the workflow did
             ledger.close(cancel_outstanding=True, reason=inp.close_reason)
-        return [c.record for c in ledger.contexts.values()], ledger.receipts()
+        return ledger
+
+    def _placeholder_ledger(self, inp: MaterializeInput) -> Ledger | None:
+        """A failed episode's pages, for its accounting only: None when they cannot be read (bad input
+        is what may have failed it); a storage error is retried like any other."""
+        with io_attempt("materialize: ledger pages of a placeholder", rows_key=inp.rows_key):
+            try:
+                return self._joined(inp)
+            except BAD_INPUT_ERRORS:
+                return None
+
+    @staticmethod
+    def _numbers(ledger: Ledger | None) -> dict:
+        """What the episode's result reports of every call (the workflow may hold only the live ones)."""
+        if ledger is None:
+            return {}
+        accounting = ledger.accounting()
+        calls = ledger.calls.values()
+        return {
+            "counts": {state.value: len(ids) for state, ids in accounting.by_state.items() if ids},
+            "call_stats": call_stats(calls, (c.record for c in ledger.contexts.values())),
+            "policy_versions": sorted({c.policy_version for c in calls if c.policy_version is not None}),
+        }
 
     @activity.defn(name="materialize_episode")
     def materialize_episode(self, inp: MaterializeInput) -> MaterializeResult:
+        ledger = None
         with io_attempt("materialize", rows_key=inp.rows_key):
             if inp.valid:
-                _, receipts = self._ledger(inp)
+                ledger = self._joined(inp) if inp.ledger_pages else None
+                receipts = ledger.receipts() if ledger is not None else inp.receipts
                 rec = reconstruct(
                     EpisodeRef(episode_id=inp.episode_id, group_id=inp.group_id),
                     receipts,
@@ -152,9 +176,12 @@ class EpisodeIO:
                 rows, eligible = [placeholder_row(inp)], 0
             # A storage error (PermissionError, StoreUnreachableError) is an outage: it is retried.
             self.store.put_if_absent(inp.rows_key, rows_to_parquet(rows))
+        if not inp.valid and inp.ledger_pages:
+            ledger = self._placeholder_ledger(inp)
         return MaterializeResult(
-            rows_key=inp.rows_key, num_rows=len(rows), eligible_tokens=eligible, placeholder=not inp.valid
-        )
+            rows_key=inp.rows_key, num_rows=len(rows), eligible_tokens=eligible, placeholder=not inp.valid,
+            **self._numbers(ledger),
+        )  # fmt: skip
 
     @activity.defn(name="clean_staging")
     def clean_staging(self, inp: CleanStagingInput) -> CleanStagingResult:

@@ -333,6 +333,12 @@ class EpisodeSpec(BaseModel):
     # A ledger with more contexts + calls than this travels through the object store in pages of this
     # size (hand-over, materialization) instead of inline in a payload (~0.5 KB per call; 2 MB limit).
     ledger_page_items: int = Field(1000, ge=1, le=2000)
+    # A paged ledger hands over only its live calls: per context its last `branch_window` calls and
+    # its head's last `branch_window` ancestors, and calls still generating (workflows/ledger.py
+    # `settle`). Older calls are settled: in the pages, still trained, but extending, branching from,
+    # discarding or spawning from one is refused (409 SettledCallError). At least 2: a retry extends
+    # the head's parent.
+    branch_window: int = Field(16, ge=2, le=1000)
     keep_failed_staging: bool = False  # keep a failed episode's staged arrays (debugging)
     policy: PolicyRef | None = None  # the policy its calls need (None: whatever the engine serves)
 
@@ -526,6 +532,12 @@ class MaterializeResult(BaseModel):
     num_rows: int
     eligible_tokens: int
     placeholder: bool
+    # From the joined ledger pages, closed (None: the ledger came inline, or its pages could not be
+    # read for a placeholder): the episode's result takes them from here once its workflow has settled
+    # calls (dropped them from its state): accounting counts per terminal state, call_stats, versions.
+    counts: dict[str, int] | None = None
+    call_stats: dict[str, int] | None = None
+    policy_versions: list[int] | None = None
 
 
 class CleanStagingInput(BaseModel):

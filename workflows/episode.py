@@ -78,7 +78,7 @@ with workflow.unsafe.imports_passed_through():
     from grove.receipts import CallReceipt, ContextRecord
     from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_outcome, run_program
     from harnesses.programs import PROGRAMS
-    from workflows.accounting import LedgerSummary
+    from workflows.accounting import LedgerAccounting, LedgerSummary
     from workflows.handover import (
         EpisodeCarry,
         EpisodeRun,
@@ -89,10 +89,11 @@ with workflow.unsafe.imports_passed_through():
         ledger_prefix,
         pack_page,
         page_key,
+        split_pages,
         unpack_page,
     )
     from workflows.ledger import ContextState, Ledger, LedgerError
-    from workflows.step_metrics import call_stats
+    from workflows.step_metrics import TOOLS_OFFERED, call_stats
 
 STATUS = SearchAttributeKey.for_keyword("GroveStatus")
 
@@ -118,6 +119,9 @@ CLOSE_REASON = "harness finished"  # the reason the ledger's close gives the cal
 # A Temporal continue-as-new suggestion is followed only once the run has this many events of its own
 # (~280 calls at ~7 events each; Temporal's count suggestion comes at 4,096 events per run).
 HANDOVER_MIN_OWN_EVENTS = 2_000
+# Patch: a paged hand-over settles the ledger (drops calls older than the branch window, after writing
+# them) and carries only the live calls. Runs recorded before hand over the whole ledger as pages.
+SETTLE_PATCH = "grove-settle-calls"
 
 
 def rows_key(episode_id: str) -> str:
@@ -185,11 +189,13 @@ class EpisodeWorkflow:
         else:
             self.ledger = Ledger(episode_id=spec.episode_id, group_id=spec.group_id)
         # A ledger carried as pages is loaded by run(); Update handlers wait for it.
-        self.restored = carry is None or not carry.ledger_pages
+        self.restored = carry is None or not carry.restore_pages()
         # What the pages written so far hold: a later save writes only what changed since.
         self.saved_pages: list[str] = list(carry.ledger_pages) if carry else []
         self.saved_contexts: dict[str, ContextState] = {}
         self.saved_calls: dict[str, CallReceipt] = {}
+        if carry is not None and carry.settled:
+            self._mark_saved()  # the carried live calls were written to the pages before the settle
         self.close_request: CloseRequest | None = None
         self.closed_by: str | None = None
         self.status = "running"
@@ -220,6 +226,7 @@ class EpisodeWorkflow:
         await self._clean(outcome)
         status = "failed" if outcome.failure else "ok"
         self._set_status(status)
+        counts, stats, versions = self._result_numbers(accounting, rows)
         return EpisodeResult(
             episode_id=spec.episode_id,
             group_id=spec.group_id,
@@ -229,16 +236,37 @@ class EpisodeWorkflow:
             rows_key=rows.rows_key,
             num_rows=rows.num_rows,
             eligible_tokens=rows.eligible_tokens,
-            counts={state.value: len(ids) for state, ids in accounting.by_state.items() if ids},
+            counts=counts,
             failure=outcome.failure,
             reward_details=self.reward_details,
             failure_kind=outcome.failure_kind if outcome.failure is not None else None,
-            call_stats=call_stats(
-                self.ledger.calls.values(), (c.record for c in self.ledger.contexts.values())
-            ),
-            policy_versions=sorted(
-                {c.policy_version for c in self.ledger.calls.values() if c.policy_version is not None}
-            ),
+            call_stats=stats,
+            policy_versions=versions,
+        )
+
+    def _result_numbers(
+        self, accounting: LedgerAccounting, rows: MaterializeResult
+    ) -> tuple[dict[str, int], dict[str, int], list[int]]:
+        """Counts per terminal state, call_stats and policy versions of every call of the episode.
+
+        A settled ledger no longer holds every call: materialize's join of the pages answers (the rows'
+        own source), else (a placeholder whose pages could not be read) the ledger's settled tails."""
+        live_versions = {c.policy_version for c in self.ledger.calls.values() if c.policy_version is not None}
+        stats = call_stats(self.ledger.calls.values(), (c.record for c in self.ledger.contexts.values()))
+        if not self.ledger.settled:
+            counts = {state.value: len(ids) for state, ids in accounting.by_state.items() if ids}
+            return counts, stats, sorted(live_versions)
+        totals = self.ledger.settled_totals
+        for outcome, n in totals.tool_calls.items():
+            stats[TOOLS_OFFERED] += n
+            stats[f"tool_calls_{outcome.value}"] += n
+        counts = {state.value: n for state, n in self.ledger.closed_counts().items() if n}
+        return (
+            rows.counts if rows.counts is not None else counts,
+            rows.call_stats if rows.call_stats is not None else stats,
+            rows.policy_versions
+            if rows.policy_versions is not None
+            else sorted(live_versions | set(totals.policy_versions)),
         )
 
     # ---------------------------------------------------------------------------------- harness
@@ -429,8 +457,12 @@ class EpisodeWorkflow:
         carry = EpisodeCarry(
             run_index=self.run_index + 1, updates_before=self.updates_before + self.updates_this_run
         )
-        if self.close_request is None and ledger_items(self.ledger) > self.spec.ledger_page_items:
-            carry.ledger_pages = await self._store_pages("handover")
+        if self.close_request is None and self._paged():
+            pages = await self._store_pages("handover")
+            if self.close_request is None and workflow.patched(SETTLE_PATCH):
+                await self._settle(carry, pages)
+            else:
+                carry.ledger_pages = pages
         else:
             carry.ledger = self.ledger
         # A close accepted while draining or while the pages were written would be lost by a
@@ -440,6 +472,36 @@ class EpisodeWorkflow:
             self._set_status("running")
             return
         workflow.continue_as_new(self.spec.model_copy(update={"carry": carry}))
+
+    def _paged(self) -> bool:
+        """The ledger travels as pages: too large for a payload, or settled before (its pages are then
+        the only record of its settled calls). Before the settle patch, pages meant the first."""
+        return bool(self.saved_pages) or ledger_items(self.ledger) > self.spec.ledger_page_items
+
+    def _mark_saved(self) -> None:
+        """The ledger as it is now is what the written pages hold."""
+        self.saved_contexts = {k: v.model_copy(deep=True) for k, v in self.ledger.contexts.items()}
+        self.saved_calls = dict(self.ledger.calls)
+
+    async def _settle(self, carry: EpisodeCarry, pages: list[str]) -> None:
+        """After the pages are written: drop the settled calls and carry the live ledger, inline, or as
+        pages of its own when too large for a payload (many contexts). The next run restores only it."""
+        self.saved_pages = pages
+        self.ledger.settle(self.spec.branch_window)
+        self._mark_saved()
+        carry.settled = True
+        carry.ledger_pages = pages
+        size = self.spec.ledger_page_items
+        if ledger_items(self.ledger) <= size:
+            carry.ledger = self.ledger
+            return
+        live = split_pages(self.ledger, size)
+        keys = [page_key(self.spec.episode_id, self.run_index, "live", i) for i in range(len(live))]
+        await asyncio.gather(
+            *(_io("store_ledger_page", k, None, pack_page(p)) for k, p in zip(keys, live, strict=True))
+        )
+        carry.ledger = self.ledger.model_copy(update={"contexts": {}, "calls": {}})
+        carry.live_pages = keys
 
     async def _store_pages(self, purpose: str) -> list[str]:
         """All page keys of the ledger: those written before, plus pages of what changed since."""
@@ -456,7 +518,7 @@ class EpisodeWorkflow:
         """A ledger too large for a payload is paged *before* its close (only what changed since the
         last pages: this run's calls); materialize applies the close (MaterializeInput.close_reason).
         Paged after the close, the settlement of every call of the episode went through the history."""
-        if ledger_items(self.ledger) <= self.spec.ledger_page_items:
+        if not self._paged():
             return None
         return await self._store_pages("final")
 
@@ -468,14 +530,18 @@ class EpisodeWorkflow:
         replay as they ran (all pages at once)."""
         carry = self.spec.carry
         assert carry is not None
-        keys = carry.ledger_pages
+        keys = carry.restore_pages()
         self.restore_progress = RestoreProgress(pages_total=len(keys))
         if not workflow.patched("grove-restore-by-page"):
             packed = await asyncio.gather(*(_io("load_ledger_page", k, bytes) for k in keys))
             for data in packed:
                 self._restore_page(unpack_page(data))
         else:
-            ledger = Ledger(episode_id=self.spec.episode_id, group_id=self.spec.group_id)
+            if carry.settled:  # the live calls' pages join onto the carried tails
+                assert carry.ledger is not None
+                ledger = carry.ledger.model_copy(deep=True)
+            else:
+                ledger = Ledger(episode_id=self.spec.episode_id, group_id=self.spec.group_id)
             loading = asyncio.ensure_future(_io("load_ledger_page", keys[0], bytes))
             for i in range(len(keys)):
                 data = await loading
@@ -675,7 +741,8 @@ class EpisodeWorkflow:
     @workflow.query(name="call_states")
     def call_states(self, call_ids: list[str]) -> dict[str, str]:
         """Each named call's state (admitted, completed, selected, ...); unknown ids are left out."""
-        return {c: self.ledger.calls[c].state.value for c in call_ids if c in self.ledger.calls}
+        states = {c: self.ledger.state_of(c) for c in call_ids}
+        return {c: state.value for c, state in states.items() if state is not None}
 
     @workflow.query(name="status")
     def status_query(self) -> str:

@@ -41,12 +41,24 @@ class LedgerPage(BaseModel):
 
 class EpisodeCarry(BaseModel):
     """What an episode's next workflow run needs: its ledger (inline when small, else the keys of
-    its snapshot pages in the object store) and counters for the UI."""
+    its snapshot pages in the object store) and counters for the UI.
+
+    `settled` (patched in, `grove-settle-calls`): the previous run wrote its pages and settled its
+    ledger (workflows/ledger.py `settle`): `ledger_pages` are every page of the episode, for the
+    materialize activity only; the run restores `ledger` (its live calls and the settled tails), plus
+    `live_pages` when the live calls are too many for a payload (`ledger` then holds none of them).
+    What a run restores is then bounded by the live calls, not by the episode's length."""
 
     run_index: int = Field(ge=1)  # 0 is the first run; this is the index of the run that starts
     ledger: Ledger | None = None
     ledger_pages: list[str] = Field(default_factory=list)
     updates_before: int = Field(0, ge=0)  # Updates handled by the earlier runs
+    settled: bool = False
+    live_pages: list[str] = Field(default_factory=list)
+
+    def restore_pages(self) -> list[str]:
+        """The pages the run loads before it admits anything."""
+        return self.live_pages if self.settled else self.ledger_pages
 
 
 class EpisodeRun(EpisodeSpec):

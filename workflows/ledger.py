@@ -52,6 +52,7 @@ from workflows.accounting import (
     count_states,
 )
 from workflows.ancestry import AncestryEvidence, candidate_ranges, match_candidates
+from workflows.settled import SettledCalls, SettledTotals
 
 # Calls that produced nothing anyone may build on: they leave their context's line.
 DEAD_STATES: frozenset[CallState] = frozenset({CallState.DISCARDED, CallState.FAILED, CallState.CANCELLED})
@@ -152,6 +153,11 @@ class MissingAncestryEvidenceError(LedgerError):
     """Ancestry evidence lacks the digest of a slice that a candidate parent needs."""
 
 
+class SettledCallError(LedgerError):
+    """An operation names a call the ledger has settled: older than its context's branch window, written
+    in the episode's ledger pages and no longer in the workflow (extend, branch, discard, spawn)."""
+
+
 # ----------------------------------------------------------------------------------------------- models
 
 
@@ -182,6 +188,11 @@ class Ledger(BaseModel):
     calls: dict[str, CallReceipt] = Field(default_factory=dict)  # admission order
     closed: bool = False
     cancelled_at_close: list[str] = Field(default_factory=list)
+    # Calls dropped by `settle` (a long episode's hand-over): per context what its checks still need,
+    # and the window they were settled with (0: nothing was ever settled; workflows/settled.py).
+    settled: dict[str, SettledCalls] = Field(default_factory=dict)
+    settled_totals: SettledTotals = Field(default_factory=SettledTotals)
+    branch_window: int = 0
 
     # ------------------------------------------------------------------------------------ error helper
 
@@ -220,6 +231,8 @@ class Ledger(BaseModel):
 
     def call(self, call_id: str, *, context_id: str | None = None) -> CallReceipt:
         receipt = self.calls.get(call_id)
+        if receipt is None and self.settled_context(call_id) is not None:
+            raise self._settled_error(call_id, context_id)
         if receipt is None:
             raise self._error(
                 UnknownCallError,
@@ -230,6 +243,48 @@ class Ledger(BaseModel):
                 "admit the call first, or fix the id the harness sent",
             )
         return receipt
+
+    def settled_context(self, call_id: str) -> str | None:
+        """The context of a settled call id; None when it is not settled (live, or never admitted)."""
+        if not self.settled:
+            return None
+        prefix, dot_c, _ = call_id.rpartition(".c")
+        tail = self.settled.get(prefix) if dot_c else None
+        if tail is not None and tail.contains(call_id, prefix):
+            return prefix
+        for context_id, tail in self.settled.items():
+            if call_id in tail.ids.other:
+                return context_id
+        return None
+
+    def _settled_error(self, call_id: str, context_id: str | None) -> LedgerError:
+        owner = self.settled_context(call_id)
+        assert owner is not None
+        window = self.contexts[owner].call_ids
+        return self._error(
+            SettledCallError,
+            context_id or owner,
+            [call_id],
+            f"call {call_id!r} of context {owner!r} is settled: it is older than the context's branch window "
+            f"(branch_window={self.branch_window}: the last {self.branch_window} calls of each context and "
+            f"its head's last {self.branch_window} ancestors stay in the workflow); it was written to the "
+            "episode's ledger pages, is still trained as the close decides, but can no longer be extended, "
+            "branched from, discarded or spawn a worker",
+            f"a call of context {owner!r}'s window: {window}",
+            f"continue from the head {self.head(owner)!r} or branch from a call of the window; a harness "
+            "that goes back further needs an episode started with a larger EpisodeSpec.branch_window",
+        )
+
+    def state_of(self, call_id: str) -> CallState | None:
+        """A call's state, settled calls included (a settled completed call is COMPLETED until the close,
+        whose SELECTED / AUXILIARY the materialize activity applies); None for an id never admitted."""
+        receipt = self.calls.get(call_id)
+        if receipt is not None:
+            return receipt.state
+        owner = self.settled_context(call_id)
+        if owner is None:
+            return None
+        return self.settled[owner].state_of(call_id, owner)
 
     def head(self, context_id: str) -> str | None:
         """The call a plain continuation must extend: the last admitted call that is not dead."""
@@ -414,12 +469,15 @@ class Ledger(BaseModel):
         """Raise the error admit would raise, without changing anything."""
         ids = [call_id] + ([extends] if extends else [])
         self._check_open_ledger(context_id, ids)
-        if call_id in self.calls:
+        settled_in = self.settled_context(call_id)
+        if call_id in self.calls or settled_in is not None:
+            into = self.calls[call_id].context_id if settled_in is None else settled_in
+            since = "" if settled_in is None else ", and settled since"
             raise self._error(
                 DuplicateCallError,
                 context_id,
                 [call_id],
-                f"call {call_id!r} was already admitted (into context {self.calls[call_id].context_id!r})",
+                f"call {call_id!r} was already admitted (into context {into!r}{since})",
                 "a fresh call id per model call",
                 "give every model call (retries included) its own id",
             )
@@ -677,6 +735,8 @@ class Ledger(BaseModel):
         return self._end(call_id, CallState.ADMITTED, CallState.CANCELLED, reason)
 
     def validate_discard(self, call_id: str) -> None:
+        if call_id not in self.calls and self.state_of(call_id) == CallState.DISCARDED:
+            return  # a repeat of a discard whose call has been settled since
         receipt = self.call(call_id)
         if receipt.state == CallState.DISCARDED:
             return
@@ -695,10 +755,39 @@ class Ledger(BaseModel):
                 "discard (or fail/cancel) the calls that extend it first; a response that spawned a "
                 "worker was used",
             )
+        self._check_head_stays_live(receipt)
+
+    def _check_head_stays_live(self, receipt: CallReceipt) -> None:
+        """Discarding a context's head makes its newest other call that is not dead the head. When that is
+        a settled call (it is newer than the newest live candidate), the ledger cannot know the head
+        any more: refused (workflows/settled.py `cut`)."""
+        cid, call_id = receipt.context_id, receipt.call_id
+        tail = self.settled.get(cid)
+        if tail is None or not tail.non_dead() or call_id != self.head(cid):
+            return
+        ids = self.contexts[cid].call_ids
+        rest = [c for c in ids if c != call_id and self.calls[c].state not in DEAD_STATES]
+        if rest and tail.cut in ids and ids.index(rest[-1]) >= ids.index(tail.cut):
+            return
+        raise self._error(
+            SettledCallError,
+            cid,
+            [call_id],
+            f"discarding {call_id!r}, the head of context {cid!r}, would make a settled call (older than the "
+            f"branch window, branch_window={self.branch_window}) the context's head",
+            f"a discard that leaves a call of the window {ids} as the head",
+            f"keep {call_id!r} and continue from it, or open a REWRITE context; a harness that goes back "
+            "further needs an episode started with a larger EpisodeSpec.branch_window",
+        )
 
     def discard(self, call_id: str, reason: str) -> CallReceipt:
         """A completed call whose response the harness did not use (retry, resample): never trained."""
         self.validate_discard(call_id)
+        if call_id not in self.calls:  # settled, already discarded (validate_discard let only that pass)
+            owner = self.settled_context(call_id)
+            assert owner is not None
+            agent = self.contexts[owner].record.agent
+            return CallReceipt(call_id=call_id, context_id=owner, agent=agent, state=CallState.DISCARDED)
         return self._end(call_id, CallState.COMPLETED, CallState.DISCARDED, reason)
 
     # ------------------------------------------------------------------------------------ close
@@ -748,6 +837,65 @@ class Ledger(BaseModel):
             self.closed = True
         return self.accounting().check_complete()
 
+    # ------------------------------------------------------------------------------------ settling
+
+    def live_calls(self, window: int) -> set[str]:
+        """Calls something may still change or name: outstanding calls, and per context its last `window`
+        calls and its head's last `window` ancestors (the head included): what a harness continues,
+        retries (the head's parent), branches from or discards. Every other call is settled."""
+        live = set(self.pending())
+        for context_id, ctx in self.contexts.items():
+            live.update(ctx.call_ids[-window:])
+            call_id = self.head(context_id)
+            for _ in range(window):
+                if call_id is None or call_id not in self.calls:
+                    break
+                live.add(call_id)
+                call_id = self.calls[call_id].parent_call_id
+        return live
+
+    def settle(self, window: int) -> int:
+        """Drop every call that is not live (`live_calls`), keeping per context what its checks need
+        (workflows/settled.py); returns how many were dropped. The caller has written them first: the
+        episode's ledger pages are the only record of a settled call (materialize joins them)."""
+        if window < 1:
+            raise ValueError(f"branch window {window}: expected at least 1 (the head)")
+        live = self.live_calls(window)
+        dropped = 0
+        for context_id, ctx in self.contexts.items():
+            gone = [self.calls[c] for c in ctx.call_ids if c not in live]
+            if not gone or any(self.calls[c].state == CallState.ADMITTED for c in ctx.call_ids):
+                # With a call in flight the head may fall back past the window when it fails: the
+                # workflow settles after draining; a context still generating is left whole.
+                continue
+            tail = self.settled.setdefault(context_id, SettledCalls())
+            tail.absorb(context_id, gone, self._cut(ctx.call_ids, live, tail.cut))
+            self.settled_totals.absorb(gone)
+            ctx.call_ids = [c for c in ctx.call_ids if c in live]
+            for receipt in gone:
+                del self.calls[receipt.call_id]
+            dropped += len(gone)
+        self.branch_window = window
+        return dropped
+
+    def _cut(self, call_ids: list[str], live: set[str], old_cut: str | None) -> str | None:
+        """The oldest call of `call_ids` that stays live and is newer than every settled call that is
+        not dead (those settled before are older than the previous cut)."""
+        newest = call_ids.index(old_cut) - 1 if old_cut in call_ids else -1
+        for i, call_id in enumerate(call_ids):
+            if call_id not in live and self.calls[call_id].state not in DEAD_STATES:
+                newest = max(newest, i)
+        return next((c for c in call_ids[newest + 1 :] if c in live), None)
+
+    def closed_counts(self) -> dict[CallState, int]:
+        """After close: calls per state, settled calls included (the close makes a settled completed call
+        SELECTED, or AUXILIARY by its kind, as materialize does on the joined pages)."""
+        counts = count_states(self.calls.values())
+        for tail in self.settled.values():
+            for state, n in tail.closed_counts().items():
+                counts[state] += n
+        return counts
+
     # ------------------------------------------------------------------------------------ reporting
 
     def accounting(self) -> LedgerAccounting:
@@ -755,10 +903,18 @@ class Ledger(BaseModel):
 
     def summary(self) -> LedgerSummary:
         """Counts per state per context and in total, pending ids, and each context's origin links
-        (spawned by which call, rewrite of which context, retired by which) (the Temporal query answer)."""
+        (spawned by which call, rewrite of which context, retired by which) (the Temporal query answer).
+        Settled calls count in the state they were settled in (completed or dead: the close's SELECTED /
+        AUXILIARY of a settled call is applied by the materialize activity, not here)."""
         contexts = []
+        totals = count_states(self.calls.values())
         for context_id, state in self.contexts.items():
             receipts = [self.calls[c] for c in state.call_ids]
+            counts = count_states(receipts)
+            tail = self.settled.get(context_id)
+            for call_state, n in (tail.counts if tail else {}).items():
+                counts[call_state] += n
+                totals[call_state] += n
             contexts.append(
                 ContextSummary(
                     context_id=context_id,
@@ -768,7 +924,7 @@ class Ledger(BaseModel):
                     rewrite_of=state.record.rewrite_of,
                     retired_by=state.retired_by,
                     head=self.head(context_id),
-                    counts=count_states(receipts),
+                    counts=counts,
                     pending=[r.call_id for r in receipts if r.state == CallState.ADMITTED],
                 )
             )
@@ -776,7 +932,7 @@ class Ledger(BaseModel):
             episode_id=self.episode_id,
             group_id=self.group_id,
             closed=self.closed,
-            totals=count_states(self.calls.values()),
+            totals=totals,
             contexts=contexts,
             warnings=self.warnings(),
         )
@@ -788,7 +944,10 @@ class Ledger(BaseModel):
         for state in self.contexts.values():
             if state.record.origin != ContextOrigin.ROOT or state.record.agent in roots:
                 continue
-            if any(self.calls[c].kind == CallKind.ACTION for c in state.call_ids):
+            tail = self.settled.get(state.record.context_id)
+            if (tail is not None and tail.has_action) or any(
+                self.calls[c].kind == CallKind.ACTION for c in state.call_ids
+            ):
                 roots.append(state.record.agent)
         return roots
 
@@ -797,6 +956,11 @@ class Ledger(BaseModel):
         most recently opened context that has one (an external harness that closes without outputs)."""
         last: dict[str, str] = {}
         for state in self.contexts.values():
+            # settled calls are older than the live ones of their context, except ancestors of the head
+            # that stay live (a fork's older branch point): then the live one is taken
+            tail = self.settled.get(state.record.context_id)
+            if tail is not None and tail.last_action is not None:
+                last[state.record.agent] = tail.last_action
             for call_id in state.call_ids:
                 receipt = self.calls[call_id]
                 if receipt.kind == CallKind.ACTION and receipt.state in (

@@ -92,6 +92,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
 CONFLICT_TYPES = frozenset(
     {
         "StaleContinuationError",
+        "SettledCallError",
         "DuplicateCallError",
         "DuplicateContextError",
         "PendingPredecessorError",
