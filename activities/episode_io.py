@@ -50,7 +50,7 @@ from storage.base import (
 from trainer.forest import MEMBER_STATES, EpisodeRef, ForestError, ReconstructionOptions, reconstruct
 from trainer.rows import Row, rows_to_parquet
 from trainer.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
-from workflows.handover import LedgerPage, join_pages, pack_page, unpack_page
+from workflows.handover import LedgerIndex, LedgerPage, join_pages, pack_page, unpack_page
 from workflows.ledger import Ledger
 from workflows.step_metrics import call_stats
 
@@ -127,9 +127,20 @@ class EpisodeIO:
             if r.state in MEMBER_STATES and r.staging_key is not None
         }
 
+    def _page_keys(self, inp: MaterializeInput) -> list[str]:
+        """Every page of the episode in writing order: the index chain's (first run first), then the
+        last run's own."""
+        runs: list[list[str]] = [inp.ledger_pages]
+        key = inp.ledger_index
+        while key is not None:
+            index = LedgerIndex.model_validate_json(self.store.get(key))
+            runs.append(index.pages)
+            key = index.previous
+        return [k for pages in reversed(runs) for k in pages]
+
     def _joined(self, inp: MaterializeInput) -> Ledger:
         """The episode's whole ledger from its snapshot pages, closed as the workflow closed it."""
-        pages = [LedgerPage.model_validate_json(self.store.get(key)) for key in inp.ledger_pages]
+        pages = [LedgerPage.model_validate_json(self.store.get(key)) for key in self._page_keys(inp)]
         ledger = join_pages(inp.episode_id, inp.group_id, pages)  # later pages override earlier ones
         if inp.close_reason is not None:  # pages of the ledger before its close: close it as the workflow did
             ledger.close(cancel_outstanding=True, reason=inp.close_reason)
@@ -162,7 +173,7 @@ class EpisodeIO:
         ledger = None
         with io_attempt("materialize", rows_key=inp.rows_key):
             if inp.valid:
-                ledger = self._joined(inp) if inp.ledger_pages else None
+                ledger = self._joined(inp) if inp.ledger_pages or inp.ledger_index else None
                 receipts = ledger.receipts() if ledger is not None else inp.receipts
                 rec = reconstruct(
                     EpisodeRef(episode_id=inp.episode_id, group_id=inp.group_id),
@@ -176,7 +187,7 @@ class EpisodeIO:
                 rows, eligible = [placeholder_row(inp)], 0
             # A storage error (PermissionError, StoreUnreachableError) is an outage: it is retried.
             self.store.put_if_absent(inp.rows_key, rows_to_parquet(rows))
-        if not inp.valid and inp.ledger_pages:
+        if not inp.valid and (inp.ledger_pages or inp.ledger_index):
             ledger = self._placeholder_ledger(inp)
         return MaterializeResult(
             rows_key=inp.rows_key, num_rows=len(rows), eligible_tokens=eligible, placeholder=not inp.valid,
@@ -213,6 +224,12 @@ class EpisodeIO:
         JSON (idempotent: a retry finds and verifies its own bytes)."""
         with io_attempt("store ledger page", key=key):
             self.store.put_if_absent(key, unpack_page(packed).model_dump_json().encode())
+
+    @activity.defn(name="store_ledger_index")
+    def store_ledger_index(self, key: str, index: LedgerIndex) -> None:
+        """One link of a settled episode's chain of page lists (idempotent, verify-if-present)."""
+        with io_attempt("store ledger index", key=key):
+            self.store.put_if_absent(key, index.model_dump_json().encode())
 
     @activity.defn(name="load_ledger_page")
     def load_ledger_page(self, key: str) -> bytes:

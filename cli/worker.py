@@ -81,6 +81,7 @@ def io_worker(client: Client, store) -> Worker:
             io.materialize_episode,
             io.clean_staging,
             io.store_ledger_page,
+            io.store_ledger_index,
             io.archive_step_records,
             io.load_ledger_page,
             io.load_completion,

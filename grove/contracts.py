@@ -525,6 +525,9 @@ class MaterializeInput(BaseModel):
     # ledger itself (cancel_outstanding=True, this reason), exactly as the workflow did, so the close's
     # settlement of every call is not written through the history once more.
     close_reason: str | None = None
+    # A settled episode (workflows/handover.py EpisodeCarry.settled): the pages of its earlier runs are
+    # listed by this chain of LedgerIndex objects; `ledger_pages` are the last run's, joined after them.
+    ledger_index: str | None = None
 
 
 class MaterializeResult(BaseModel):

@@ -82,9 +82,11 @@ with workflow.unsafe.imports_passed_through():
     from workflows.handover import (
         EpisodeCarry,
         EpisodeRun,
+        LedgerIndex,
         LedgerPage,
         apply_page,
         changed_pages,
+        index_key,
         ledger_items,
         ledger_prefix,
         pack_page,
@@ -194,6 +196,8 @@ class EpisodeWorkflow:
         self.saved_pages: list[str] = list(carry.ledger_pages) if carry else []
         self.saved_contexts: dict[str, ContextState] = {}
         self.saved_calls: dict[str, CallReceipt] = {}
+        # settled episodes: the pages of the earlier runs, as a chain of indexes in the store
+        self.ledger_index: str | None = carry.ledger_index if carry else None
         if carry is not None and carry.settled:
             self._mark_saved()  # the carried live calls were written to the pages before the settle
         self.close_request: CloseRequest | None = None
@@ -422,7 +426,8 @@ class EpisodeWorkflow:
             train_auxiliary=spec.train_auxiliary,
         )
         if pages is not None:
-            return inp.model_copy(update={"ledger_pages": pages, "close_reason": CLOSE_REASON})
+            update = {"ledger_pages": pages, "close_reason": CLOSE_REASON, "ledger_index": self.ledger_index}
+            return inp.model_copy(update=update)
         contexts = [c.record for c in self.ledger.contexts.values()]
         return inp.model_copy(update={"contexts": contexts, "receipts": self.ledger.receipts()})
 
@@ -476,7 +481,11 @@ class EpisodeWorkflow:
     def _paged(self) -> bool:
         """The ledger travels as pages: too large for a payload, or settled before (its pages are then
         the only record of its settled calls). Before the settle patch, pages meant the first."""
-        return bool(self.saved_pages) or ledger_items(self.ledger) > self.spec.ledger_page_items
+        return (
+            bool(self.saved_pages)
+            or self.ledger_index is not None
+            or ledger_items(self.ledger) > self.spec.ledger_page_items
+        )
 
     def _mark_saved(self) -> None:
         """The ledger as it is now is what the written pages hold."""
@@ -484,13 +493,16 @@ class EpisodeWorkflow:
         self.saved_calls = dict(self.ledger.calls)
 
     async def _settle(self, carry: EpisodeCarry, pages: list[str]) -> None:
-        """After the pages are written: drop the settled calls and carry the live ledger, inline, or as
-        pages of its own when too large for a payload (many contexts). The next run restores only it."""
-        self.saved_pages = pages
+        """After the pages are written: list them in this run's index (the chain materialize follows),
+        drop the settled calls and carry the live ledger, inline, or as pages of its own when too large
+        for a payload (many contexts). The next run restores only that: no page list, no settled call."""
+        key = index_key(self.spec.episode_id, self.run_index)
+        await _io("store_ledger_index", key, None, LedgerIndex(previous=self.ledger_index, pages=pages))
+        self.ledger_index, self.saved_pages = key, []
         self.ledger.settle(self.spec.branch_window)
         self._mark_saved()
         carry.settled = True
-        carry.ledger_pages = pages
+        carry.ledger_index = key
         size = self.spec.ledger_page_items
         if ledger_items(self.ledger) <= size:
             carry.ledger = self.ledger

@@ -44,10 +44,10 @@ class EpisodeCarry(BaseModel):
     its snapshot pages in the object store) and counters for the UI.
 
     `settled` (patched in, `grove-settle-calls`): the previous run wrote its pages and settled its
-    ledger (workflows/ledger.py `settle`): `ledger_pages` are every page of the episode, for the
-    materialize activity only; the run restores `ledger` (its live calls and the settled tails), plus
-    `live_pages` when the live calls are too many for a payload (`ledger` then holds none of them).
-    What a run restores is then bounded by the live calls, not by the episode's length."""
+    ledger (workflows/ledger.py `settle`): every page of the episode is listed by the `ledger_index`
+    chain, for the materialize activity only; the run restores `ledger` (its live calls and the settled
+    tails), plus `live_pages` when the live calls are too many for a payload (`ledger` then holds none
+    of them). What a run restores is then bounded by the live calls, not by the episode's length."""
 
     run_index: int = Field(ge=1)  # 0 is the first run; this is the index of the run that starts
     ledger: Ledger | None = None
@@ -55,10 +55,21 @@ class EpisodeCarry(BaseModel):
     updates_before: int = Field(0, ge=0)  # Updates handled by the earlier runs
     settled: bool = False
     live_pages: list[str] = Field(default_factory=list)
+    # settled: the keys of the pages of the earlier runs are in the store, a chain of LedgerIndex
+    # objects (one per hand-over), so the carry does not grow with the episode's hand-overs either
+    ledger_index: str | None = None
 
     def restore_pages(self) -> list[str]:
         """The pages the run loads before it admits anything."""
         return self.live_pages if self.settled else self.ledger_pages
+
+
+class LedgerIndex(BaseModel):
+    """The pages one run of a settled episode wrote (or every page before it, at the first settle), and
+    the index of the runs before it: the materialize activity follows the chain to the first run."""
+
+    previous: str | None = None
+    pages: list[str] = Field(default_factory=list)
 
 
 class EpisodeRun(EpisodeSpec):
@@ -80,6 +91,10 @@ def ledger_prefix(episode_id: str) -> str:
 
 def page_key(episode_id: str, run_index: int, purpose: str, index: int) -> str:
     return f"{ledger_prefix(episode_id)}run-{run_index:05d}/{purpose}/page-{index:05d}.json"
+
+
+def index_key(episode_id: str, run_index: int) -> str:
+    return f"{ledger_prefix(episode_id)}run-{run_index:05d}/index.json"
 
 
 def ledger_items(ledger: Ledger) -> int:
