@@ -26,8 +26,10 @@ Durability rules (DESIGN.md section 10, issue 12):
   `close` must always fit) or when Temporal suggests it, the run stops admitting (new Updates are
   refused with the retryable `HandingOver`, which the gateway retries against the next run), drains
   its handlers, and continues-as-new with its ledger: inline when small, else as snapshot pages in
-  the object store (workflows/handover.py). The workflow id stays the same, so callers that address
-  it by id (the gateway) follow the hand-over.
+  the object store (workflows/handover.py), after which only the live calls are carried (calls older
+  than `spec.branch_window` are settled: in the pages, trained, no longer in the workflow; naming one is
+  SettledCallError). The workflow id stays the same, so callers that address it by id (the gateway)
+  follow the hand-over.
 
 Every failure is classified (EpisodeResult.failure_kind, the rule in grove/episodes.py): the native
 program's own errors, a generation refused for the policy's request (prompt too long, empty prompt,
@@ -464,7 +466,7 @@ class EpisodeWorkflow:
         )
         if self.close_request is None and self._paged():
             pages = await self._store_pages("handover")
-            if self.close_request is None and workflow.patched(SETTLE_PATCH):
+            if self.close_request is None and self._settles():
                 await self._settle(carry, pages)
             else:
                 carry.ledger_pages = pages
@@ -477,6 +479,10 @@ class EpisodeWorkflow:
             self._set_status("running")
             return
         workflow.continue_as_new(self.spec.model_copy(update={"carry": carry}))
+
+    def _settles(self) -> bool:
+        """Runs recorded before the settle hand over the whole ledger as pages (replayed as they ran)."""
+        return workflow.patched(SETTLE_PATCH)
 
     def _paged(self) -> bool:
         """The ledger travels as pages: too large for a payload, or settled before (its pages are then

@@ -10,7 +10,12 @@ write finds its own bytes.
 Pages are incremental: a run writes only the contexts and calls that changed since the pages it was
 restored from (`changed_pages`), and a ledger is the pages of all runs joined in order, later pages
 overriding earlier ones (`join_pages`). Each run's history thus carries the calls of that run once
-on the way out; on the way in it still carries the whole ledger (the workflow holds it in memory).
+on the way out. On the way in (patched in, `grove-settle-calls`) only the live ledger: after writing its
+pages the run settles every call older than its context's branch window (workflows/ledger.py `settle`),
+lists its pages in a `LedgerIndex` (a chain in the store, one link per hand-over) and carries the live
+calls and the settled tails, so what a run restores is bounded by the live calls, not by the episode's
+length. The materialize activity joins every page of the chain. Runs handed over before the patch carry
+the whole ledger as pages (`ledger_pages`), restored as before.
 
 Pages cross Temporal packed (`pack_page`: zlib-compressed JSON, a raw bytes payload; ~4.6x smaller,
 measured 622 -> 134 bytes per call), and sit in the store as plain JSON. So what a run loads grows

@@ -20,6 +20,17 @@ the command above:
 
     .venv/bin/python -m tests.workflows.record_histories --pre-bound-run   # ~1 min
 
+Two more, also by past workflow code, on their own:
+
+    .venv/bin/python -m tests.workflows.record_histories --pre-settle-episode   # ~1 min
+
+- `episode_pre_settle_handover`, `episode_pre_settle_close`: the second and third workflow runs of one
+  external episode (open_context + 9 calls through the gateway's Updates, a hand-over every 4 Updates,
+  ledger pages of 2 items) run by the EpisodeWorkflow from before calls were settled (workflows/
+  episode.py of PRE_SETTLE_COMMIT): run 2 restores a paged ledger and hands over as pages again (the
+  whole ledger), run 3 restores it, pages it before its close and materializes. Today's code must replay
+  both without settling (patched in: `grove-settle-calls`).
+
 - `training_run_pre_bound`: a TrainingRunWorkflow of 2 steps run by the workflow code from before the
   run's history was bounded (workflows/training_run.py of PRE_BOUND_COMMIT, read from git; every other
   module is today's). It was started with `carried_history_steps=1` (a client that knows the field, a
@@ -62,6 +73,7 @@ from cli.worker import STICKY_TIMEOUT, run_worker
 from grove import queues
 from grove.client import connect
 from grove.contracts import (
+    CloseRequest,
     EpisodeResult,
     EpisodeSpec,
     GenerateInput,
@@ -90,6 +102,9 @@ RUN_ID = "replay-run"
 PRE_BOUND_RUN_ID = "replay-run-pre-bound"
 # the last commit whose workflows/training_run.py kept every StepRecord (no archive_step_records)
 PRE_BOUND_COMMIT = "e829cd1^"
+PRE_SETTLE_EPISODE_ID = "replay/pre-settle/t0/g0"
+# the last commit whose workflows/episode.py handed a paged ledger over whole (no settle)
+PRE_SETTLE_COMMIT = "4fcddce"
 
 
 class RecordingError(RuntimeError):
@@ -241,19 +256,95 @@ async def record(work: Path) -> list[Path]:
             await asyncio.gather(*workers, return_exceptions=True)
 
 
-def pre_bound_workflow(folder: Path) -> type:
-    """The TrainingRunWorkflow of PRE_BOUND_COMMIT, written to `folder` as a module of its own and
-    imported from there (the sandbox re-imports a workflow's module by name, from sys.path)."""
+def past_module(folder: Path, commit: str, path: str, name: str) -> object:
+    """`path` as of `commit`, written to `folder` as module `name` and imported from there (the sandbox
+    re-imports a workflow's module by name, from sys.path); every module it imports is today's."""
     source = subprocess.run(
-        ["git", "show", f"{PRE_BOUND_COMMIT}:workflows/training_run.py"], cwd=REPO, check=True,
-        capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    if "archive_step_records" in source:
-        raise RecordingError(f"{PRE_BOUND_COMMIT}:workflows/training_run.py already archives step records")
+        ["git", "show", f"{commit}:{path}"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "grove_pre_bound_training_run.py").write_text(source)
+    (folder / f"{name}.py").write_text(source)
     sys.path.insert(0, str(folder))
-    return importlib.import_module("grove_pre_bound_training_run").TrainingRunWorkflow
+    return importlib.import_module(name)
+
+
+def pre_bound_workflow(folder: Path) -> type:
+    """The TrainingRunWorkflow of PRE_BOUND_COMMIT."""
+    module = past_module(
+        folder, PRE_BOUND_COMMIT, "workflows/training_run.py", "grove_pre_bound_training_run"
+    )
+    if "archive_step_records" in Path(module.__file__).read_text():
+        raise RecordingError(f"{PRE_BOUND_COMMIT}:workflows/training_run.py already archives step records")
+    return module.TrainingRunWorkflow
+
+
+async def _runs_of(client, workflow_id: str) -> list:
+    """The workflow's runs, first to last (following continued_execution_run_id back from the latest)."""
+    handles, run_id = [], None
+    while True:
+        handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+        history = await handle.fetch_history()
+        handles.append(client.get_workflow_handle(workflow_id, run_id=history.run_id))
+        run_id = history.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+        if not run_id:
+            return handles[::-1]
+
+
+async def record_pre_settle(work: Path) -> list[Path]:
+    from gateway.episodes import Episodes
+    from tests.episodes.kit import ROOT, call_request
+
+    module = past_module(
+        work / "pre-settle", PRE_SETTLE_COMMIT, "workflows/episode.py", "grove_pre_settle_episode"
+    )
+    if "SETTLE_PATCH" in Path(module.__file__).read_text():
+        raise RecordingError(f"{PRE_SETTLE_COMMIT}:workflows/episode.py already settles calls")
+    store = LocalStore(work / "store")
+    with TemporalDevServer(work / "temporal") as server:
+        client = await connect(server.address)
+        episodes_worker = Worker(
+            client, task_queue=queues.EPISODES, workflows=[module.EpisodeWorkflow],
+            sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
+        )  # fmt: skip
+        workers = [
+            asyncio.create_task(episodes_worker.run()),
+            asyncio.create_task(
+                run_worker(client, [queues.IO, queues.INFERENCE], store=store, model=MODEL,
+                           work_dir=work / "worker", device="cpu")
+            ),
+        ]  # fmt: skip
+        try:
+            spec = EpisodeSpec(
+                run_id="replay", step=0, group_id="replay/pre-settle/t0", episode_id=PRE_SETTLE_EPISODE_ID,
+                task=scenario.make_task(0), harness=HarnessSpec(kind="external"),
+                sampling=SamplingConfig(max_tokens=1), max_updates_per_run=4, ledger_page_items=2,
+            )  # fmt: skip
+            await client.start_workflow(
+                "EpisodeWorkflow", spec, id=spec.episode_id, task_queue=queues.EPISODES
+            )
+            episodes = Episodes(client)
+
+            async def drive() -> EpisodeResult:
+                await episodes.open_context(spec.episode_id, ROOT)
+                for i in range(9):
+                    await episodes.call(spec.episode_id, call_request(spec.episode_id, i))
+                await episodes.close(spec.episode_id, CloseRequest(final_answer="done"))
+                return await episodes.result(spec.episode_id)
+
+            result = await _while_workers_run(drive(), workers)
+            runs = await _runs_of(client, spec.episode_id)
+            if result.status != "ok" or result.counts != {"selected": 9} or len(runs) != 3:
+                raise RecordingError(
+                    f"{spec.episode_id}: expected ok, 9 selected, 3 runs; got {result}, {runs}"
+                )
+            return [
+                await _record("episode_pre_settle_handover", runs[1]),
+                await _record("episode_pre_settle_close", runs[2]),
+            ]
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
 
 
 async def record_pre_bound(work: Path) -> list[Path]:
@@ -292,7 +383,8 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--hung-worker":
         asyncio.run(serve_hung_inference(sys.argv[2]))
         return
-    job = record_pre_bound if sys.argv[1:] == ["--pre-bound-run"] else record
+    jobs = {"--pre-bound-run": record_pre_bound, "--pre-settle-episode": record_pre_settle}
+    job = jobs.get(sys.argv[1], record) if len(sys.argv) == 2 else record
     work = Path(tempfile.mkdtemp(prefix="grove-record-histories-"))
     try:
         for path in asyncio.run(job(work)):

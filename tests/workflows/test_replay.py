@@ -41,7 +41,12 @@ RECORDED = {
     "training_run": ("TrainingRunWorkflow", "replay-run"),
     # recorded by the run workflow of before the bounded history (record_histories.py --pre-bound-run)
     "training_run_pre_bound": ("TrainingRunWorkflow", "replay-run-pre-bound"),
+    # runs 2 and 3 of an external episode recorded by the episode workflow of before calls were settled
+    # (record_histories.py --pre-settle-episode): a paged hand-over, then a paged close
+    "episode_pre_settle_handover": ("EpisodeWorkflow", "replay/pre-settle/t0/g0"),
+    "episode_pre_settle_close": ("EpisodeWorkflow", "replay/pre-settle/t0/g0"),
 }
+CONTINUED = {"episode_pre_settle_handover"}  # runs that ended in a continue-as-new
 
 
 def history(name: str) -> WorkflowHistory:
@@ -73,7 +78,8 @@ def test_recorded_history_is_a_finished_run_of_its_workflow(name):
     started = json.loads((HISTORIES / f"{name}.json").read_text())["events"][0]
     assert started["workflowExecutionStartedEventAttributes"]["workflowType"]["name"] == RECORDED[name][0]
     assert types[0] == "EVENT_TYPE_WORKFLOW_EXECUTION_STARTED"
-    assert types[-1] == "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED"
+    end = "CONTINUED_AS_NEW" if name in CONTINUED else "COMPLETED"
+    assert types[-1] == f"EVENT_TYPE_WORKFLOW_EXECUTION_{end}"
 
 
 def test_recordings_cover_the_lost_attempt_and_the_child_episodes():
@@ -103,6 +109,19 @@ def test_the_pre_bound_run_carries_more_records_than_its_bound_and_archived_none
     assert [r["step"] for r in result["history"]] == [1, 2]  # both carried: over the bound
     activities = scheduled_activities("training_run_pre_bound")
     assert activities.count("train_step") == 2 and "archive_step_records" not in activities
+
+
+def test_the_pre_settle_runs_restore_and_write_the_whole_paged_ledger():
+    """What the settle's patch must keep replaying: a run that restored its ledger from pages and handed
+    it over as pages again (every call: nothing settled, no index), and the run that closed it."""
+    handover = scheduled_activities("episode_pre_settle_handover")
+    assert "load_ledger_page" in handover and "store_ledger_page" in handover
+    assert "store_ledger_index" not in handover
+    events = json.loads((HISTORIES / "episode_pre_settle_handover.json").read_text())["events"]
+    carried = _payload(events[-1]["workflowExecutionContinuedAsNewEventAttributes"], "input")["carry"]
+    assert carried["ledger_pages"] and carried.get("ledger") is None and not carried.get("settled")
+    close = scheduled_activities("episode_pre_settle_close")
+    assert "load_ledger_page" in close and "materialize_episode" in close
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
@@ -180,6 +199,24 @@ class TrainingRunWithUnpatchedBound(TrainingRunWorkflow):
             return
         del state.history[:old]
         state.history_from += old
+
+
+@workflow.defn(name="EpisodeWorkflow")
+class EpisodeSettlingUnpatched(EpisodeWorkflow):
+    """The settle without `workflow.patched`: every paged hand-over settles (an index, then the carry)."""
+
+    @workflow.run
+    async def run(self, spec: EpisodeRun) -> EpisodeResult:
+        return await super().run(spec)
+
+    def _settles(self) -> bool:
+        return True
+
+
+async def test_an_unpatched_settle_fails_the_hand_over_recorded_before_it():
+    await replay("episode_pre_settle_close", EpisodeSettlingUnpatched)  # no hand-over in it: nothing
+    with pytest.raises(workflow.NondeterminismError):
+        await replay("episode_pre_settle_handover", EpisodeSettlingUnpatched)
 
 
 async def test_an_unpatched_history_bound_fails_the_run_recorded_before_it():
