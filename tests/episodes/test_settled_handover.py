@@ -20,12 +20,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from grove.contracts import CloseRequest, MaterializeInput
+from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs
 from tests.episodes.kit import ROOT, CountingEpisodes, call_request, episode_spec, start
 from trainer.rows import rows_from_parquet
 from workflows.handover import EpisodeRun, ledger_prefix
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 CALLS = 200
 PER_RUN = 30
@@ -92,7 +93,7 @@ async def test_the_restore_per_run_stays_flat_while_the_episode_grows(
     summary = await episodes.summary(episode_id)
     assert sum(summary.totals.values()) == CALLS and summary.contexts[0].head is not None
     await episodes.close(episode_id, CloseRequest(final_answer="done"))
-    result = await asyncio.wait_for(episodes.result(episode_id), 300)
+    result = await asyncio.wait_for(episodes.result(episode_id), RESULT_WAIT)
     assert result.status == "ok", result.failure
     assert result.counts == {"selected": CALLS}  # settled calls included: materialize joined the pages
     rows = rows_from_parquet(e2e_store.get(result.rows_key))

@@ -20,6 +20,7 @@ from grove import queues
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
     SYSTEM,
     assistant_of,
@@ -30,7 +31,7 @@ from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixtur
     summary,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 WINDOW = 2
 
