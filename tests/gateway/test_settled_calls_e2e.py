@@ -91,6 +91,6 @@ async def test_a_worker_spawned_by_a_settled_call_is_refused_409_and_nothing_is_
     assert contexts(await summary(temporal_client, eid))["counter.0"].spawned_by_call == ids[-1]
     response = await close(gateway_url, eid, {"final_answer": "done"}, wait=False)
     assert response.status_code < 300, response.text
-    result = await temporal_client.get_workflow_handle(eid).result(result_type=EpisodeResult)
+    result = await temporal_client.get_workflow_handle(eid, result_type=EpisodeResult).result()
     assert result.status == "ok", result.failure
     assert result.counts == {"selected": 9}  # every call, the settled ones too
