@@ -30,7 +30,7 @@ from grove.contracts import EpisodeSpec, HarnessSpec
 from grove.receipts import CallState, ContextOrigin
 from grove.sampling import SamplingConfig
 from harnesses import scenario
-from tests.bounds import SERVICE_TEST_TIMEOUT
+from tests.bounds import SERVICE_TEST_TIMEOUT, STATE_WAIT
 from trainer.rows import rows_from_parquet
 from workflows.accounting import LedgerSummary
 
@@ -66,18 +66,27 @@ async def serving(app) -> AsyncIterator[str]:
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(200):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.05)
-    if task.done():
-        task.result()  # surface a startup failure
+    await until_serving(server, task)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         await task
         sock.close()
+
+
+async def until_serving(server: uvicorn.Server, task: asyncio.Task, timeout: float = STATE_WAIT) -> None:
+    """Until uvicorn serves (its lifespan started: Temporal client, store, tokenizer and context window
+    loaded; the socket listening), a state that stays once reached; a startup failure is raised as is.
+    Bounded as every state wait (tests/bounds.py): the startup's work scales with the machine's load (the
+    bound was 10 s, after which the tests met a socket not listening yet or an app without its state)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (server.started or task.done()):
+        assert asyncio.get_running_loop().time() < deadline, f"the gateway did not start in {timeout:.0f} s"
+        await asyncio.sleep(0.05)
+    if task.done():
+        task.result()  # surface a startup failure (or a server that returned before serving)
+        raise AssertionError("uvicorn returned before serving")
 
 
 def gateway_settings(temporal_server, e2e_store, tiny_model_dir, recording_engine) -> GatewaySettings:

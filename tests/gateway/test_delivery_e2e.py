@@ -39,6 +39,7 @@ from tests.gateway.test_app_e2e import (
     sse_chunks,
     start_episode,
     summary,
+    until_serving,
 )
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
@@ -133,12 +134,7 @@ async def gated_gateway(temporal_server, grove_worker, e2e_store, tiny_model_dir
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(sends, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(200):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.05)
-    if task.done():
-        task.result()
+    await until_serving(server, task)
     store = GatedStore(e2e_store.root)
     app.state.capture.store = store  # the same objects, written through the gate
     yield Gateway(f"http://127.0.0.1:{sock.getsockname()[1]}", store, sends)
