@@ -173,16 +173,22 @@ async def test_long_episode_continues_as_new_with_its_ledger(
             return await episodes.call(episode_id, call_request(episode_id, i))
 
     results = await asyncio.gather(*(one(i) for i in range(1, n)))
-    assert sorted(r.call_id for r in results) == sorted(f"parent.c{i}" for i in range(1, n))
+    # An attempt lost to a timeout (a heavily loaded machine: seen once at 2,400 calls beside two test
+    # suites) is discarded and re-run as `<id>.r<k>` by the lost-attempt rule: each call i completes
+    # exactly once, under its own id or a retry's, and every lost attempt is accounted as discarded.
+    completed = sorted(r.call_id for r in results)
+    lost = [a for r in results for a in r.lost_attempts]
+    assert sorted(_first_id(c) for c in completed) == sorted(f"parent.c{i}" for i in range(1, n))
+    assert {_first_id(a) for a in lost} <= {_first_id(c) for c in completed if c != _first_id(c)}
     progress = await episodes.progress(episode_id)
     assert progress.run_index >= n // per_run - 1 and progress.updates_total == n + 1
     await episodes.close(episode_id, CloseRequest(final_answer="done"))
     result = await asyncio.wait_for(episodes.result(episode_id), 300)
     assert result.status == "ok", result.failure
-    assert result.counts == {"selected": n}
+    assert result.counts == {"selected": n, **({"discarded": len(lost)} if lost else {})}
     rows = rows_from_parquet(e2e_store.get(result.rows_key))
     owned = [s.call_id for r in rows for s in r.spans if s.owned]
-    assert len(rows) == n - 1 and sorted(owned) == sorted(f"parent.c{i}" for i in range(n))
+    assert len(rows) == n - 1 and sorted(owned) == sorted(["parent.c0", *completed])
     runs = await _runs(temporal_client, episode_id)
     assert len(runs) == progress.run_index + 1 >= 5
     assert all(_completed_after_handing_over(h) >= 1 for h in runs[:-1])  # in-flight calls drained
@@ -198,6 +204,12 @@ async def test_long_episode_continues_as_new_with_its_ledger(
         f"\n{n} calls, {len(runs)} runs, HandingOver retries {episodes.handover_retries}, "
         f"events per run {[len(h.events) for h in runs]}"
     )
+
+
+def _first_id(call_id: str) -> str:
+    """The call's own id without a retry's `.r<k>` (`parent.c529.r1` -> `parent.c529`)."""
+    head, _, tail = call_id.rpartition(".")
+    return head if head and tail.startswith("r") and tail[1:].isdigit() else call_id
 
 
 async def test_a_close_during_a_blocked_hand_over_finishes_the_episode(
