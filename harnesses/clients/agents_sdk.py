@@ -265,8 +265,7 @@ class GroveModel(Model):
         **kwargs: Any,
     ) -> ModelResponse:
         episode, _, settings = self._split(model_settings)
-        name = self.model_name or await self.provider.served_model(episode)
-        model = OpenAIChatCompletionsModel(model=name, openai_client=self.provider.client(episode))
+        model = await self._chat_model(episode)
         holder: dict[str, str] = {}
         token = _RESPONSE.set(holder)
         try:
@@ -284,11 +283,15 @@ class GroveModel(Model):
             )
         finally:
             _RESPONSE.reset(token)
-        call_id = holder.get(CALL_ID_HEADER)
+        call_id = _record_call(episode, holder)
         if call_id:
-            episode.record({CALL_ID_HEADER: call_id, AGENT_HEADER: holder.get(AGENT_HEADER, "")})
             _stamp(response, call_id)
         return response
+
+    async def _chat_model(self, episode) -> OpenAIChatCompletionsModel:
+        """The SDK's chat-completions model on this episode's gateway client (both paths call it)."""
+        name = self.model_name or await self.provider.served_model(episode)
+        return OpenAIChatCompletionsModel(model=name, openai_client=self.provider.client(episode))
 
     async def stream_response(
         self,
@@ -319,8 +322,7 @@ class GroveModel(Model):
         episode, _, settings = self._split(model_settings)
         if settings.include_usage is None:  # the SDK asks for usage only from api.openai.com by default
             settings = dataclasses.replace(settings, include_usage=True)  # the call's real token counts
-        name = self.model_name or await self.provider.served_model(episode)
-        model = OpenAIChatCompletionsModel(model=name, openai_client=self.provider.client(episode))
+        model = await self._chat_model(episode)
         holder: dict[str, str] = {}
         # Set in the task that iterates this stream (the SDK may iterate it in a task of its own): the
         # client's response hook fills it when the response headers arrive, before the first event.
@@ -342,14 +344,21 @@ class GroveModel(Model):
                 call_id = holder.get(CALL_ID_HEADER)
                 if call_id:
                     if not recorded:
-                        episode.record({CALL_ID_HEADER: call_id, AGENT_HEADER: holder.get(AGENT_HEADER, "")})
-                        recorded = True
+                        recorded = _record_call(episode, holder) is not None
                     _stamp_event(event, call_id)
                 yield event
         finally:
             # closed from another context (garbage collection): nothing to undo there
             with contextlib.suppress(ValueError):
                 _RESPONSE.reset(token)
+
+
+def _record_call(episode, holder: dict[str, str]) -> str | None:
+    """Record the grove call the response headers named (the next call's spawner); its id, or None."""
+    call_id = holder.get(CALL_ID_HEADER)
+    if call_id:
+        episode.record({CALL_ID_HEADER: call_id, AGENT_HEADER: holder.get(AGENT_HEADER, "")})
+    return call_id
 
 
 def _stamp(response: ModelResponse, call_id: str) -> None:
