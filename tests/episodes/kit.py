@@ -9,6 +9,7 @@ calls an episode takes, and every call is an endpoint (one row per branch).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -64,6 +65,20 @@ async def open_and_call(episodes: Episodes, episode_id: str, n: int) -> list[Cal
     """Open the parent context and make calls 0..n-1 one after another."""
     await episodes.open_context(episode_id, ROOT)
     return [await episodes.call(episode_id, call_request(episode_id, i)) for i in range(n)]
+
+
+async def branching_calls(episodes: Episodes, episode_id: str, n: int, at_once: int) -> list[CallResult]:
+    """Open the parent context, make its root call c0, then calls 1..n-1 (each a branch from c0),
+    `at_once` in flight at a time; the results of calls 1..n-1."""
+    await episodes.open_context(episode_id, ROOT)
+    await episodes.call(episode_id, call_request(episode_id, 0))
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(i: int) -> CallResult:
+        async with gate:
+            return await episodes.call(episode_id, call_request(episode_id, i))
+
+    return await asyncio.gather(*(one(i) for i in range(1, n)))
 
 
 class CountingEpisodes(Episodes):

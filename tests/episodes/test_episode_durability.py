@@ -21,9 +21,8 @@ from grove.contracts import CloseRequest, MaterializeInput
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_activities, wait_until
 from tests.episodes.kit import (
-    ROOT,
     CountingEpisodes,
-    call_request,
+    branching_calls,
     episode_spec,
     open_and_call,
     start,
@@ -164,15 +163,7 @@ async def test_long_episode_continues_as_new_with_its_ledger(
     spec = episode_spec("long", max_updates_per_run=per_run, ledger_page_items=64)
     episodes = CountingEpisodes(temporal_client)
     episode_id = await start(temporal_client, spec)
-    await episodes.open_context(episode_id, ROOT)
-    await episodes.call(episode_id, call_request(episode_id, 0))
-    gate = asyncio.Semaphore(8)
-
-    async def one(i: int):
-        async with gate:
-            return await episodes.call(episode_id, call_request(episode_id, i))
-
-    results = await asyncio.gather(*(one(i) for i in range(1, n)))
+    results = await branching_calls(episodes, episode_id, n, at_once=8)
     # An attempt lost to a timeout (a heavily loaded machine: seen once at 2,400 calls beside two test
     # suites) is discarded and re-run as `<id>.r<k>` by the lost-attempt rule: each call i completes
     # exactly once, under its own id or a retry's, and every lost attempt is accounted as discarded.

@@ -22,7 +22,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from grove.contracts import CloseRequest, MaterializeInput
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs
-from tests.episodes.kit import ROOT, CountingEpisodes, call_request, episode_spec, start
+from tests.episodes.kit import CountingEpisodes, branching_calls, episode_spec, start
 from trainer.rows import rows_from_parquet
 from workflows.handover import EpisodeRun, ledger_prefix
 
@@ -79,15 +79,7 @@ async def test_the_restore_per_run_stays_flat_while_the_episode_grows(
     spec = episode_spec("settle", max_updates_per_run=PER_RUN, ledger_page_items=16, branch_window=WINDOW)
     episodes = CountingEpisodes(temporal_client)
     episode_id = await start(temporal_client, spec)
-    await episodes.open_context(episode_id, ROOT)
-    await episodes.call(episode_id, call_request(episode_id, 0))
-    gate = asyncio.Semaphore(4)
-
-    async def one(i: int):
-        async with gate:
-            return await episodes.call(episode_id, call_request(episode_id, i))
-
-    results = await asyncio.gather(*(one(i) for i in range(1, CALLS)))
+    results = await branching_calls(episodes, episode_id, CALLS, at_once=4)
     assert sorted(r.call_id for r in results) == sorted(f"parent.c{i}" for i in range(1, CALLS))
     # The summary query counts every call, settled or live (the gateway numbers calls from it).
     summary = await episodes.summary(episode_id)
