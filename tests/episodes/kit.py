@@ -81,6 +81,37 @@ async def branching_calls(episodes: Episodes, episode_id: str, n: int, at_once: 
     return await asyncio.gather(*(one(i) for i in range(1, n)))
 
 
+def first_id(call_id: str) -> str:
+    """The call's own id without a retry's `.r<k>` (`parent.c529.r1` -> `parent.c529`)."""
+    head, _, tail = call_id.rpartition(".")
+    return head if head and tail.startswith("r") and tail[1:].isdigit() else call_id
+
+
+def each_call_once(results: list[CallResult], n: int) -> list[str]:
+    """Check that branching calls 1..n-1 each completed exactly once and return the lost attempts.
+
+    An attempt lost to a timeout (a heavily loaded machine: seen once at 2,400 calls beside two test
+    suites) is discarded and re-run as `<id>.r<k>` by the lost-attempt rule, so a call completes under
+    its own id or a retry's; every lost attempt belongs to a call that completed under a retry's id."""
+    completed = [r.call_id for r in results]
+    lost = [a for r in results for a in r.lost_attempts]
+    assert sorted(first_id(c) for c in completed) == sorted(f"parent.c{i}" for i in range(1, n))
+    assert {first_id(a) for a in lost} <= {first_id(c) for c in completed if c != first_id(c)}
+    return lost
+
+
+async def episode_runs(client: Client, episode_id: str) -> list:
+    """Every workflow run's history of the episode, first to last, by following continued_execution_run_id."""
+    runs, run_id = [], None
+    while True:
+        history = await client.get_workflow_handle(episode_id, run_id=run_id).fetch_history()
+        runs.append(history)
+        started = history.events[0].workflow_execution_started_event_attributes
+        if not started.continued_execution_run_id:
+            return runs[::-1]
+        run_id = started.continued_execution_run_id
+
+
 class CountingEpisodes(Episodes):
     """The gateway's Episodes, counting the HandingOver refusals it retried (what a harness never saw)."""
 

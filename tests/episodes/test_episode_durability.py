@@ -23,6 +23,8 @@ from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_
 from tests.episodes.kit import (
     CountingEpisodes,
     branching_calls,
+    each_call_once,
+    episode_runs,
     episode_spec,
     open_and_call,
     start,
@@ -120,19 +122,6 @@ async def test_abandoned_episode_closes_as_failed_after_its_idle_timeout(
     assert await _refused_close(episodes, episode_id, CloseRequest(final_answer="late")) == ALREADY_CLOSED
 
 
-async def _runs(client: Client, episode_id: str) -> list:
-    """Every workflow run of the episode, first to last, by following continued_execution_run_id."""
-    runs = []
-    run_id = None
-    while True:
-        history = await client.get_workflow_handle(episode_id, run_id=run_id).fetch_history()
-        runs.append(history)
-        started = history.events[0].workflow_execution_started_event_attributes
-        if not started.continued_execution_run_id:
-            return runs[::-1]
-        run_id = started.continued_execution_run_id
-
-
 def _completed_after_handing_over(history) -> int:
     """Updates completed after the run started handing over (the drain of calls in flight)."""
     seen, completed = False, 0
@@ -164,13 +153,8 @@ async def test_long_episode_continues_as_new_with_its_ledger(
     episodes = CountingEpisodes(temporal_client)
     episode_id = await start(temporal_client, spec)
     results = await branching_calls(episodes, episode_id, n, at_once=8)
-    # An attempt lost to a timeout (a heavily loaded machine: seen once at 2,400 calls beside two test
-    # suites) is discarded and re-run as `<id>.r<k>` by the lost-attempt rule: each call i completes
-    # exactly once, under its own id or a retry's, and every lost attempt is accounted as discarded.
-    completed = sorted(r.call_id for r in results)
-    lost = [a for r in results for a in r.lost_attempts]
-    assert sorted(_first_id(c) for c in completed) == sorted(f"parent.c{i}" for i in range(1, n))
-    assert {_first_id(a) for a in lost} <= {_first_id(c) for c in completed if c != _first_id(c)}
+    lost = each_call_once(results, n)
+    completed = [r.call_id for r in results]
     progress = await episodes.progress(episode_id)
     assert progress.run_index >= n // per_run - 1 and progress.updates_total == n + 1
     await episodes.close(episode_id, CloseRequest(final_answer="done"))
@@ -180,7 +164,7 @@ async def test_long_episode_continues_as_new_with_its_ledger(
     rows = rows_from_parquet(e2e_store.get(result.rows_key))
     owned = [s.call_id for r in rows for s in r.spans if s.owned]
     assert len(rows) == n - 1 and sorted(owned) == sorted(["parent.c0", *completed])
-    runs = await _runs(temporal_client, episode_id)
+    runs = await episode_runs(temporal_client, episode_id)
     assert len(runs) == progress.run_index + 1 >= 5
     assert all(_completed_after_handing_over(h) >= 1 for h in runs[:-1])  # in-flight calls drained
     # The large ledger went through the object store (pages), not a payload, and was cleaned up after.
@@ -195,12 +179,6 @@ async def test_long_episode_continues_as_new_with_its_ledger(
         f"\n{n} calls, {len(runs)} runs, HandingOver retries {episodes.handover_retries}, "
         f"events per run {[len(h.events) for h in runs]}"
     )
-
-
-def _first_id(call_id: str) -> str:
-    """The call's own id without a retry's `.r<k>` (`parent.c529.r1` -> `parent.c529`)."""
-    head, _, tail = call_id.rpartition(".")
-    return head if head and tail.startswith("r") and tail[1:].isdigit() else call_id
 
 
 async def test_a_close_during_a_blocked_hand_over_finishes_the_episode(
