@@ -51,7 +51,6 @@ import asyncio
 import contextlib
 import gc
 import hashlib
-import json
 import logging
 import os
 import time
@@ -69,6 +68,7 @@ from chat.tool_parsers import HermesParser, ToolCallParser, tool_parser
 from grove.contracts import DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN, EngineLimits
 from grove.gates import Gates
 from grove.sampling import LOGPROBS_MODE, SamplingConfig
+from models.limits import EngineLimitsError, check_positions, kv_bytes_per_token, model_positions
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +135,6 @@ class NonFiniteLogprobError(EngineError):
     weights). The call fails here, at generation, instead of poisoning a training step later."""
 
 
-class EngineLimitsError(EngineError, ValueError):
-    """The engine's limits do not fit the model or each other (checked before vLLM starts)."""
-
-
-class ContextExceedsModelError(EngineLimitsError):
-    """max_model_len is longer than the model's max_position_embeddings: vLLM-CPU would serve the
-    positions past them with NaN logits, silently (measured: shared/research/harnesses.md)."""
-
-
 class StepBudgetTooSmallError(EngineLimitsError):
     """max_num_batched_tokens < max_model_len on CPU, where prompts are never split over steps."""
 
@@ -181,37 +172,6 @@ class EngineConfig(BaseModel):
     def step_token_budget(self) -> int:
         """Tokens one engine step may schedule: at least one whole prompt (chunked prefill is off)."""
         return self.max_num_batched_tokens or max(self.max_model_len, 2048)
-
-
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-
-
-def model_positions(model_dir: Path) -> int | None:
-    """The model's max_position_embeddings from its config.json (None if it does not say)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    config = config.get("text_config", config)
-    value = config.get("max_position_embeddings")
-    return int(value) if value is not None else None
-
-
-def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:
-    """KV-cache bytes one token takes: K and V for every layer's key-value heads."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    config = config.get("text_config", config)
-    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return 2 * config["num_hidden_layers"] * heads * head_dim * _DTYPE_BYTES.get(dtype, 4)
-
-
-def check_positions(max_model_len: int, positions: int | None, where: str) -> None:
-    """Raise ContextExceedsModelError if a context of `max_model_len` goes past the model's positions."""
-    if positions is not None and max_model_len > positions:
-        raise ContextExceedsModelError(
-            f"{where}: max_model_len={max_model_len} exceeds the model's max_position_embeddings="
-            f"{positions} (positions past them give NaN logits); lower --max-model-len / "
-            f"engine.max_model_len to at most {positions}, or serve a model with more positions "
-            "(tiny-tools has 32768)"
-        )
 
 
 def check_engine_limits(config: EngineConfig, *, chunked_prefill: bool = False) -> None:

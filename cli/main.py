@@ -116,9 +116,9 @@ def worker(
 
     from pydantic import ValidationError
 
-    from activities.engine import EngineLimitsError, check_positions
     from cli.worker import engine_limits, parse_queues, run_worker
     from grove.client import connect
+    from models.limits import EngineLimitsError, check_positions
     from models.registry import known_positions
     from storage.config import store_from_env
 

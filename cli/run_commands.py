@@ -61,8 +61,8 @@ class EngineLimitsConfigError(runconfig.RunConfigError):
 
 def _load_checked(config: str, overrides: list[str] | None) -> Any:
     """Load, override, validate, then check the engine limits against the model (typed errors)."""
-    from activities.engine import EngineLimitsError
     from cli import runs
+    from models.limits import EngineLimitsError
 
     cfg = runconfig.load_run_config(config, overrides or [])
     try:

@@ -186,7 +186,7 @@ async def _start(client: Client, state: RunState, reuse: WorkflowIDReusePolicy) 
 def check_run_engine(cfg: RunConfig) -> None:
     """Refuse a run whose engine context is longer than its model's positions (when known without
     building the model; the engine checks again when it starts)."""
-    from activities.engine import check_positions
+    from models.limits import check_positions
     from models.registry import known_positions
 
     where = f"run {cfg.run_id!r} (model {cfg.model!r})"

@@ -30,9 +30,9 @@ def gateway(
     """Serve the OpenAI-compatible capture gateway (secret from $GROVE_GATEWAY_SECRET)."""
     import uvicorn
 
-    from activities.engine import EngineLimitsError, check_positions
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
+    from models.limits import EngineLimitsError, check_positions
     from models.registry import known_positions
 
     settings = GatewaySettings.from_env(

@@ -84,13 +84,13 @@ class ContextWindow:
     def load(cls, policy_model: str, max_model_len: int, store: ObjectStore) -> ContextWindow:
         """Resolve the model like `grove worker --model` does and load its tokenizer (blocking).
 
-        Raises activities.engine.ContextExceedsModelError when `max_model_len` is past the model's
+        Raises models.limits.ContextExceedsModelError when `max_model_len` is past the model's
         max_position_embeddings: no engine serves such a context (the worker refuses to start one), so
         the gateway would admit prompts that every engine then refuses, or that run on positions the
         model never learned."""
         from transformers import AutoTokenizer
 
-        from activities.engine import check_positions, model_positions
+        from models.limits import check_positions, model_positions
         from models.registry import ensure_model
 
         model_dir = ensure_model(policy_model)

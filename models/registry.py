@@ -15,7 +15,6 @@ renamed into place only when complete, so an interrupted build never leaves a ha
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 from grove.paths import grove_home
 from models.copy_tune import CopyTuneSpec, build_copy_model
 from models.copy_tune import fingerprint as copy_fingerprint
+from models.limits import model_positions
 from models.manifest import read_manifest
 from models.smollm2 import convert_smollm2, find_smollm2_source
 from models.tiny import TinyModelSpec, ToolDrillSpec, build_tiny_model
@@ -109,10 +109,8 @@ def known_positions(name_or_path: str | os.PathLike[str], *, cache_dir: Path | N
     root = Path(cache_dir) if cache_dir is not None else models_cache_dir()
     folders = sorted(root.glob(f"{SMOLLM2}-*")) if name == SMOLLM2 else [Path(name)]
     for folder in folders:
-        config = folder / "config.json"
-        if config.is_file():
-            value = json.loads(config.read_text()).get("max_position_embeddings")
-            return int(value) if value is not None else None
+        if (folder / "config.json").is_file():
+            return model_positions(folder)
     return None
 
 

@@ -1,6 +1,6 @@
 """The gateway refuses, at start, a context (`--max-model-len`) past the served model's positions.
 
-No engine serves such a context (`grove worker` refuses to start one: activities/engine.py
+No engine serves such a context (`grove worker` refuses to start one: models/limits.py
 `check_positions`), so a gateway measuring prompts against it would admit prompts every engine refuses.
 Real tiny model folders from the grove cache, the real `python -m gateway` process; no Temporal server
 (the refusal comes before the gateway connects).
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.engine import ContextExceedsModelError
 from gateway.context_window import ContextWindow
+from models.limits import ContextExceedsModelError
 from models.registry import ensure_model
 from storage.local import LocalStore
 

@@ -17,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 from activities.engine import (
-    ContextExceedsModelError,
     EngineConfig,
     KVCacheTooSmallError,
     PolicyEngine,
@@ -29,6 +28,7 @@ from cli.main import app
 from cli.run_commands import EXIT_INVALID_CONFIG
 from grove.contracts import EngineLimits, RunConfig
 from grove.sampling import SamplingConfig
+from models.limits import ContextExceedsModelError
 from models.tiny import TinyModelSpec, build_tiny_model
 from models.tool_drills import harness_requests
 
