@@ -16,13 +16,8 @@ replaced by held-out made-up words (`tool_drills.is_held_out`: never in any dril
 
 Each kind runs greedy and at temperature 0.7 (top_k 0, top_p 1, seeded), with HF `generate`.
 
-`--episodes N` also plays N `opencode-delegation` tasks (`--group G` samples each) through the same
-requests, chained the way OpenCode chains them: the lead's first reply is parsed with the gateway's
-parser; each `task` call to `worker` becomes a worker request whose user message is the call's `prompt`;
-the workers' replies come back in OpenCode's `<task ...><task_result>` wrapper in the lead's resumption
-(arguments re-serialised as compact JSON); the family's reward function scores the outcome. It is a
-simulation of the binary on its captured request text (no OpenCode, no gateway, no vLLM): calls to
-other agents get no answer, and a lead reply without tool calls is its final answer.
+Simulated `opencode-delegation` episodes on the same requests, scored by the family's reward, are
+harnesses/opencode_delegation_sim.py (the reward belongs to the family, above the models).
 """
 
 from __future__ import annotations
@@ -39,7 +34,6 @@ import torch
 from pydantic import BaseModel
 
 from chat.toolcalls import parse_tool_calls
-from grove.contracts import HarnessOutcome
 from models.tokenizer import END_OF_TEXT, IM_END
 from models.tool_drills import draw_words, harness_requests
 
@@ -125,7 +119,9 @@ def score_resume(reply: str, words: list[str]) -> dict[str, float]:
     return {"both_words": float(all(w in got for w in words))}
 
 
-class _Generator:
+class Generator:
+    """A model answering chat requests with HF `generate` (greedy at temperature 0, else seeded sampling)."""
+
     def __init__(self, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -180,7 +176,7 @@ def _trial(kind: str, words: list[str]) -> tuple[dict[str, Any], Any]:
 
 
 def _run_kind(
-    gen: _Generator, kind: str, word_sets: list[list[str]], *, temperature: float, seed: int
+    gen: Generator, kind: str, word_sets: list[list[str]], *, temperature: float, seed: int
 ) -> KindScores:
     totals: dict[str, float] = {}
     example = ""
@@ -199,7 +195,7 @@ def evaluate(model: str, *, trials: int = 48, seed: int = 1234) -> ToolEvalRepor
     from models.registry import ensure_model
 
     t0 = time.perf_counter()
-    gen = _Generator(ensure_model(model))
+    gen = Generator(ensure_model(model))
     rng = random.Random(seed)
     word_sets = [draw_words(rng, 2, held_out=True) for _ in range(trials)]
     out: dict[str, dict[str, KindScores]] = {}
@@ -217,106 +213,13 @@ def evaluate(model: str, *, trials: int = 48, seed: int = 1234) -> ToolEvalRepor
     )
 
 
-MAX_EPISODE_TOKENS = 128  # each call's max_tokens in a simulated episode (OpenCode's limit.output)
-
-
-def _task_result(index: int, answer: str) -> str:
-    session = f"ses_{index:012x}simulatedXXXXXX"
-    return f'<task id="{session}" state="completed">\n<task_result>\n{answer}\n</task_result>\n</task>'
-
-
-def play_episode(gen: _Generator, words: list[str], *, temperature: float, seed: int) -> HarnessOutcome:
-    """One simulated `opencode-delegation` episode on OpenCode's captured request text (module doc)."""
-    limit = MAX_EPISODE_TOKENS
-    first = lead_request(words)
-    reply = gen.reply(first, temperature=temperature, seed=seed, max_new_tokens=limit)
-    parsed = parse_tool_calls(reply)
-    outputs: dict[str, list[str]] = {"lead": [reply]}
-    if not parsed.tool_calls:
-        return HarnessOutcome(final_answer=reply, outputs=outputs)
-    calls, results = [], []
-    for i, call in enumerate(parsed.tool_calls):
-        args = json.loads(call["function"]["arguments"])
-        compact = json.dumps(args, separators=(",", ":"), ensure_ascii=False)  # as OpenCode re-sends it
-        calls.append({**call, "function": {**call["function"], "arguments": compact}})
-        answer = ""
-        if call["function"]["name"] == "task" and args.get("subagent_type") == "worker":
-            body = worker_request("x")
-            body["messages"][1]["content"] = str(args.get("prompt", ""))
-            answer = gen.reply(body, temperature=temperature, seed=seed + 1 + i, max_new_tokens=limit)
-            outputs[f"worker-{len(outputs)}"] = [answer]
-        results.append({"role": "tool", "tool_call_id": call["id"], "content": _task_result(i, answer)})
-    resume = json.loads(json.dumps(first))
-    resume["messages"] += [{"role": "assistant", "content": parsed.content or "", "tool_calls": calls}]
-    resume["messages"] += results
-    final = gen.reply(resume, temperature=temperature, seed=seed + 100, max_new_tokens=limit)
-    outputs["lead"].append(final)
-    return HarnessOutcome(final_answer=parse_tool_calls(final).content or "", outputs=outputs)
-
-
-class EpisodeScores(BaseModel):
-    """Rewards of simulated episodes: per task, its group's rewards."""
-
-    temperature: float
-    groups: list[list[float]]
-    mean: float
-    groups_with_spread: float  # share of groups whose rewards are not all equal (a GRPO signal)
-    workers: float  # mean of the reward's worker part
-    parent: float  # mean of the reward's parent part
-    example: dict[str, Any]
-
-
-def play_episodes(
-    model: str, *, tasks: int, group: int, temperature: float = 0.7, seed: int = 0
-) -> EpisodeScores:
-    """`tasks` held-out tasks of the family (the family's own word draw, on the held-out side), `group`
-    samples each."""
-    from grove.contracts import TaskSpec
-    from harnesses.opencode_delegation import FAMILY, score
-    from models.registry import ensure_model
-
-    gen = _Generator(ensure_model(model))
-    rng = random.Random(seed)
-    groups, workers, parent, example = [], [], [], {}
-    for t in range(tasks):
-        words = draw_words(rng, 2, held_out=True, common_share=0.0)
-        task = TaskSpec(family=FAMILY, task_id=f"eval-{t}", params={"words": words})
-        rewards = []
-        for g in range(group):
-            outcome = play_episode(gen, words, temperature=temperature, seed=seed + 1000 * t + 10 * g)
-            result = score(task, outcome)
-            rewards.append(result.reward)
-            workers.append(result.details["workers"])
-            parent.append(result.details["parent"])
-            example = example or {"words": words, **outcome.model_dump(), "reward": result.reward}
-        groups.append(rewards)
-    flat = [r for rs in groups for r in rs]
-    return EpisodeScores(
-        temperature=temperature,
-        groups=groups,
-        mean=sum(flat) / len(flat),
-        groups_with_spread=sum(len(set(rs)) > 1 for rs in groups) / len(groups),
-        workers=sum(workers) / len(workers),
-        parent=sum(parent) / len(parent),
-        example=example,
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a model name (tiny-tools) or folder")
     parser.add_argument("--trials", type=int, default=48)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--episodes", type=int, default=0, help="simulated opencode-delegation tasks")
-    parser.add_argument("--group", type=int, default=4, help="samples per simulated task")
-    parser.add_argument("--temperature", type=float, default=0.7, help="of the simulated episodes")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.episodes:
-        ep = play_episodes(args.model, tasks=args.episodes, group=args.group, temperature=args.temperature)
-        print(ep.model_dump_json(indent=1))
-        if args.trials == 0:
-            return
     report = evaluate(args.model, trials=args.trials)
     for label in ("greedy", "t07"):
         for kind, ks in getattr(report, label).items():
