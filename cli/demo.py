@@ -63,7 +63,9 @@ class DemoConfig(BaseModel):
     # langgraph / agents-sdk: a Python harness program launched per episode the same way, on the
     # `langgraph-delegation` / `agents-sdk-delegation` family (harnesses/framework_delegation.py)
     harness: Literal["native", "opencode", "langgraph", "agents-sdk"] = "native"
-    model: str | None = None  # None: tiny (native) or tiny-tools (opencode: drilled on OpenCode's calls)
+    # None: tiny (native) or tiny-copy (opencode: tiny-tools, drilled on OpenCode's calls, fine-tuned to copy
+    # made-up words into them; tiny-tools writes the calls but copies no word, so its groups give no signal)
+    model: str | None = None
     steps: int = 20
     group_size: int = 8
     tasks_per_step: int = 2
@@ -77,7 +79,7 @@ class DemoConfig(BaseModel):
     out_dir: Path = Path("runs")
 
 
-OPENCODE_CONTEXT = 4096  # tiny-tools' engines and OpenCode's `limit.context`: holds the lead's resumption
+OPENCODE_CONTEXT = 4096  # tiny-copy's engines and OpenCode's `limit.context`: holds the lead's resumption
 # OpenCode's `limit.output`: the lead's two `task` calls, each with a made-up word written twice, take
 # ~90-105 tokens (at 64 the second call was cut, and a cut call leaves the whole reply plain text)
 OPENCODE_MAX_TOKENS = 128
@@ -96,7 +98,7 @@ HARNESSES = ("native", "opencode", *PYTHON_FAMILIES)
 
 
 def model_name(cfg: DemoConfig) -> str:
-    return cfg.model or ("tiny-tools" if cfg.harness == "opencode" else "tiny")
+    return cfg.model or ("tiny-copy" if cfg.harness == "opencode" else "tiny")
 
 
 def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:

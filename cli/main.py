@@ -170,20 +170,25 @@ def demo(
     harness: str = typer.Option(
         "native",
         help="native: the in-workflow delegation program; opencode: stock OpenCode launched per episode "
-        "(opencode-delegation family, default model tiny-tools); langgraph / agents-sdk: a LangGraph / "
+        "(opencode-delegation family, default model tiny-copy); langgraph / agents-sdk: a LangGraph / "
         "OpenAI Agents SDK program launched per episode (langgraph-delegation / agents-sdk-delegation).",
     ),
     model: str = typer.Option(
-        None, help="tiny | tiny-tools | smollm2 | a HF causal-LM folder (default tiny; opencode: tiny-tools)."
+        None,
+        help="tiny | tiny-tools | tiny-copy | smollm2 | a HF causal-LM folder "
+        "(default tiny; opencode: tiny-copy).",
     ),
     steps: int = typer.Option(20, help="Optimizer steps per run."),
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),
     group_size: int = typer.Option(8, help="Episodes per task (GRPO group)."),
     tasks_per_step: int = typer.Option(2, help="Tasks per step."),
     lr: float = typer.Option(5e-4, help="Learning rate."),
-    max_tokens: int = typer.Option(None, help="Max tokens per model call (default 8; opencode: 64)."),
+    max_tokens: int = typer.Option(None, help="Max tokens per model call (default 8; opencode: 128)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature (recorded per call for the learner)."),
     eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
+    port: int = typer.Option(7233, help="Temporal dev server's port (when the demo starts the server)."),
+    ui_port: int = typer.Option(8233, help="Temporal UI's port (when the demo starts the server)."),
+    out_dir: str = typer.Option("runs", help="metrics.csv, reward.png and logs go to OUT_DIR/NAME."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
     from cli.demo import HARNESSES, DemoConfig, main
@@ -194,7 +199,7 @@ def demo(
     cfg = DemoConfig(
         name=name, harness=harness, model=model, steps=steps, group_size=group_size,
         tasks_per_step=tasks_per_step, lr=lr, max_tokens=max_tokens, temperature=temperature,
-        eval_every=eval_every,
+        eval_every=eval_every, port=port, ui_port=ui_port, out_dir=Path(out_dir),
     )  # fmt: skip
     raise typer.Exit(main(cfg))
 

@@ -1,5 +1,5 @@
 """`grove demo --harness opencode` (issue 11, part 4): the two runs and the worker it starts, checked the
-way the real commands check them (pure: nothing is started; the tiny-tools model comes from the cache).
+way the real commands check them (pure: nothing is started; the tiny-copy model comes from the cache).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def test_the_opencode_demo_trains_opencode_episodes_beside_the_parent_only_baseline():
     cfg = DemoConfig(harness="opencode", steps=3)
-    assert model_name(cfg) == "tiny-tools"
+    assert model_name(cfg) == "tiny-copy"
     model_dir = ensure_model(model_name(cfg))
     pw, po = run_configs(cfg, model_dir)
     assert (pw.train_agents, po.train_agents) == ("all", "parent_only")
