@@ -118,6 +118,20 @@ def _activity_bytes(history, activity: str, event: str) -> int:
     return total
 
 
+def _activity_seconds(history, activity: str) -> float:
+    """Scheduled -> completed seconds of `activity`'s last completion in one run's history (0: none)."""
+    scheduled: dict[int, tuple[str, float]] = {}
+    seconds = 0.0
+    for e in history.events:
+        t = e.event_time.ToNanoseconds() / 1e9
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            scheduled[e.event_id] = (e.activity_task_scheduled_event_attributes.activity_type.name, t)
+        elif e.HasField("activity_task_completed_event_attributes"):
+            name, at = scheduled.get(e.activity_task_completed_event_attributes.scheduled_event_id, ("", t))
+            seconds = t - at if name == activity else seconds
+    return seconds
+
+
 async def run_histories(client, episode_id: str) -> list[dict[str, int]]:
     """Per run of the episode, first to last: Updates, events, bytes, and of those bytes the ledger
     restored (load_ledger_page results, the carried inline ledger) and written (store_ledger_page)."""
@@ -137,6 +151,7 @@ async def run_histories(client, episode_id: str) -> list[dict[str, int]]:
                 "start_input": started.input.ByteSize(),
                 "loaded": _activity_bytes(history, "load_ledger_page", "completed"),
                 "written": _activity_bytes(history, "store_ledger_page", "scheduled"),
+                "materialize_s": _activity_seconds(history, "materialize_episode"),
             }
         )
         if not started.continued_execution_run_id:
@@ -145,6 +160,7 @@ async def run_histories(client, episode_id: str) -> list[dict[str, int]]:
 
 
 async def main(args: argparse.Namespace) -> None:
+    wall0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="bench-episode-"))
     server = TemporalDevServer(tmp / "temporal").start()
     worker = None
@@ -208,6 +224,10 @@ async def main(args: argparse.Namespace) -> None:
             f"max run: {max(r['events'] for r in runs)} events, {biggest['bytes'] / 1e6:.2f} MB (of which "
             f"ledger loaded {biggest['loaded'] / 1e6:.2f} MB, written {biggest['written'] / 1e6:.2f} MB); "
             f"per call {total_events / args.calls:.1f} events, {total_bytes / args.calls / 1e3:.2f} KB"
+        )
+        print(
+            f"materialize_episode (scheduled -> completed) {runs[-1]['materialize_s']:.1f} s; "
+            f"total wall {time.monotonic() - wall0:.0f} s (services up, calls, close, histories read)"
         )
     finally:
         if worker is not None:
