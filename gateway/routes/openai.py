@@ -57,8 +57,10 @@ async def responses(episode_id: EpisodeIdDep) -> None:
         f"episode {episode_id!r}: the gateway serves the chat completions API only "
         "(POST .../v1/chat/completions), not the Responses API (POST .../v1/responses): exact token "
         "capture continues chat histories. With the OpenAI Agents SDK call "
-        'agents.set_default_openai_api("chat_completions") before running, or give each agent an '
-        "OpenAIChatCompletionsModel (grove's Agents SDK model provider does)",
+        'agents.set_default_openai_api("chat_completions") before running, give each agent an '
+        "OpenAIChatCompletionsModel, or run with grove's provider "
+        "(harnesses.clients.agents_sdk.GroveModelProvider(...).run_config()), which does both and "
+        "names each agent; streamed runs alike",
         param="endpoint",
     )
 

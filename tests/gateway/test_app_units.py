@@ -662,6 +662,24 @@ async def test_the_responses_api_is_refused_naming_the_chat_completions_fix(bare
             await stranger.responses.create(model="m", input="hi")
 
 
+async def test_a_streamed_responses_request_is_refused_before_any_stream(bare_app):
+    """`stream: true` on /v1/responses gets the same 404 as a plain one, as a JSON error before any
+    server-sent event (a harness reading the stream sees the status, never a half stream)."""
+    transport = httpx.ASGITransport(app=bare_app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport) as http_client:
+        client = openai.AsyncOpenAI(
+            base_url=f"http://gw/episodes/{episode_ref('ep/1')}/v1",
+            api_key=issue_token(SECRET, "ep/1"),
+            http_client=http_client,
+            max_retries=0,
+        )
+        with pytest.raises(openai.NotFoundError) as err:
+            await client.responses.create(model="m", input="hi", stream=True)
+    assert err.value.response.headers["content-type"].startswith("application/json")
+    assert (err.value.body["code"], err.value.body["param"]) == ("ResponsesApiNotServedError", "endpoint")
+    assert "OpenAIChatCompletionsModel" in err.value.body["message"]
+
+
 async def test_the_agents_sdk_default_model_gets_the_fix_in_its_error(bare_app):
     """The real OpenAI Agents SDK with its default model (the Responses API), as a new user runs it."""
     import agents  # the `harnesses` extra (infra/bootstrap.sh installs it)
@@ -680,5 +698,11 @@ async def test_the_agents_sdk_default_model_gets_the_fix_in_its_error(bare_app):
         )
         with pytest.raises(openai.NotFoundError) as err:
             await agents.Runner.run(tutor, "What is 2 + 2?")
-    assert err.value.body["code"] == "ResponsesApiNotServedError"
-    assert 'set_default_openai_api("chat_completions")' in err.value.body["message"]
+        streamed = agents.Runner.run_streamed(tutor, "What is 2 + 2?")  # the SDK's stream: same refusal
+        with pytest.raises(openai.NotFoundError) as stream_err:
+            async for _event in streamed.stream_events():
+                pass
+    for error in (err.value.body, stream_err.value.body):
+        assert error["code"] == "ResponsesApiNotServedError"
+        assert 'set_default_openai_api("chat_completions")' in error["message"]
+        assert "GroveModelProvider" in error["message"]
