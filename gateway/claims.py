@@ -23,6 +23,8 @@ client's retry regenerates the call; a non-retryable, named failure in an IO act
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from grove.contracts import CallRequest, CallResult, Completion, GenerateResult, ObjectRef
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, StorageError, sha256_hex
 from trainer.staging_format import staging_prefix
@@ -45,6 +47,41 @@ def stash_prompt(store: ObjectStore, episode_id: str, call: CallRequest) -> Call
     return call.model_copy(update={"prompt": call.prompt.model_copy(update={"chat": None, "chat_ref": ref})})
 
 
+# ---- reading a claim back ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimErrors:
+    """How one kind of claim fails to read: the error each fault raises, and what the caller should do.
+    (A missing completion is a storage error a retry mends; a missing chat prompt is bad call input.)"""
+
+    outside: type[Exception]
+    missing: type[Exception]
+    changed: type[Exception]
+    missing_hint: str
+    changed_hint: str
+
+
+def read_claim(store: ObjectStore, episode_id: str, ref: ObjectRef, what: str, errors: ClaimErrors) -> bytes:
+    """The bytes `ref` names, verified: inside the episode's staging (another episode's object is never
+    read), in the store, of the size and sha256 the reference names."""
+    prefix = staging_prefix(episode_id)
+    if not ref.key.startswith(prefix):
+        raise errors.outside(f"{what} is outside episode {episode_id!r}'s staging {prefix!r}")
+    try:
+        data = store.get(ref.key)
+    except ObjectNotFoundError:
+        raise errors.missing(
+            f"{what} of episode {episode_id!r} is not in the store ({errors.missing_hint})"
+        ) from None
+    if len(data) != ref.size or sha256_hex(data) != ref.sha256:
+        raise errors.changed(
+            f"{what} of episode {episode_id!r} holds {len(data)} B with sha256 {sha256_hex(data)[:16]}..., "
+            f"not the {ref.size} B / {ref.sha256[:16]}... its reference names: {errors.changed_hint}"
+        )
+    return data
+
+
 # ---- completions ---------------------------------------------------------------------------------
 
 
@@ -59,6 +96,16 @@ class CompletionMissingError(CompletionClaimError, ObjectNotFoundError):
 class CompletionDigestError(CompletionClaimError, DigestMismatchError):
     """The object under the completion's key is not the bytes its reference names, or the reference
     points outside the episode's staging."""
+
+
+_COMPLETION_ERRORS = ClaimErrors(
+    outside=CompletionDigestError,
+    missing=CompletionMissingError,
+    changed=CompletionDigestError,
+    missing_hint="the generate activity wrote it before returning; the episode's staging is deleted when it "
+    "ends: retry the request, which generates the call again",
+    changed_hint="the stored completion was changed; retry the request",
+)
 
 
 def completion_key(episode_id: str, call_id: str, sha256: str) -> str:
@@ -87,21 +134,7 @@ def stash_completion(store: ObjectStore, episode_id: str, call_id: str, completi
 
 def load_completion(store: ObjectStore, episode_id: str, ref: ObjectRef) -> Completion:
     """The completion `ref` names, verified (size, sha256, inside the episode's staging)."""
-    what = f"completion {ref.key!r} of episode {episode_id!r}"
-    if not ref.key.startswith(staging_prefix(episode_id)):
-        raise CompletionDigestError(f"{what} is outside the episode's staging {staging_prefix(episode_id)!r}")
-    try:
-        data = store.get(ref.key)
-    except ObjectNotFoundError:
-        raise CompletionMissingError(
-            f"{what} is not in the store (the generate activity wrote it before returning; the episode's "
-            "staging is deleted when it ends): retry the request, which generates the call again"
-        ) from None
-    if len(data) != ref.size or sha256_hex(data) != ref.sha256:
-        raise CompletionDigestError(
-            f"{what} holds {len(data)} B with sha256 {sha256_hex(data)[:16]}..., not the {ref.size} B / "
-            f"{ref.sha256[:16]}... its reference names: the stored completion was changed; retry the request"
-        )
+    data = read_claim(store, episode_id, ref, f"completion {ref.key!r}", _COMPLETION_ERRORS)
     return Completion.model_validate_json(data)
 
 

@@ -16,9 +16,10 @@ import numpy as np
 
 from chat.render import Predecessor, render_chat
 from chat.tool_parsers import ToolCallParser
+from gateway.claims import ClaimErrors, read_claim
 from grove.contracts import ChatPrompt, PromptSpec
-from storage.base import ObjectNotFoundError, ObjectStore, sha256_hex
-from trainer.staging_format import CallTokens, decode_call_tokens, staging_key, staging_prefix
+from storage.base import ObjectNotFoundError, ObjectStore
+from trainer.staging_format import CallTokens, decode_call_tokens, staging_key
 
 
 class PromptSpecError(ValueError):
@@ -74,6 +75,15 @@ def load_staged(store: ObjectStore, key: str, what: str) -> CallTokens:
     return decode_call_tokens(data, key=key)
 
 
+_CHAT_REF_ERRORS = ClaimErrors(
+    outside=ClaimCheckError,
+    missing=ClaimCheckError,
+    changed=ClaimCheckError,
+    missing_hint="the gateway writes it before the call Update: re-send the request",
+    changed_hint="the stored request was changed",
+)
+
+
 def resolve_chat_ref(spec: PromptSpec, episode_id: str, store: ObjectStore) -> PromptSpec:
     """`spec` with its claim-checked chat prompt loaded from the store and verified (gateway/claims.py)."""
     ref = spec.chat_ref
@@ -81,21 +91,7 @@ def resolve_chat_ref(spec: PromptSpec, episode_id: str, store: ObjectStore) -> P
         return spec
     if spec.chat is not None:
         raise ClaimCheckError("a prompt spec has both chat and chat_ref; send one")
-    if not ref.key.startswith(staging_prefix(episode_id)):
-        prefix = staging_prefix(episode_id)
-        raise ClaimCheckError(f"chat_ref {ref.key!r} is outside episode {episode_id!r}'s staging {prefix!r}")
-    try:
-        data = store.get(ref.key)
-    except ObjectNotFoundError:
-        raise ClaimCheckError(
-            f"chat_ref {ref.key!r} of episode {episode_id!r} is not in the store; the gateway writes it "
-            "before the call Update: re-send the request"
-        ) from None
-    if len(data) != ref.size or sha256_hex(data) != ref.sha256:
-        raise ClaimCheckError(
-            f"chat_ref {ref.key!r} holds {len(data)} B with sha256 {sha256_hex(data)[:16]}..., not the "
-            f"{ref.size} B / {ref.sha256[:16]}... the call names; the stored request was changed"
-        )
+    data = read_claim(store, episode_id, ref, f"chat_ref {ref.key!r}", _CHAT_REF_ERRORS)
     return spec.model_copy(update={"chat": ChatPrompt.model_validate_json(data), "chat_ref": None})
 
 
