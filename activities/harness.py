@@ -83,6 +83,9 @@ from harnesses.opencode import (
 from harnesses.opencode_install import OpenCodeInstallError, opencode_binary
 
 HEARTBEAT_EVERY_S = 2.0
+# The heartbeat's ledger queries wait on the episode's workflow worker; past this they are dropped for the
+# details of the previous beat (well inside HarnessSpec.heartbeat_timeout_s, 30 s by default).
+QUERY_TIMEOUT_S = 5.0
 STDERR_LINES = 30  # the last stderr lines kept for failure messages
 CLOSE_TIMEOUT_S = 120.0
 _PR_SET_PDEATHSIG = 1
@@ -176,7 +179,7 @@ class HarnessRunner:
     def __init__(self, config: RunnerConfig, client: Client | None = None) -> None:
         self.config = config
         self.client = client
-        self._gates = Gates.from_env()  # tests only (grove/gates.py): hold after the harness exited
+        self._gates = Gates.from_env()  # tests only (grove/gates.py): hold a start, an exit, a query
 
     @activity.defn(name="run_harness")
     async def run_harness(self, inp: HarnessRunInput) -> HarnessRunResult:
@@ -286,31 +289,32 @@ class HarnessRunner:
 
     async def _heartbeats(self, run: _Launch, episode_id: str, launch: int) -> None:
         while True:
-            calls, last = await self._ledger_progress(episode_id)
-            activity.heartbeat(
-                HarnessHeartbeat(
-                    launch=launch,
-                    pid=run.pid,
-                    elapsed_s=round(run.elapsed(), 1),
-                    calls=calls,
-                    last_request=last,
-                    last_event=run.last_event,
-                )  # fmt: skip
-            )
+            await self._ledger_progress(run, episode_id)
+            activity.heartbeat(run.beat(launch))
             await asyncio.sleep(HEARTBEAT_EVERY_S)
 
-    async def _ledger_progress(self, episode_id: str) -> tuple[int, str | None]:
-        """(calls admitted so far, time of the last request) from the episode's queries; best effort."""
+    async def _ledger_progress(self, run: _Launch, episode_id: str) -> None:
+        """Update the launch's calls and last request from the episode's queries, best effort: a query
+        that fails or takes longer than QUERY_TIMEOUT_S leaves the last known details, so a slow history
+        never holds the heartbeat back long enough to time the launch out."""
+        try:  # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the cancellation that ends the beat
+            async with asyncio.timeout(QUERY_TIMEOUT_S):
+                progress = await self._query_progress(episode_id)
+        except Exception:  # noqa: BLE001 - TimeoutError included: a heartbeat must never fail the launch
+            return
+        run.calls, run.last_request = progress
+
+    async def _query_progress(self, episode_id: str) -> tuple[int, str | None]:
+        """(calls admitted so far, time of the last request) from the episode's queries."""
+        if self._gates is not None:  # tests: a query that does not answer (a busy or unreachable history)
+            await self._gates.hold("heartbeat_query", episode_id)
         if self.client is None:
             return 0, None
         from workflows.accounting import LedgerSummary
 
         handle = self.client.get_workflow_handle(episode_id)
-        try:
-            summary = await handle.query("summary", result_type=LedgerSummary)
-            progress = await handle.query("progress", result_type=dict)
-        except Exception:  # noqa: BLE001 - a heartbeat must never fail the launch
-            return 0, None
+        summary = await handle.query("summary", result_type=LedgerSummary)
+        progress = await handle.query("progress", result_type=dict)
         return sum(summary.totals.values()), progress.get("last_activity")
 
     def _close_request(self, run: _Launch, exit_code: int | None, deadline_s: float) -> CloseRequest:

@@ -23,9 +23,11 @@ write an object: a test can stop the object store while a write is about to happ
 (activities/train_ranks.py: a learner rank after each forward/backward pass; key =
 `run/step-NNNNNN/rank-R/pass-K`), `harness_starting` (activities/harness.py: a harness process was
 spawned, its start not finished; key = episode id) and `harness_exited` (activities/harness.py: a
-launched harness process has ended, before the runner closes its episode; key = episode id) and
-`chat_request` (gateway/capture.py: a harness's chat request arrived at the gateway, nothing decided or
-admitted yet; key = `{episode id}/{launch or 0}/{x-grove-agent or -}/{number of messages}`).
+launched harness process has ended, before the runner closes its episode; key = episode id),
+`heartbeat_query` (activities/harness.py: the runner's heartbeat about to query the episode's ledger;
+key = episode id) and `chat_request` (gateway/capture.py: a harness's chat request arrived at the
+gateway, nothing decided or admitted yet; key =
+`{episode id}/{launch or 0}/{x-grove-agent or -}/{number of messages}`).
 """
 
 from __future__ import annotations
