@@ -101,6 +101,42 @@ async def test_provider_names_agents_and_spawns_concurrent_workers(
     assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 4}
 
 
+async def test_the_default_responses_model_is_refused_and_admits_nothing(
+    gateway_url,  # noqa: F811
+    temporal_client,
+    recording_engine,
+):
+    """The SDK's default model (the Responses API), plain and streamed, against the real gateway: 404
+    ResponsesApiNotServedError naming the fix, and the episode is untouched: the provider's first call is
+    still the root's first call, and the close counts that call only."""
+    import agents
+    import openai
+
+    eid, episode = await external_episode(temporal_client, gateway_url, "agents-sdk-responses")
+    client = openai.AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, max_retries=0)
+    tutor = agents.Agent(
+        name="Tutor", instructions="Answer.", model=agents.OpenAIResponsesModel("m", openai_client=client)
+    )
+    with pytest.raises(openai.NotFoundError) as plain:
+        await Runner.run(tutor, "What is 2 + 2?")
+    streamed = Runner.run_streamed(tutor, "What is 2 + 2?")
+    with pytest.raises(openai.NotFoundError) as stream:
+        async for _event in streamed.stream_events():
+            pass
+    for err in (plain, stream):
+        assert err.value.body["code"] == "ResponsesApiNotServedError"
+        assert "GroveModelProvider" in err.value.body["message"]
+
+    provider = GroveModelProvider(episode)
+    result = await Runner.run(
+        agents.Agent(name="Tutor", instructions="Answer."), "What is 2 + 2?", run_config=provider.run_config()
+    )
+    assert [r.response_id for r in result.raw_responses] == ["parent.0.c0"]
+    closed = await provider.episode.aclose(final_answer=str(result.final_output), wait=True)
+    assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 1}
+    assert list(recording_engine.calls_of(eid)) == ["parent.0.c0"]  # the engine served that call only
+
+
 class FailFirstAttemptAfterResponse(GroveModelProvider):
     """Fault injection: the first attempt of the first model activity fails after the gateway answered
     (a worker that lost the response); Temporal retries the activity, which re-sends the request."""
