@@ -55,7 +55,19 @@ class DemoConfig(BaseModel):
     (~10-15 min on 2 CPU cores); measured offline with the same prompts, reward and learner: mean reward
     ~0.2 at steps 1-3 -> ~0.5 at steps 16-20 (three seeds), while the parent-only run stays <= ~0.2.
     lr >= 2e-3 wrecks the base model's fragile copying in one step; temperature 1.0 learns about half
-    as fast as 0.7 (more junk samples, fewer successes per group)."""
+    as fast as 0.7 (more junk samples, fewer successes per group).
+
+    `--harness opencode` (tiny-copy, stock OpenCode per episode) measured on the 2 shared cores under
+    heavy load, group 4 x 1 task per step, T 0.7, both runs at once: workers start in ~4-5 min, then
+    ~1.5-5 min per step. At lr 5e-4 the lead's `task`-call JSON broke within 3 updates (reward
+    0.38 -> 0.02 by step 4, then every lead call without a tool call: reward 0, no signal left), so
+    the opencode lr is 1e-4 (OPENCODE_LR). At 1e-4 the policy holds but does not learn within 12
+    steps: 0.323 -> 0.358 (parent+workers) and 0.316 -> 0.358 (parent-only), first vs last 6 steps'
+    mean; paired per-step difference -0.003 (parent+workers ahead at 6 of 12 steps). The reward's
+    parent half stays ~0 (tiny-copy never repeats the words after the task results) and the workers'
+    half moves with the string similarity of made-up words (group std ~0.04), a weak, noisy signal.
+    group_size/tasks_per_step keep the native defaults (8 x 2: 4x the episodes of the measured
+    configuration, not measured with OpenCode)."""
 
     name: str = "demo"
     # native: harnesses/delegation.py inside the episode workflows; opencode: stock OpenCode launched per
@@ -69,7 +81,8 @@ class DemoConfig(BaseModel):
     steps: int = 20
     group_size: int = 8
     tasks_per_step: int = 2
-    lr: float = 5e-4
+    # None: 5e-4 (native, langgraph, agents-sdk) or 1e-4 (opencode; see OPENCODE_LR)
+    lr: float | None = None
     # None: 8 (native: one word) or 128 (opencode: two `task` calls with made-up words take ~90 tokens)
     max_tokens: int | None = None
     temperature: float = 0.7
@@ -83,6 +96,10 @@ OPENCODE_CONTEXT = 4096  # tiny-copy's engines and OpenCode's `limit.context`: h
 # OpenCode's `limit.output`: the lead's two `task` calls, each with a made-up word written twice, take
 # ~90-105 tokens (at 64 the second call was cut, and a cut call leaves the whole reply plain text)
 OPENCODE_MAX_TOKENS = 128
+# GRPO on tiny-copy's OpenCode episodes: at 5e-4 (the native demo's lr) the lead's `task`-call JSON broke
+# within 3 updates (malformed or no calls 0.5 -> 0.8 -> 1.0 of the lead's calls, reward 0.38 -> 0.02 by step
+# 4, then 0 with no signal left); measured runs in the class docstring
+OPENCODE_LR = 1e-4
 # a progress query nobody answered yet, not one that was refused: the server's query timeout (a loaded
 # machine), a dropped call, or FAILED_PRECONDITION "no poller seen" while the workers are still starting
 UNANSWERED = frozenset(
@@ -95,6 +112,10 @@ UNANSWERED = frozenset(
 )
 PYTHON_FAMILIES = {"langgraph": "langgraph-delegation", "agents-sdk": "agents-sdk-delegation"}
 HARNESSES = ("native", "opencode", *PYTHON_FAMILIES)
+
+
+def learning_rate(cfg: DemoConfig) -> float:
+    return cfg.lr or (OPENCODE_LR if cfg.harness == "opencode" else 5e-4)
 
 
 def model_name(cfg: DemoConfig) -> str:
@@ -135,7 +156,7 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
                 engine=engine,
                 sampling=SamplingConfig(max_tokens=max_tokens, temperature=cfg.temperature),
                 train_agents=agents,
-                learner=LearnerConfig(lr=cfg.lr, weight_decay=0.0),
+                learner=LearnerConfig(lr=learning_rate(cfg), weight_decay=0.0),
                 inference_queue=f"{queues.INFERENCE}-{run_id}",
                 eval_every=cfg.eval_every,
                 eval_tasks=8,

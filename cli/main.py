@@ -182,7 +182,7 @@ def demo(
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),
     group_size: int = typer.Option(8, help="Episodes per task (GRPO group)."),
     tasks_per_step: int = typer.Option(2, help="Tasks per step."),
-    lr: float = typer.Option(5e-4, help="Learning rate."),
+    lr: float = typer.Option(None, help="Learning rate (default 5e-4; opencode: 1e-4)."),
     max_tokens: int = typer.Option(None, help="Max tokens per model call (default 8; opencode: 128)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature (recorded per call for the learner)."),
     eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
