@@ -45,9 +45,9 @@ from temporalio import activity
 from activities.engine import Generation, PolicyEngine
 from activities.follow import check_served_version
 from chat.toolcalls import ParsedAssistant
-from gateway.claims import by_reference, stash_completion
+from gateway.claims import by_reference, completion_of, stash_completion, stash_conversation
 from gateway.prompt import build_prompt, resolve_chat_ref
-from grove.contracts import Completion, GenerateInput, GenerateResult
+from grove.contracts import ChatPrompt, Completion, Conversation, GenerateInput, GenerateResult
 from grove.receipts import ToolCallOutcome
 from grove.sampling import SamplingProcessing
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
@@ -241,7 +241,7 @@ async def run_generate(inp: GenerateInput, engine: PolicyEngine, store: ObjectSt
         tools = spec.chat.tools if spec.chat is not None else None  # some parsers type arguments by them
         staged = await asyncio.to_thread(staged_result, inp, engine, store, prompt, tools)
         if staged is not None:
-            return staged
+            return await asyncio.to_thread(with_conversation, inp, spec.chat, store, staged)
         attempt = activity.info().attempt if activity.in_activity() else 1
         request_id = f"{inp.episode_id}/{inp.call_id}/attempt-{attempt}"
         phase("generating", prompt_len=int(prompt.size))
@@ -249,4 +249,21 @@ async def run_generate(inp: GenerateInput, engine: PolicyEngine, store: ObjectSt
         if inp.policy is not None:  # a capped call (an evaluation) another call's load overtook: not staged
             check_served_version(inp.policy, gen.policy_version, f"generate call {inp.call_id}")
         phase("staging", completion_len=int(gen.completion_ids.size))
-        return await asyncio.to_thread(stage, inp, engine, store, gen, prompt, tools)
+        result = await asyncio.to_thread(stage, inp, engine, store, gen, prompt, tools)
+        return await asyncio.to_thread(with_conversation, inp, spec.chat, store, result)
+
+
+def with_conversation(
+    inp: GenerateInput, chat: ChatPrompt | None, store: ObjectStore, result: GenerateResult
+) -> GenerateResult:
+    """A native chat call's result with its Conversation stored (the prompt's messages and tools, the
+    reply its caller gets), so its continuation sends only its new messages (`ChatDelta`): the history
+    then grows by what each call adds, not by the whole conversation again per call. Only for prompts
+    the native harness sends (`chat`, `chat_delta`); the gateway's (`chat_ref`) have their chat record."""
+    if chat is None or (inp.prompt.chat is None and inp.prompt.chat_delta is None):
+        return result
+    response = completion_of(store, inp.episode_id, result).assistant_message
+    conversation = Conversation(messages=chat.messages, tools=chat.tools, response=response)
+    return result.model_copy(
+        update={"conversation_ref": stash_conversation(store, inp.episode_id, inp.call_id, conversation)}
+    )

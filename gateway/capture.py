@@ -705,6 +705,7 @@ def _call_request(
         extends=base.call_id if base else None,
         prompt=prompt,
         sampling=sampling,
+        completion_by_ref=True,  # _admit reads it with completion_of
     )
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grove.contracts import CallRequest, CallResult, Completion, GenerateResult, ObjectRef
+from grove.contracts import CallRequest, CallResult, Completion, Conversation, GenerateResult, ObjectRef
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, StorageError, sha256_hex
 from trainer.staging_format import staging_prefix
 
@@ -45,6 +45,23 @@ def stash_prompt(store: ObjectStore, episode_id: str, call: CallRequest) -> Call
     store.put_if_absent(key, data)
     ref = ObjectRef(key=key, sha256=sha, size=len(data))
     return call.model_copy(update={"prompt": call.prompt.model_copy(update={"chat": None, "chat_ref": ref})})
+
+
+def conversation_prefix(episode_id: str, call_id: str) -> str:
+    """Where call `call_id`'s stored Conversations are (`stash_conversation`)."""
+    return f"{staging_prefix(episode_id)}conversations/{call_id}-"
+
+
+def stash_conversation(
+    store: ObjectStore, episode_id: str, call_id: str, conversation: Conversation
+) -> ObjectRef:
+    """Store a native chat call's Conversation for its continuation's `ChatDelta` (deterministic key and
+    bytes: a re-run verifies its own); read back by gateway/prompt.py `resolve_chat_delta`."""
+    data = conversation.model_dump_json().encode()
+    sha = sha256_hex(data)
+    key = f"{conversation_prefix(episode_id, call_id)}{sha[:16]}.json"
+    store.put_if_absent(key, data)
+    return ObjectRef(key=key, sha256=sha, size=len(data))
 
 
 # ---- reading a claim back ------------------------------------------------------------------------

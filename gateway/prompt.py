@@ -5,7 +5,9 @@ A PromptSpec is exactly one of: ids (a context root), a parent + suffix_ids (`pr
 parent completion + suffix`, read from the parent's staged arrays), or a chat prompt rendered with the
 model's chat template (chat/render.py), splicing a parent's exact tokens when it names one. A chat
 prompt may be claim-checked (`chat_ref`): the gateway wrote it to the episode's staging
-(gateway/claims.py) and the call names its size and sha256; it is loaded and verified here.
+(gateway/claims.py) and the call names its size and sha256; it is loaded and verified here. A native
+continuation may be a `chat_delta`: its new messages after the parent call's stored `Conversation`
+(written by the parent's generate activity), joined here into the ChatPrompt it stands for.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import numpy as np
 
 from chat.render import Predecessor, render_chat
 from chat.tool_parsers import ToolCallParser
-from gateway.claims import ClaimErrors, read_claim
-from grove.contracts import ChatPrompt, PromptSpec
+from gateway.claims import ClaimErrors, conversation_prefix, read_claim
+from grove.contracts import ChatPrompt, Conversation, PromptSpec
 from storage.base import ObjectNotFoundError, ObjectStore
 from trainer.staging_format import CallTokens, decode_call_tokens, staging_key
 
@@ -84,15 +86,52 @@ _CHAT_REF_ERRORS = ClaimErrors(
 )
 
 
+_CONVERSATION_ERRORS = ClaimErrors(
+    outside=ClaimCheckError,
+    missing=ClaimCheckError,
+    changed=ClaimCheckError,
+    missing_hint="the parent's generate activity writes it before it returns; the episode's staging is "
+    "deleted when the episode ends",
+    changed_hint="the stored conversation was changed",
+)
+
+
 def resolve_chat_ref(spec: PromptSpec, episode_id: str, store: ObjectStore) -> PromptSpec:
-    """`spec` with its claim-checked chat prompt loaded from the store and verified (gateway/claims.py)."""
+    """`spec` with its claim-checked chat prompt loaded from the store and verified (gateway/claims.py),
+    or its chat delta joined to the parent's stored conversation (`resolve_chat_delta`)."""
     ref = spec.chat_ref
     if ref is None:
-        return spec
-    if spec.chat is not None:
-        raise ClaimCheckError("a prompt spec has both chat and chat_ref; send one")
+        return resolve_chat_delta(spec, episode_id, store)
+    if spec.chat is not None or spec.chat_delta is not None:
+        raise ClaimCheckError("a prompt spec has chat_ref and also chat or chat_delta; send one")
     data = read_claim(store, episode_id, ref, f"chat_ref {ref.key!r}", _CHAT_REF_ERRORS)
     return spec.model_copy(update={"chat": ChatPrompt.model_validate_json(data), "chat_ref": None})
+
+
+def resolve_chat_delta(spec: PromptSpec, episode_id: str, store: ObjectStore) -> PromptSpec:
+    """`spec` with its chat delta joined to its parent's stored Conversation: the ChatPrompt
+    `parent.messages + [parent.response] + delta.messages` (parent messages, tools: the parent's)."""
+    delta = spec.chat_delta
+    if delta is None:
+        return spec
+    if spec.chat is not None:
+        raise ClaimCheckError("a prompt spec has both chat and chat_delta; send one")
+    if spec.parent_call_id is None or spec.parent_staging_key is None:
+        raise PromptSpecError(
+            "a chat_delta continues a parent call: set parent_call_id and parent_staging_key"
+        )
+    ref = delta.parent_conversation
+    what = f"chat_delta's parent_conversation {ref.key!r}"
+    own = conversation_prefix(episode_id, spec.parent_call_id)
+    if not ref.key.startswith(own):  # the parent's own conversation, not another call's
+        raise ClaimCheckError(f"{what} is not one of parent call {spec.parent_call_id!r}'s ({own!r}...)")
+    parent = Conversation.model_validate_json(read_claim(store, episode_id, ref, what, _CONVERSATION_ERRORS))
+    chat = ChatPrompt(
+        messages=[*parent.messages, parent.response, *delta.messages],
+        tools=parent.tools,
+        parent_messages=parent.messages,
+    )
+    return spec.model_copy(update={"chat": chat, "chat_delta": None})
 
 
 def build_prompt(

@@ -173,18 +173,41 @@ class ObjectRef(BaseModel):
     size: int = Field(ge=0)
 
 
+class Conversation(BaseModel):
+    """What one native chat call saw and answered: its prompt's messages and tools, and the assistant
+    message its caller got. The generate activity stores it (gateway/claims.py `stash_conversation`)
+    so the call's continuation can name it instead of carrying the conversation again."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    response: dict[str, Any]
+
+
+class ChatDelta(BaseModel):
+    """A native chat continuation without the conversation it continues: the activity reads the parent
+    call's `Conversation` and renders `parent.messages + [parent.response] + messages` with
+    `parent_messages = parent.messages` and the parent's tools, the ChatPrompt the native harness would
+    otherwise send whole. What crosses Temporal per call is the new messages, not the conversation."""
+
+    parent_conversation: ObjectRef
+    messages: list[dict[str, Any]]  # after the parent's reply: user turns, tool results
+
+
 class PromptSpec(BaseModel):
     """How the generate activity builds a call's prompt ids, exactly one of three ways.
 
     A chat prompt travels as `chat_ref` (the ChatPrompt's JSON in the object store) rather than inline
     `chat`: a request's messages can be megabytes, and Temporal payloads and history must stay small
     (DESIGN.md section 10). The gateway stores it (gateway/claims.py); the activity loads and verifies it.
+    The native harness, which cannot write the store (it is workflow code), sends a continuation as
+    `chat_delta` (its new messages and the parent's stored `Conversation`), its roots as `chat`.
     """
 
     ids: list[int] | None = None  # a context root given as tokens
     suffix_ids: list[int] | None = None  # parent prompt + parent completion + these (a continuation)
     chat: ChatPrompt | None = None  # rendered with the model's chat template
     chat_ref: ObjectRef | None = None  # the same, claim-checked: a ChatPrompt JSON in the object store
+    chat_delta: ChatDelta | None = None  # the same, as new messages after a stored parent Conversation
     parent_call_id: str | None = None
     parent_staging_key: str | None = None
 
@@ -199,6 +222,11 @@ class CallRequest(BaseModel):
     branch: bool = False
     prompt: PromptSpec
     sampling: SamplingConfig | None = None  # default: the episode's
+    # The caller reads a large completion by reference (`CallResult.completion_ref`, gateway/claims.py).
+    # False, as every caller of before the claim check sends (the field is new to them): the completion
+    # comes back inline whatever its size, so a gateway of an earlier version served by a newer episode
+    # worker (a rolling deploy) still gets what it can decode.
+    completion_by_ref: bool = False
 
 
 # Completions whose inline form (ids + text + chat message, JSON) is larger than this many bytes travel
@@ -253,6 +281,7 @@ class CallResult(_CompletionCarrier):
     digests: TokenDigests
     staging_key: str
     lost_attempts: list[str] = Field(default_factory=list)  # admitted, lost to a crash, discarded
+    conversation_ref: ObjectRef | None = None  # a native chat call's stored Conversation (GenerateResult's)
 
 
 class DiscardRequest(BaseModel):
@@ -483,6 +512,9 @@ class GenerateResult(_CompletionCarrier):
     # How the completion parsed when the request offered tools (None: no tools offered); the
     # ledger records it in the call's receipt.
     tool_call: ToolCallOutcome | None = None
+    # A native chat call (prompt `chat` or `chat_delta`): its Conversation, stored for its continuation
+    # to name (ChatDelta). None for other prompts, and in results recorded before it existed.
+    conversation_ref: ObjectRef | None = None
 
 
 class LoadCompletionInput(BaseModel):

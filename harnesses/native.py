@@ -25,7 +25,15 @@ from typing import Any, Protocol
 
 from temporalio.exceptions import ApplicationError
 
-from grove.contracts import CallRequest, CallResult, ChatPrompt, EpisodeSpec, HarnessOutcome, PromptSpec
+from grove.contracts import (
+    CallRequest,
+    CallResult,
+    ChatDelta,
+    ChatPrompt,
+    EpisodeSpec,
+    HarnessOutcome,
+    PromptSpec,
+)
 from grove.episodes import FailureKind
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
 
@@ -99,11 +107,19 @@ class Agent:
     async def reply(self, *observations: Message, kind: CallKind = CallKind.ACTION) -> CallResult:
         """Add observations (user turns, tool results) and let the policy answer."""
         messages = (self.history if self.last else list(self.base)) + list(observations)
-        prompt = PromptSpec(
-            chat=ChatPrompt(messages=messages, tools=self.tools, parent_messages=self.last_prompt),
-            parent_call_id=self.last.call_id if self.last else None,
-            parent_staging_key=self.last.staging_key if self.last else None,
-        )
+        if self.last is not None and self.last.conversation_ref is not None:
+            # The parent's conversation is in the store (its generate activity wrote it): only the new
+            # messages cross Temporal, so a long conversation does not ride in every call's input again.
+            delta = ChatDelta(parent_conversation=self.last.conversation_ref, messages=list(observations))
+            prompt = PromptSpec(
+                chat_delta=delta, parent_call_id=self.last.call_id, parent_staging_key=self.last.staging_key
+            )
+        else:  # a root, or a parent result naming no conversation (an older inference worker, a replay)
+            prompt = PromptSpec(
+                chat=ChatPrompt(messages=messages, tools=self.tools, parent_messages=self.last_prompt),
+                parent_call_id=self.last.call_id if self.last else None,
+                parent_staging_key=self.last.staging_key if self.last else None,
+            )
         call_id = f"{self.context_id}.c{self.calls}"
         self.calls += 1
         result = await self.host.call(

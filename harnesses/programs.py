@@ -13,6 +13,7 @@ PROGRAMS: dict[str, Program] = {
     scenario.NAME: scenario.program,
     scenario.SINGLE_NAME: scenario.single_agent_program,
     scenario.OUTCOMES_NAME: scenario.group_outcomes_program,
+    scenario.LONG_NAME: scenario.long_conversation_program,
 }
 
 

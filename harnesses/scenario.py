@@ -11,6 +11,9 @@ more calls: the plain context-compaction case (two rows).
 0 makes only an auxiliary call (a title: a valid episode with zero rows), 3 breaks a harness rule
 (spawns a worker before any call: a policy failure), every other index makes one action call.
 
+`long-conversation` — one agent, `turns` calls in one context (task param, default LONG_TURNS), a user
+turn before each after the first: a native conversation that grows with every call.
+
 The reward is a deterministic pseudo-random function of the texts (a hash mapped to [0, 1)), so the
 episodes of a group have distinct rewards without any model skill and GRPO has a signal to test.
 """
@@ -27,6 +30,8 @@ from harnesses.native import NativeEpisode, system, tool_result, user
 NAME = "scenario"
 SINGLE_NAME = "single-compaction"
 OUTCOMES_NAME = "group-outcomes"
+LONG_NAME = "long-conversation"
+LONG_TURNS = 16
 AUX_ONLY_INDEX = 0
 POLICY_FAILURE_INDEX = 3
 
@@ -74,6 +79,15 @@ async def group_outcomes_program(episode: NativeEpisode) -> str:
     if j == POLICY_FAILURE_INDEX:
         await episode.spawn("worker-1", by=agent, messages=[user("Help.")])  # NativeHarnessError
     return (await agent.reply()).text
+
+
+async def long_conversation_program(episode: NativeEpisode) -> str:
+    turns = int(episode.spec.task.params.get("turns", LONG_TURNS))
+    agent = await episode.root("parent", [system("You are an agent."), user("Count with me.")])
+    reply = await agent.reply()
+    for k in range(1, turns):
+        reply = await agent.reply(user(f"Turn {k}: go on."))
+    return reply.text
 
 
 def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:

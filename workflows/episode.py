@@ -591,7 +591,7 @@ class EpisodeWorkflow:
         """Native harness entry: the call, its completion inline. A completion that came by reference
         (too large to carry twice) is read by the `load_completion` IO activity: the program is workflow
         code, so what it reads is in the history once, as that activity's result (no token ids)."""
-        result = await self._call(req)
+        result = await self._call(req.model_copy(update={"completion_by_ref": True}))
         if result.completion_ref is None:
             return result
         inp = LoadCompletionInput(episode_id=self.spec.episode_id, ref=result.completion_ref)
@@ -648,6 +648,7 @@ class EpisodeWorkflow:
                 digests=result.digests,
                 staging_key=result.staging_key,
                 lost_attempts=lost,
+                conversation_ref=result.conversation_ref,  # a native chat call's: its continuation names it
             )
 
     async def _generate(self, call_id: str, req: CallRequest) -> GenerateResult:
@@ -659,8 +660,11 @@ class EpisodeWorkflow:
             policy=self.spec.policy,
         )
         # Patched in: a large completion comes back by reference (grove/contracts.py COMPLETION_INLINE_MAX);
-        # runs recorded before it asked for inline completions and replay as they ran.
-        if workflow.patched("grove-completion-by-ref"):
+        # runs recorded before it asked for inline completions and replay as they ran. Only for a caller
+        # that reads references (`completion_by_ref`: the gateway, the native entry above): a gateway of
+        # before the claim check, which cannot decode one, gets its completion inline (a rolling deploy).
+        # patched() first: a recorded run's marker is met whatever the request says.
+        if workflow.patched("grove-completion-by-ref") and req.completion_by_ref:
             inp.completion_inline_max = COMPLETION_INLINE_MAX
         # One attempt per call id: a retry after a crash is a new admission (see the module docstring).
         return await workflow.execute_activity(
