@@ -31,6 +31,21 @@ Two more, also by past workflow code, on their own:
   whole ledger), run 3 restores it, pages it before its close and materializes. Today's code must replay
   both without settling (patched in: `grove-settle-calls`).
 
+Three more, by today's workflow code, on their own (the claim check and the settle, which the histories
+above never took):
+
+    .venv/bin/python -m tests.workflows.record_histories --by-ref-episode   # ~3 min
+
+- `episode_by_ref_handover`, `episode_by_ref_close`: the second and third workflow runs of one external
+  episode (open_context + 9 calls of BY_REF_TOKENS tokens each, every completion over
+  COMPLETION_INLINE_MAX so it crosses Temporal by reference; a hand-over every 4 Updates, ledger pages of
+  4 items, `branch_window=2`): run 2 restores run 1's inline ledger, takes 4 by-reference calls, writes its
+  pages and index and settles (its carry: the 3 live calls inline and the settled tails), run 3 pages its
+  ledger before its close and materializes by following the index chain;
+- `episode_native_by_ref`: the `long-conversation` native program with 2 turns of BY_REF_TOKENS tokens:
+  each generate result is a reference, read through `load_completion`, and the second call is a
+  `chat_delta` naming the first call's stored conversation (its result's `conversation_ref`).
+
 - `training_run_pre_bound`: a TrainingRunWorkflow of 2 steps run by the workflow code from before the
   run's history was bounded (workflows/training_run.py of PRE_BOUND_COMMIT, read from git; every other
   module is today's). It was started with `carried_history_steps=1` (a client that knows the field, a
@@ -82,6 +97,7 @@ from grove.contracts import (
     RunConfig,
     RunResult,
     RunState,
+    TaskSpec,
 )
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
@@ -105,6 +121,9 @@ PRE_BOUND_COMMIT = "e829cd1^"
 PRE_SETTLE_EPISODE_ID = "replay/pre-settle/t0/g0"
 # the last commit whose workflows/episode.py handed a paged ledger over whole (no settle)
 PRE_SETTLE_COMMIT = "4fcddce"
+BY_REF_EPISODE_ID = "replay/by-ref/t0/g0"
+NATIVE_BY_REF_EPISODE_ID = "replay/native-by-ref/t0/g0"
+BY_REF_TOKENS = 400  # each completion's tokens (ignore_eos): its inline form is over COMPLETION_INLINE_MAX
 
 
 class RecordingError(RuntimeError):
@@ -347,6 +366,73 @@ async def record_pre_settle(work: Path) -> list[Path]:
             await asyncio.gather(*workers, return_exceptions=True)
 
 
+async def _by_ref_external(client) -> list:
+    """The external episode of `--by-ref-episode`: its runs, first to last."""
+    from gateway.episodes import Episodes
+    from tests.episodes.kit import ROOT, call_request
+
+    sampling = SamplingConfig(max_tokens=BY_REF_TOKENS, ignore_eos=True)
+    spec = EpisodeSpec(
+        run_id="replay", step=0, group_id="replay/by-ref/t0", episode_id=BY_REF_EPISODE_ID,
+        task=scenario.make_task(0), harness=HarnessSpec(kind="external"), sampling=sampling,
+        max_updates_per_run=4, ledger_page_items=4, branch_window=2,
+    )  # fmt: skip
+    await client.start_workflow("EpisodeWorkflow", spec, id=spec.episode_id, task_queue=queues.EPISODES)
+    episodes = Episodes(client)
+    await episodes.open_context(spec.episode_id, ROOT)
+    calls = []
+    for i in range(9):  # as the gateway asks (gateway/capture.py): a large completion by reference
+        request = call_request(spec.episode_id, i).model_copy(update={"completion_by_ref": True})
+        calls.append(await episodes.call(spec.episode_id, request))
+    await episodes.close(spec.episode_id, CloseRequest(final_answer="done"))
+    result = await episodes.result(spec.episode_id)
+    runs = await _runs_of(client, spec.episode_id)
+    inline = [c.call_id for c in calls if c.completion_ref is None]
+    if result.status != "ok" or result.counts != {"selected": 9} or len(runs) != 3 or inline:
+        raise RecordingError(
+            f"{spec.episode_id}: expected ok, 9 selected, 3 runs, every completion by reference; got "
+            f"{result}, {len(runs)} runs, inline: {inline}"
+        )
+    return runs
+
+
+async def record_by_ref(work: Path) -> list[Path]:
+    store = LocalStore(work / "store")
+    with TemporalDevServer(work / "temporal") as server:
+        client = await connect(server.address)
+        workers = [
+            asyncio.create_task(
+                run_worker(client, [queues.EPISODES, queues.IO, queues.INFERENCE], store=store, model=MODEL,
+                           work_dir=work / "worker", device="cpu")
+            )
+        ]  # fmt: skip
+        try:
+            runs = await _while_workers_run(_by_ref_external(client), workers)
+            spec = episode_spec(NATIVE_BY_REF_EPISODE_ID).model_copy(
+                update={
+                    "task": TaskSpec(family=scenario.NAME, task_id="long-2", params={"turns": 2}),
+                    "harness": HarnessSpec(program=scenario.LONG_NAME),
+                    "sampling": SamplingConfig(max_tokens=BY_REF_TOKENS, ignore_eos=True),
+                }
+            )
+            native = await client.start_workflow(
+                EpisodeWorkflow.run, spec, id=spec.episode_id, task_queue=queues.EPISODES,
+                result_type=EpisodeResult,
+            )  # fmt: skip
+            result = await _while_workers_run(native.result(), workers)
+            if result.status != "ok" or result.counts != {"selected": 2} or result.num_rows != 1:
+                raise RecordingError(f"{spec.episode_id}: expected ok, 2 selected, 1 row; got {result}")
+            return [
+                await _record("episode_by_ref_handover", runs[1]),
+                await _record("episode_by_ref_close", runs[2]),
+                await _record("episode_native_by_ref", native),
+            ]
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+
 async def record_pre_bound(work: Path) -> list[Path]:
     old_run = pre_bound_workflow(work / "pre-bound")
     store = LocalStore(work / "store")
@@ -383,7 +469,11 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--hung-worker":
         asyncio.run(serve_hung_inference(sys.argv[2]))
         return
-    jobs = {"--pre-bound-run": record_pre_bound, "--pre-settle-episode": record_pre_settle}
+    jobs = {
+        "--pre-bound-run": record_pre_bound,
+        "--pre-settle-episode": record_pre_settle,
+        "--by-ref-episode": record_by_ref,
+    }
     job = jobs.get(sys.argv[1], record) if len(sys.argv) == 2 else record
     work = Path(tempfile.mkdtemp(prefix="grove-record-histories-"))
     try:

@@ -45,8 +45,14 @@ RECORDED = {
     # (record_histories.py --pre-settle-episode): a paged hand-over, then a paged close
     "episode_pre_settle_handover": ("EpisodeWorkflow", "replay/pre-settle/t0/g0"),
     "episode_pre_settle_close": ("EpisodeWorkflow", "replay/pre-settle/t0/g0"),
+    # by today's code (record_histories.py --by-ref-episode): runs 2 and 3 of an external episode whose
+    # completions all crossed by reference, a settled hand-over then a paged close; and a native program
+    # that read its by-reference completion through load_completion
+    "episode_by_ref_handover": ("EpisodeWorkflow", "replay/by-ref/t0/g0"),
+    "episode_by_ref_close": ("EpisodeWorkflow", "replay/by-ref/t0/g0"),
+    "episode_native_by_ref": ("EpisodeWorkflow", "replay/native-by-ref/t0/g0"),
 }
-CONTINUED = {"episode_pre_settle_handover"}  # runs that ended in a continue-as-new
+CONTINUED = {"episode_pre_settle_handover", "episode_by_ref_handover"}  # runs that ended in a continue-as-new
 
 
 def history(name: str) -> WorkflowHistory:
@@ -122,6 +128,49 @@ def test_the_pre_settle_runs_restore_and_write_the_whole_paged_ledger():
     assert carried["ledger_pages"] and carried.get("ledger") is None and not carried.get("settled")
     close = scheduled_activities("episode_pre_settle_close")
     assert "load_ledger_page" in close and "materialize_episode" in close
+
+
+def _generate_results(name: str) -> list[dict]:
+    """The decoded results of the run's completed `generate` activities."""
+    events = json.loads((HISTORIES / f"{name}.json").read_text())["events"]
+    key = "activityTaskScheduledEventAttributes"
+    generate = {e["eventId"] for e in events if key in e and e[key]["activityType"]["name"] == "generate"}
+    done = "activityTaskCompletedEventAttributes"
+    return [
+        _payload(e[done], "result") for e in events if done in e and e[done]["scheduledEventId"] in generate
+    ]
+
+
+@pytest.mark.parametrize("name", ["episode_by_ref_handover", "episode_by_ref_close", "episode_native_by_ref"])
+def test_the_by_ref_recordings_carry_references_not_completions(name):
+    """What these recordings must keep covering: every generate result of the run is a reference (no
+    token ids, no text), as the patched `grove-completion-by-ref` path returns a completion over
+    COMPLETION_INLINE_MAX."""
+    results = _generate_results(name)
+    assert results and all(r["completion_ref"] and r.get("completion_ids") is None for r in results)
+    assert all(r.get("text") is None and r.get("assistant_message") is None for r in results)
+
+
+def test_the_by_ref_runs_settle_at_their_hand_over_and_the_native_one_loads_its_completion():
+    handover = scheduled_activities("episode_by_ref_handover")
+    assert handover.count("generate") == 4 and "store_ledger_index" in handover
+    events = json.loads((HISTORIES / "episode_by_ref_handover.json").read_text())["events"]
+    carried = _payload(events[-1]["workflowExecutionContinuedAsNewEventAttributes"], "input")["carry"]
+    assert carried["settled"] and carried["ledger_index"] and not carried["ledger_pages"]
+    # the carry holds the live calls only: fewer than the 7 the episode had made by then
+    assert 0 < len(carried["ledger"]["calls"]) < 7
+    close = scheduled_activities("episode_by_ref_close")
+    assert "materialize_episode" in close and "store_ledger_page" in close
+    assert scheduled_activities("episode_native_by_ref").count("load_completion") == 2
+    # its second call named the first call's stored conversation instead of carrying it (ChatDelta)
+    events = json.loads((HISTORIES / "episode_native_by_ref.json").read_text())["events"]
+    key = "activityTaskScheduledEventAttributes"
+    prompts = [
+        _payload(e[key], "input")["prompt"]
+        for e in events
+        if key in e and e[key]["activityType"]["name"] == "generate"
+    ]
+    assert prompts[0]["chat"] and prompts[1]["chat_delta"]["parent_conversation"] and not prompts[1]["chat"]
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
@@ -211,6 +260,42 @@ class EpisodeSettlingUnpatched(EpisodeWorkflow):
 
     def _settles(self) -> bool:
         return True
+
+
+@workflow.defn(name="EpisodeWorkflow")
+class EpisodeNotSettling(EpisodeWorkflow):
+    """Hands a paged ledger over whole, as before the settle: no index, every call carried."""
+
+    @workflow.run
+    async def run(self, spec: EpisodeRun) -> EpisodeResult:
+        return await super().run(spec)
+
+    def _settles(self) -> bool:
+        return False
+
+
+@workflow.defn(name="EpisodeWorkflow")
+class EpisodeWithoutCompletionLoad(EpisodeWorkflow):
+    """Gives the native program the generate result as it came, without reading a by-reference
+    completion through `load_completion`: changes only the claim check's native branch."""
+
+    @workflow.run
+    async def run(self, spec: EpisodeRun) -> EpisodeResult:
+        return await super().run(spec)
+
+    async def call(self, req):
+        return await self._call(req)
+
+
+async def test_dropping_the_settle_fails_the_settled_hand_over():
+    with pytest.raises(workflow.NondeterminismError):
+        await replay("episode_by_ref_handover", EpisodeNotSettling)
+
+
+async def test_a_changed_completion_load_fails_only_the_native_run_that_read_by_reference():
+    await replay("episode_scenario", EpisodeWithoutCompletionLoad)  # inline completions: branch never ran
+    with pytest.raises(workflow.NondeterminismError):
+        await replay("episode_native_by_ref", EpisodeWithoutCompletionLoad)
 
 
 async def test_an_unpatched_settle_fails_the_hand_over_recorded_before_it():
