@@ -15,6 +15,9 @@ from __future__ import annotations
 STATE_WAIT = 900.0
 # A run or an episode the test is sure to see finish.
 RESULT_WAIT = 900.0
+# A fresh Python interpreter the test runs to its end (a subprocess that imports torch, vLLM or pytest):
+# at load 30-56 a pytest subprocess took ~6 min just to start (its case then ran in 1-5 s).
+PROCESS_WAIT = STATE_WAIT
 # pytest-timeout of a test that starts services (fixture setup included, as pytest-timeout counts it):
 # services up within STATE_WAIT, then the test's own waits and work.
 SERVICE_TEST_TIMEOUT = 1800

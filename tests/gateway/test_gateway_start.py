@@ -20,6 +20,7 @@ from gateway.context_window import ContextWindow
 from models.limits import ContextExceedsModelError
 from models.registry import ensure_model
 from storage.local import LocalStore
+from tests.bounds import PROCESS_WAIT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,7 +55,7 @@ def test_the_gateway_command_exits_with_the_named_error_before_serving(tiny_mode
     # port 1 of loopback: nothing listens there; a gateway that got as far as connecting would fail otherwise
     args = ["--policy-model", "tiny-random", "--max-model-len", str(limit + 1), "--address", "127.0.0.1:1"]
     command = [sys.executable, "-m", "gateway", *args]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=PROCESS_WAIT)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "ContextExceedsModelError" in done.stderr
     assert f"max_position_embeddings={limit}" in done.stderr

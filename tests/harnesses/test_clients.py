@@ -17,6 +17,7 @@ import harnesses.clients as clients
 from gateway import identity as gw
 from harnesses.clients import Episode, EpisodeConfigError, header_safe
 from harnesses.clients.langgraph import GroveGraphs, summary_text
+from tests.bounds import PROCESS_WAIT
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "http://127.0.0.1:9/episodes/cnVuL3MwMDAwMDEvdDAvZzA/v1"
@@ -36,7 +37,7 @@ def test_clients_import_without_grove_or_heavy_dependencies():
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=PROCESS_WAIT,
         check=True,
     )
     assert out.stdout.strip() == "", f"imported at import time: {out.stdout.strip()}"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bounds import PROCESS_WAIT
+
 ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).with_name("harness_process_cases.py")
 NAMES = (
@@ -32,7 +34,7 @@ NAMES = (
 def test_harness_process_case_in_its_own_interpreter(case: str) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{CASES}::{case}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=PROCESS_WAIT,
     )  # fmt: skip
     # "1 passed" guards against a case that was renamed away (pytest exits 4/5 on no such test, but
     # a passing run must also have run exactly this case)

@@ -20,6 +20,7 @@ from harnesses.clients.program import EXIT_ENTRY_ERROR
 from harnesses.opencode import parse_events
 from harnesses.programs import family
 from harnesses.python_harness import entry_error, outcome_of_events, python_argv, python_env, python_job
+from tests.bounds import PROCESS_WAIT
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "http://127.0.0.1:9/episodes/cnVuL3MwMDAwMDEvdDAvZzA/v1"
@@ -39,7 +40,7 @@ def launch(tmp_path: Path, entry: str, launch_no: int = 2, options: dict | None 
     job = python_job(entry, TASK, options or {}, "grove-tiny")
     env = python_env(str(home), job, BASE, "tok-123", launch_no)
     run = subprocess.run(
-        python_argv(), cwd=project, env=env, capture_output=True, text=True, timeout=180, check=False
+        python_argv(), cwd=project, env=env, capture_output=True, text=True, timeout=PROCESS_WAIT, check=False
     )
     return run.returncode, parse_events(run.stdout.splitlines()), run.stderr
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from grove.learner_config import LearnerConfig
+from tests.bounds import PROCESS_WAIT
 from tests.learner.test_reference import controlled_batch, rows_of
 from trainer.distributed import split_micro_batches
 from trainer.learner import Learner, prepare_batch
@@ -35,7 +36,9 @@ def test_two_gloo_ranks_equal_the_single_process_learner(small_model_dir, tmp_pa
     torchrun = Path(sys.executable).with_name("torchrun")
     worker = ROOT / "tests/learner/distributed_worker.py"
     cmd = [str(torchrun), "--standalone", "--nproc_per_node", "2", str(worker)]
-    subprocess.run([*cmd, str(small_model_dir), layout, str(out)], check=True, env=env, cwd=ROOT, timeout=300)
+    subprocess.run(
+        [*cmd, str(small_model_dir), layout, str(out)], check=True, env=env, cwd=ROOT, timeout=PROCESS_WAIT
+    )
     got = torch.load(out, weights_only=False)
     single = Learner(
         small_model_dir, LearnerConfig(lr=1e-3, layout=layout, micro_batch_tokens=64), device="cpu"

@@ -30,7 +30,7 @@ from grove.contracts import TrainStepInput
 from grove.gates import ENV, GateControl
 from grove.learner_config import LearnerConfig
 from storage.local import LocalStore
-from tests.bounds import SERVICE_TEST_TIMEOUT
+from tests.bounds import PROCESS_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import wait_exited
 from tests.learner.test_reference import controlled_batch, rows_of
 from trainer.checkpoint import (
@@ -106,7 +106,11 @@ def torchrun_weights(model: Path, steps: int, out: Path) -> dict[str, torch.Tens
         str(ROOT / "tests/learner/distributed_worker.py"),
     ]
     subprocess.run(
-        [*cmd, str(model), CFG.layout, str(out), str(steps)], check=True, env=env, cwd=ROOT, timeout=600
+        [*cmd, str(model), CFG.layout, str(out), str(steps)],
+        check=True,
+        env=env,
+        cwd=ROOT,
+        timeout=PROCESS_WAIT,
     )
     return torch.load(out, weights_only=False)["weights"]
 

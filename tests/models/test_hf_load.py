@@ -9,6 +9,8 @@ import sys
 
 import torch
 
+from tests.bounds import PROCESS_WAIT
+
 OFFLINE_LOAD = r"""
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -30,7 +32,7 @@ def test_loads_with_the_hub_offline(tiny_model_dir, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=PROCESS_WAIT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -31,6 +31,7 @@ from storage.s3 import (
     StoreAccessDeniedError,
     translate_s3_error,
 )
+from tests.bounds import PROCESS_WAIT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -258,7 +259,9 @@ def test_local_crash_mid_write_leaves_no_visible_object(tmp_path, key):
     store = LocalStore(tmp_path / "store")
     store.put("old/key", b"old bytes")
     done = subprocess.run(
-        [sys.executable, "-c", _CRASH_CHILD, str(tmp_path / "store"), key], cwd=REPO_ROOT, timeout=60
+        [sys.executable, "-c", _CRASH_CHILD, str(tmp_path / "store"), key],
+        cwd=REPO_ROOT,
+        timeout=PROCESS_WAIT,
     )
     assert done.returncode == 17  # it really died mid-write
     leftovers = list((tmp_path / "store" / key.split("/")[0]).glob(f"{TEMP_PREFIX}*"))
