@@ -61,9 +61,9 @@ class DemoConfig(BaseModel):
     heavy load, group 4 x 1 task per step, T 0.7, both runs at once: workers start in ~4-5 min, then
     ~1.5-5 min per step. At lr 5e-4 the lead's `task`-call JSON broke within 3 updates (reward
     0.38 -> 0.02 by step 4, then every lead call without a tool call: reward 0, no signal left), so
-    the opencode lr is 1e-4 (OPENCODE_LR). At 1e-4 the policy holds but does not learn within 12
-    steps: 0.323 -> 0.358 (parent+workers) and 0.316 -> 0.358 (parent-only), first vs last 6 steps'
-    mean; paired per-step difference -0.003 (parent+workers ahead at 6 of 12 steps). The reward's
+    the opencode lr is 1e-4 (OPENCODE_LR). At 1e-4 the policy holds but does not learn within 21
+    steps: 0.334 -> 0.326 (parent+workers) and 0.331 -> 0.278 (parent-only), first vs last 10 steps'
+    mean; paired per-step difference +0.015 (parent+workers ahead at 12 of 21 steps). The reward's
     parent half stays ~0 (tiny-copy never repeats the words after the task results) and the workers'
     half moves with the string similarity of made-up words (group std ~0.04), a weak, noisy signal.
     group_size/tasks_per_step keep the native defaults (8 x 2: 4x the episodes of the measured
