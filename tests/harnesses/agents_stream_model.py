@@ -40,8 +40,6 @@ LEAD_NAME, WORKER_NAME = "Stream lead", "Stream worker"  # spaces: the provider 
 WORKER_TOOL = "worker"
 STEPS, LR = 120, 3e-3
 
-log = logging.getLogger(__name__)
-
 
 class AgentsScriptModelError(RuntimeError):
     """The fine-tuned model does not reply with its script."""
@@ -152,40 +150,21 @@ def fingerprint(base_dir: Path) -> str:
 
 
 def build(out: Path, base_dir: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from models.manifest import write_manifest
-    from models.tiny import _deterministic_torch
-    from tests.harnesses.script_model import _batch_loss
+    from tests.harnesses.scripted_tune import Example, fine_tune
 
     tok = AutoTokenizer.from_pretrained(str(base_dir))
     batch = [([*prompt, *reply], len(prompt)) for prompt, reply in examples(tok)]
-    with _deterministic_torch():
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
-        rng = random.Random(0)
-        model.train()
-        for step in range(STEPS):
-            rng.shuffle(batch)
-            loss = _batch_loss(model, batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if step % 20 == 0:
-                log.info("agents script model: step %d loss %.4f", step, loss.item())
-        model.eval()
-        model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    for name in ("generation_config.json", "chat_template.jinja"):
-        if (base_dir / name).exists():
-            (out / name).write_bytes((base_dir / name).read_bytes())
+
+    def next_batch(rng: random.Random) -> list[Example]:  # every example, in a new order each step
+        rng.shuffle(batch)
+        return batch
+
+    loss = fine_tune(base_dir, out, next_batch, steps=STEPS, lr=LR, label="agents script model")
     check(out)
-    write_manifest(
-        out, {"fingerprint": fingerprint(base_dir), "base": str(base_dir), "final_loss": loss.item()}
-    )
+    write_manifest(out, {"fingerprint": fingerprint(base_dir), "base": str(base_dir), "final_loss": loss})
 
 
 def check(model_dir: Path) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,6 @@ from grove.paths import grove_home
 from models.corpus import render_chat
 from models.manifest import write_manifest
 from models.registry import _ensure_cached, ensure_model
-from models.tiny import _deterministic_torch
 from models.tool_drills import (
     _DAYS,
     _MONTHS,
@@ -49,8 +47,7 @@ from models.tool_drills import (
     _summary_texts,
     task_tool,
 )
-
-log = logging.getLogger(__name__)
+from tests.harnesses.scripted_tune import Example, fine_tune
 
 VERSION = "script-2"
 BASE = "tiny-tools"
@@ -188,51 +185,18 @@ def fingerprint(base_dir: Path) -> str:
 
 
 def build(out: Path, base_dir: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(base_dir))
     examples = [_example(tok, *r) for seed in range(VARIANTS) for r in script(_Variants(seed))]
     kinds = len(examples) // VARIANTS
-    with _deterministic_torch():
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.0)
-        rng = random.Random(0)
-        model.train()
-        for _step in range(STEPS):
-            batch = [examples[rng.randrange(VARIANTS) * kinds + k] for k in range(kinds)]
-            loss = _batch_loss(model, batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if _step % 20 == 0:
-                log.info("script model: step %d loss %.4f", _step, loss.item())
-        model.eval()
-        model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    for name in ("generation_config.json", "chat_template.jinja"):
-        if (base_dir / name).exists():
-            (out / name).write_bytes((base_dir / name).read_bytes())
+
+    def next_batch(rng: random.Random) -> list[Example]:  # one variant of each request kind
+        return [examples[rng.randrange(VARIANTS) * kinds + k] for k in range(kinds)]
+
+    loss = fine_tune(base_dir, out, next_batch, steps=STEPS, lr=LR, label="script model")
     check(out)
-    write_manifest(
-        out, {"fingerprint": fingerprint(base_dir), "base": str(base_dir), "final_loss": loss.item()}
-    )
-
-
-def _batch_loss(model: torch.nn.Module, batch: list[tuple[list[int], int]]) -> torch.Tensor:
-    width = max(len(ids) for ids, _ in batch)
-    ids = torch.zeros((len(batch), width), dtype=torch.long)
-    weights = torch.zeros((len(batch), width), dtype=torch.float32)
-    for i, (seq, n_prompt) in enumerate(batch):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        weights[i, n_prompt : len(seq)] = 1.0
-    logits = model(input_ids=ids).logits[:, :-1]
-    per_token = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-    )
-    w = weights[:, 1:].reshape(-1)
-    return (per_token * w).sum() / w.sum()
+    write_manifest(out, {"fingerprint": fingerprint(base_dir), "base": str(base_dir), "final_loss": loss})
 
 
 def check(model_dir: Path, seeds: range = range(1000, 1004), max_new: int = 160) -> None:
