@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli.worker import run_worker  # noqa: E402
 from gateway.episodes import HANDING_OVER, Episodes  # noqa: E402
 from grove import queues  # noqa: E402
-from grove.client import connect  # noqa: E402
+from grove.client import connect, workflow_runs  # noqa: E402
 from grove.contracts import (  # noqa: E402
     CallRequest,
     CloseRequest,
@@ -135,28 +135,23 @@ def _activity_seconds(history, activity: str) -> float:
 async def run_histories(client, episode_id: str) -> list[dict[str, int]]:
     """Per run of the episode, first to last: Updates, events, bytes, and of those bytes the ledger
     restored (load_ledger_page results, the carried inline ledger) and written (store_ledger_page)."""
-    out = []
-    run_id = None
-    while True:
-        history = await client.get_workflow_handle(episode_id, run_id=run_id).fetch_history()
-        updates = sum(
-            1 for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")
-        )
-        started = history.events[0].workflow_execution_started_event_attributes
-        out.append(
-            {
-                "updates": updates,
-                "events": len(history.events),
-                "bytes": sum(e.ByteSize() for e in history.events),
-                "start_input": started.input.ByteSize(),
-                "loaded": _activity_bytes(history, "load_ledger_page", "completed"),
-                "written": _activity_bytes(history, "store_ledger_page", "scheduled"),
-                "materialize_s": _activity_seconds(history, "materialize_episode"),
-            }
-        )
-        if not started.continued_execution_run_id:
-            return out[::-1]
-        run_id = started.continued_execution_run_id
+    return [_run_figures(history) for history in await workflow_runs(client, episode_id)]
+
+
+def _run_figures(history) -> dict[str, int]:
+    updates = sum(
+        1 for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")
+    )
+    started = history.events[0].workflow_execution_started_event_attributes
+    return {
+        "updates": updates,
+        "events": len(history.events),
+        "bytes": sum(e.ByteSize() for e in history.events),
+        "start_input": started.input.ByteSize(),
+        "loaded": _activity_bytes(history, "load_ledger_page", "completed"),
+        "written": _activity_bytes(history, "store_ledger_page", "scheduled"),
+        "materialize_s": _activity_seconds(history, "materialize_episode"),
+    }
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cli.worker import run_worker  # noqa: E402
 from grove import queues  # noqa: E402
-from grove.client import connect  # noqa: E402
+from grove.client import connect, workflow_runs  # noqa: E402
 from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState  # noqa: E402
 from grove.learner_config import LearnerConfig  # noqa: E402
 from grove.sampling import SamplingConfig  # noqa: E402
@@ -37,19 +37,6 @@ from infra.temporal import TemporalDevServer  # noqa: E402
 from models.registry import ensure_model  # noqa: E402
 from storage.local import LocalStore  # noqa: E402
 from workflows.training_run import TrainingRunWorkflow  # noqa: E402
-
-
-async def runs_of(client, workflow_id: str) -> list:
-    """Every run's history of `workflow_id`, first to last (following continue-as-new backwards)."""
-    out = []
-    run_id = None
-    while True:
-        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-        out.append(history)
-        started = history.events[0].workflow_execution_started_event_attributes
-        if not started.continued_execution_run_id:
-            return out[::-1]
-        run_id = started.continued_execution_run_id
 
 
 def size(history) -> int:
@@ -79,7 +66,7 @@ async def main(args: argparse.Namespace) -> None:
             result_type=RunResult,
         )  # fmt: skip
         print(f"run {cfg.run_id}: {result.steps} steps in {time.monotonic() - t0:.0f} s")
-        runs = await runs_of(client, cfg.run_id)
+        runs = await workflow_runs(client, cfg.run_id)
         print("run workflow:  run  steps  events      bytes  bytes/step  carried RunState (start input)")
         for k, h in enumerate(runs):
             steps = min(args.every, args.steps - k * args.every)
@@ -94,7 +81,7 @@ async def main(args: argparse.Namespace) -> None:
         }
         sizes = []
         for eid in sorted(eps):
-            [h] = await runs_of(client, eid)
+            [h] = await workflow_runs(client, eid)
             sizes.append((len(h.events), size(h)))
         ev, by = [s[0] for s in sizes], [s[1] for s in sizes]
         print(

@@ -100,18 +100,6 @@ def each_call_once(results: list[CallResult], n: int) -> list[str]:
     return lost
 
 
-async def episode_runs(client: Client, episode_id: str) -> list:
-    """Every workflow run's history of the episode, first to last, by following continued_execution_run_id."""
-    runs, run_id = [], None
-    while True:
-        history = await client.get_workflow_handle(episode_id, run_id=run_id).fetch_history()
-        runs.append(history)
-        started = history.events[0].workflow_execution_started_event_attributes
-        if not started.continued_execution_run_id:
-            return runs[::-1]
-        run_id = started.continued_execution_run_id
-
-
 class CountingEpisodes(Episodes):
     """The gateway's Episodes, counting the HandingOver refusals it retried (what a harness never saw)."""
 

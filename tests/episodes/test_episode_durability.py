@@ -17,6 +17,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from gateway.episodes import ALREADY_CLOSED, Episodes, EpisodeUpdateRejectedError
+from grove.client import workflow_runs
 from grove.contracts import CloseRequest, MaterializeInput
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_activities, wait_until
@@ -24,7 +25,6 @@ from tests.episodes.kit import (
     CountingEpisodes,
     branching_calls,
     each_call_once,
-    episode_runs,
     episode_spec,
     open_and_call,
     start,
@@ -164,7 +164,7 @@ async def test_long_episode_continues_as_new_with_its_ledger(
     rows = rows_from_parquet(e2e_store.get(result.rows_key))
     owned = [s.call_id for r in rows for s in r.spans if s.owned]
     assert len(rows) == n - 1 and sorted(owned) == sorted(["parent.c0", *completed])
-    runs = await episode_runs(temporal_client, episode_id)
+    runs = await workflow_runs(temporal_client, episode_id)
     assert len(runs) == progress.run_index + 1 >= 5
     assert all(_completed_after_handing_over(h) >= 1 for h in runs[:-1])  # in-flight calls drained
     # The large ledger went through the object store (pages), not a payload, and was cleaned up after.

@@ -19,6 +19,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from grove.client import workflow_runs
 from grove.contracts import CloseRequest, MaterializeInput
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs
@@ -26,7 +27,6 @@ from tests.episodes.kit import (
     CountingEpisodes,
     branching_calls,
     each_call_once,
-    episode_runs,
     episode_spec,
     start,
 )
@@ -90,7 +90,7 @@ async def test_the_restore_per_run_stays_flat_while_the_episode_grows(
     completed = ["parent.c0", *(r.call_id for r in results)]
     assert len(rows) == CALLS - 1 and sorted(owned) == sorted(completed)
 
-    runs = await episode_runs(temporal_client, episode_id)
+    runs = await workflow_runs(temporal_client, episode_id)
     assert len(runs) >= 5
     restored = [_restored_bytes(h) for h in runs]
     calls_before = [sum(_updates(h) for h in runs[:k]) for k in range(len(runs))]

@@ -86,7 +86,7 @@ from temporalio.worker import Worker
 
 from cli.worker import STICKY_TIMEOUT, run_worker
 from grove import queues
-from grove.client import connect
+from grove.client import connect, workflow_runs
 from grove.contracts import (
     CloseRequest,
     EpisodeResult,
@@ -298,15 +298,11 @@ def pre_bound_workflow(folder: Path) -> type:
 
 
 async def _runs_of(client, workflow_id: str) -> list:
-    """The workflow's runs, first to last (following continued_execution_run_id back from the latest)."""
-    handles, run_id = [], None
-    while True:
-        handle = client.get_workflow_handle(workflow_id, run_id=run_id)
-        history = await handle.fetch_history()
-        handles.append(client.get_workflow_handle(workflow_id, run_id=history.run_id))
-        run_id = history.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
-        if not run_id:
-            return handles[::-1]
+    """Handles of the workflow's runs, first to last."""
+    return [
+        client.get_workflow_handle(workflow_id, run_id=h.run_id)
+        for h in await workflow_runs(client, workflow_id)
+    ]
 
 
 async def record_pre_settle(work: Path) -> list[Path]:
