@@ -4,8 +4,10 @@ records, settings, and the HTTP error mapping (app without its lifespan: nothing
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import AsyncIterator
 
 import httpx
 import openai
@@ -646,33 +648,34 @@ async def test_auth_and_validation_answer_before_any_workflow(bare_app):
 async def test_the_responses_api_is_refused_naming_the_chat_completions_fix(bare_app):
     """The Agents SDK's default model calls POST /v1/responses (before: a bare 404 HTTP404): the real
     openai client gets a 404 whose code and message name the fix; the token is still checked first."""
-    transport = httpx.ASGITransport(app=bare_app, raise_app_exceptions=False)
-    base = f"http://gw/episodes/{episode_ref('ep/1')}/v1"
-    async with httpx.AsyncClient(transport=transport) as http_client:
-        client = openai.AsyncOpenAI(
-            base_url=base, api_key=issue_token(SECRET, "ep/1"), http_client=http_client, max_retries=0
-        )
+    async with openai_client(bare_app, issue_token(SECRET, "ep/1")) as client:
         with pytest.raises(openai.NotFoundError) as err:
             await client.responses.create(model="m", input="hi")
-        error = err.value.body
-        assert (error["code"], error["param"]) == ("ResponsesApiNotServedError", "endpoint")
-        assert 'set_default_openai_api("chat_completions")' in error["message"]
-        stranger = openai.AsyncOpenAI(base_url=base, api_key="sk-x", http_client=http_client, max_retries=0)
+    error = err.value.body
+    assert (error["code"], error["param"]) == ("ResponsesApiNotServedError", "endpoint")
+    assert 'set_default_openai_api("chat_completions")' in error["message"]
+    async with openai_client(bare_app, "sk-x") as stranger:
         with pytest.raises(openai.AuthenticationError):
             await stranger.responses.create(model="m", input="hi")
+
+
+@contextlib.asynccontextmanager
+async def openai_client(app: FastAPI, api_key: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The real openai client talking to `app` in process, on episode ep/1's base URL, no retries."""
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport) as http_client:
+        yield openai.AsyncOpenAI(
+            base_url=f"http://gw/episodes/{episode_ref('ep/1')}/v1",
+            api_key=api_key,
+            http_client=http_client,
+            max_retries=0,
+        )
 
 
 async def test_a_streamed_responses_request_is_refused_before_any_stream(bare_app):
     """`stream: true` on /v1/responses gets the same 404 as a plain one, as a JSON error before any
     server-sent event (a harness reading the stream sees the status, never a half stream)."""
-    transport = httpx.ASGITransport(app=bare_app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport) as http_client:
-        client = openai.AsyncOpenAI(
-            base_url=f"http://gw/episodes/{episode_ref('ep/1')}/v1",
-            api_key=issue_token(SECRET, "ep/1"),
-            http_client=http_client,
-            max_retries=0,
-        )
+    async with openai_client(bare_app, issue_token(SECRET, "ep/1")) as client:
         with pytest.raises(openai.NotFoundError) as err:
             await client.responses.create(model="m", input="hi", stream=True)
     assert err.value.response.headers["content-type"].startswith("application/json")
@@ -685,14 +688,7 @@ async def test_the_agents_sdk_default_model_gets_the_fix_in_its_error(bare_app):
     import agents  # the `harnesses` extra (infra/bootstrap.sh installs it)
 
     agents.set_tracing_disabled(True)
-    transport = httpx.ASGITransport(app=bare_app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport) as http_client:
-        client = openai.AsyncOpenAI(
-            base_url=f"http://gw/episodes/{episode_ref('ep/1')}/v1",
-            api_key=issue_token(SECRET, "ep/1"),
-            http_client=http_client,
-            max_retries=0,
-        )
+    async with openai_client(bare_app, issue_token(SECRET, "ep/1")) as client:
         tutor = agents.Agent(
             name="Math Tutor", model=agents.OpenAIResponsesModel(model="m", openai_client=client)
         )
