@@ -75,6 +75,36 @@ def similarity(answer: str, word: str) -> float:
     return difflib.SequenceMatcher(None, _first_line(answer), word).ratio()
 
 
+def _mean_other(answer: str, word: str, vocabulary: tuple[str, ...]) -> float:
+    others = [v for v in vocabulary if v != word]
+    return sum(similarity(answer, v) for v in others) / len(others)
+
+
+def word_score(answer: str, word: str, vocabulary: tuple[str, ...] = WORDS) -> float:
+    """A worker's answer scored on how much better it matches its own word than the vocabulary's others,
+    in [0, 1]: 1 for the word itself, 0.5 for an answer that matches its word no better than the rest.
+
+    Plain `similarity` pays some wrong answers on every task ("sand" earns 0.26 on average over WORDS,
+    "xyz" 0), so GRPO can raise the reward by learning one constant word instead of copying (the
+    LangGraph run of issue 15 did: every agent answered "sand"). Here the credit is the similarity to the
+    word minus the mean similarity to the other words, divided by that margin for the word itself
+    (so the word scores 1); over tasks that draw each word equally often, any fixed answer's credit
+    averages ~0 (within 0.02 over WORDS), so only answers that depend on the task can gain.
+    """
+    credit = (similarity(answer, word) - _mean_other(answer, word, vocabulary)) / (
+        1.0 - _mean_other(word, word, vocabulary)
+    )
+    return (1.0 + max(-1.0, min(1.0, credit))) / 2.0
+
+
+def named_score(final_answer: str, words: list[str], vocabulary: tuple[str, ...] = WORDS) -> float:
+    """The fraction of `words` the answer names, less one per other vocabulary word it names (>= 0):
+    naming every word of the vocabulary earns nothing."""
+    said = set(re.findall(r"[a-z]+", final_answer.lower()))
+    extra = len((said & set(vocabulary)) - set(words))
+    return max(0, sum(w in said for w in words) - extra) / len(words)
+
+
 def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:
     words: list[str] = task.params["words"]
     worker_scores = []

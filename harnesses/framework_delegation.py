@@ -8,9 +8,16 @@ framework's program, launched per episode by the harness runner (RunConfig.harne
     agents-sdk-delegation  harnesses/agents_sdk_delegation.py:run  an Agents SDK lead whose worker agent is
                            a tool (`as_tool`), invoked twice concurrently
 
-Tasks are `delegation`'s (the same word pairs, named by this family); the reward is `delegation`'s:
-0.5 x the workers' mean similarity to their words + 0.5 x the fraction of the two words in the parent's
-final answer. The programs return only the final answer; each agent's last answer comes from the ledger
+Tasks are `delegation`'s (the same word pairs, named by this family). The reward has `delegation`'s
+shape, 0.5 x the workers' mean score + 0.5 x the parent's, with credit no fixed answer can collect:
+a worker's answer scores by `delegation.word_score` (1 for its word, ~0.5 on average for any answer that
+does not depend on the word, such as a constant word or a sentence; 0 for an empty or missing one), the
+parent by `delegation.named_score` (the fraction of the two words it names, less one per other word of
+the vocabulary it names). With `delegation`'s plain similarity the LangGraph pair of issue 15 learned to
+answer "sand" everywhere, the best-paid constant. (The native family keeps plain similarity: its demo's
+figures were measured under it.)
+
+The programs return only the final answer; each agent's last answer comes from the ledger
 (the episode fills the outputs, LEDGER_OUTPUT_KINDS), under the names the framework adapters give the
 workers (`worker-1`, `worker-2` in LangGraph; `<agent name>-<tool call id>` in the Agents SDK). Which
 worker got which word is not in those names, so the workers fill the word slots by the assignment that
@@ -20,8 +27,6 @@ This module is light (no framework import): the workers that score episodes impo
 """
 
 from __future__ import annotations
-
-import re
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
 from harnesses import delegation
@@ -56,9 +61,8 @@ def worker_answers(outcome: HarnessOutcome) -> list[str]:
 
 def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:
     words: list[str] = task.params["words"]
-    workers = best_assignment(worker_answers(outcome), words)
-    said = set(re.findall(r"[a-z]+", outcome.final_answer.lower()))
-    parent = sum(w in said for w in words) / len(words)
+    workers = best_assignment(worker_answers(outcome), words, credit=delegation.word_score)
+    parent = delegation.named_score(outcome.final_answer, words)
     worker_mean = sum(workers) / len(workers)
     return RewardResult(
         reward=0.5 * worker_mean + 0.5 * parent, details={"workers": worker_mean, "parent": parent}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import random
 import re
+from collections.abc import Callable
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
 from harnesses.delegation import similarity
@@ -68,12 +69,15 @@ def worker_answers(outcome: HarnessOutcome) -> list[str]:
     ]
 
 
-def best_assignment(answers: list[str], words: list[str]) -> list[float]:
-    """Per word, the similarity of the worker assigned to it, under the assignment that scores best."""
+def best_assignment(
+    answers: list[str], words: list[str], credit: Callable[[str, str], float] = similarity
+) -> list[float]:
+    """Per word, the `credit` of the worker assigned to it, under the assignment that scores best (a word
+    no worker is assigned to scores 0)."""
     padded = answers + [""] * max(0, len(words) - len(answers))
     best = [0.0] * len(words)
     for chosen in itertools.permutations(padded, len(words)):
-        scores = [similarity(a, w) if a else 0.0 for a, w in zip(chosen, words, strict=True)]
+        scores = [credit(a, w) if a else 0.0 for a, w in zip(chosen, words, strict=True)]
         if sum(scores) > sum(best):
             best = scores
     return best

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from grove.contracts import HarnessOutcome
-from harnesses.delegation import make_task, parent_prompt, score, similarity, worker_prompt
+from harnesses.delegation import (
+    WORDS,
+    make_task,
+    named_score,
+    parent_prompt,
+    score,
+    similarity,
+    word_score,
+    worker_prompt,
+)
 
 
 def outcome(final: str, w1: list[str] | None = None, w2: list[str] | None = None) -> HarnessOutcome:
@@ -73,3 +82,41 @@ def test_tasks_are_distinct_ordered_pairs_of_distinct_words():
 def test_prompts_put_each_word_on_a_line_of_its_own():
     assert worker_prompt("snow") == {"role": "user", "content": "Word:\nsnow"}
     assert parent_prompt(["snow", "book"]) == {"role": "user", "content": "Words:\nsnow\nbook"}
+
+
+# ---------------------------------------------- the constant-proof credit of the framework families
+
+
+@pytest.mark.parametrize("answer", [*WORDS, "sand", "The word is snow.", "xyz", "sno"])
+def test_no_fixed_answer_earns_more_than_half_on_average_over_the_words(answer):
+    """A fixed answer scores the same whatever the task: its mean over the words the tasks draw is what
+    GRPO can raise by learning it everywhere. `word_score` pays any fixed answer ~0.5 on average."""
+    mean = sum(word_score(answer, w) for w in WORDS) / len(WORDS)
+    assert abs(mean - 0.5) < 0.02
+
+
+def test_plain_similarity_pays_one_constant_more_than_another():
+    """Why the framework families do not use `similarity`: it pays "sand" on every task, "xyz" on none."""
+    mean = {a: sum(similarity(a, w) for w in WORDS) / len(WORDS) for a in ("sand", "xyz")}
+    assert mean["xyz"] == 0.0 and mean["sand"] > 0.25
+
+
+def test_the_word_scores_one_and_a_near_copy_more_than_any_fixed_answer():
+    assert word_score("snow", "snow") == 1.0 and word_score("Snow.\nmore", "snow") > 0.9
+    assert 0.85 < word_score("sno", "snow") < 1.0
+    assert word_score("sand", "door") < 0.5 < word_score("doo", "door")
+
+
+@pytest.mark.parametrize(
+    ("final", "expected"),
+    [
+        ("Red, BLUE.", 1.0),
+        ("red", 0.5),
+        ("red green", 0.0),  # one word right, one other vocabulary word named: no credit
+        ("red blue green", 0.5),
+        ("red blue sand", 1.0),  # "sand" is no word of the vocabulary
+        (" ".join(WORDS), 0.0),  # naming every word earns nothing
+    ],
+)
+def test_the_parent_is_paid_for_its_words_less_the_other_words_it_names(final, expected):
+    assert named_score(final, ["red", "blue"]) == expected
