@@ -11,6 +11,7 @@ runner's handling of its harness's processes, not what earlier tests left in the
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +32,16 @@ NAMES = (
 
 
 @pytest.mark.parametrize("case", NAMES)
-def test_harness_process_case_in_its_own_interpreter(case: str) -> None:
+def test_harness_process_case_in_its_own_interpreter(case: str, tmp_path: Path) -> None:
+    # The inner pytest gets its own --basetemp inside this test's folder and none of the outer run's
+    # PYTEST_ADDOPTS: pytest empties its --basetemp when it starts, so an inner run that inherited the
+    # outer `--basetemp` (PYTEST_ADDOPTS="--basetemp=...") deleted the folders of the outer session's
+    # live services (its Temporal dev server's database among them), failing every later test on them.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{CASES}::{case}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=PROCESS_WAIT,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'inner'}",
+         f"{CASES}::{case}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=PROCESS_WAIT,
     )  # fmt: skip
     # "1 passed" guards against a case that was renamed away (pytest exits 4/5 on no such test, but
     # a passing run must also have run exactly this case)
