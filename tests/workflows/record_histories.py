@@ -227,11 +227,16 @@ async def _episode(client, episode_id: str, expect_discarded: int):
     return handle
 
 
-async def _start_episode(client, episode_id: str):
+async def _start_episode(client, spec: EpisodeSpec):
     return await client.start_workflow(
-        EpisodeWorkflow.run, episode_spec(episode_id), id=episode_id, task_queue=queues.EPISODES,
-        result_type=EpisodeResult,
+        EpisodeWorkflow.run, spec, id=spec.episode_id, task_queue=queues.EPISODES, result_type=EpisodeResult,
     )  # fmt: skip
+
+
+async def _stop_workers(workers: list[asyncio.Task]) -> None:
+    for task in workers:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
 
 
 async def record(work: Path) -> list[Path]:
@@ -247,7 +252,7 @@ async def record(work: Path) -> list[Path]:
         ]  # fmt: skip
         hung = start_hung_worker(server.address, work / "hung-worker.log")
         try:
-            lost = await _start_episode(client, LOST_EPISODE_ID)
+            lost = await _start_episode(client, episode_spec(LOST_EPISODE_ID))
             await _while_workers_run(generate_started(lost), workers)
             kill_group(hung)  # the attempt it holds is lost; the real inference worker starts only now
             workers.append(
@@ -256,7 +261,7 @@ async def record(work: Path) -> list[Path]:
                 )
             )
             await _while_workers_run(_episode(client, LOST_EPISODE_ID, expect_discarded=1), workers)
-            await _start_episode(client, EPISODE_ID)
+            await _start_episode(client, episode_spec(EPISODE_ID))
             episode = await _while_workers_run(_episode(client, EPISODE_ID, expect_discarded=0), workers)
             run = await client.start_workflow(
                 TrainingRunWorkflow.run, RunState(config=run_config()), id=RUN_ID, task_queue=queues.EPISODES,
@@ -270,9 +275,7 @@ async def record(work: Path) -> list[Path]:
             ]
         finally:
             kill_group(hung)
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await _stop_workers(workers)
 
 
 def past_module(folder: Path, commit: str, path: str, name: str) -> object:
@@ -357,9 +360,7 @@ async def record_pre_settle(work: Path) -> list[Path]:
                 await _record("episode_pre_settle_close", runs[2]),
             ]
         finally:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await _stop_workers(workers)
 
 
 async def _by_ref_external(client) -> list:
@@ -411,10 +412,7 @@ async def record_by_ref(work: Path) -> list[Path]:
                     "sampling": SamplingConfig(max_tokens=BY_REF_TOKENS, ignore_eos=True),
                 }
             )
-            native = await client.start_workflow(
-                EpisodeWorkflow.run, spec, id=spec.episode_id, task_queue=queues.EPISODES,
-                result_type=EpisodeResult,
-            )  # fmt: skip
+            native = await _start_episode(client, spec)
             result = await _while_workers_run(native.result(), workers)
             if result.status != "ok" or result.counts != {"selected": 2} or result.num_rows != 1:
                 raise RecordingError(f"{spec.episode_id}: expected ok, 2 selected, 1 row; got {result}")
@@ -424,9 +422,7 @@ async def record_by_ref(work: Path) -> list[Path]:
                 await _record("episode_native_by_ref", native),
             ]
         finally:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await _stop_workers(workers)
 
 
 async def record_pre_bound(work: Path) -> list[Path]:
@@ -456,9 +452,7 @@ async def record_pre_bound(work: Path) -> list[Path]:
                 raise RecordingError(f"{PRE_BOUND_RUN_ID}: expected both records carried, got {result}")
             return [await _record("training_run_pre_bound", run)]
         finally:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await _stop_workers(workers)
 
 
 def main() -> None:
