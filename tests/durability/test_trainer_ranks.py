@@ -56,8 +56,13 @@ from workflows.training_run import TrainingRunWorkflow
 # ~2.5 min on the loaded 2-core machine (two rank attempts, each ~20 s of process start per rank)
 pytestmark = [pytest.mark.long, pytest.mark.timeout(SERVICE_TEST_TIMEOUT)]
 
-# Float32 sums in another order (micro-batches split over 2 ranks); measured ~1e-6 after one step.
-TOLERANCE = 1e-4
+# Float32 sums in another order (micro-batches split over 2 ranks). AdamW's first step moves each
+# entry by ~lr * g / (|g| + eps), so an entry whose gradient is within rounding of zero moves by an
+# amount the summation order decides (up to 2 * lr): measured 1-5 such entries of the tiny model's
+# 1.1M, per-tensor gaps of 1.6-1.8e-5 on fixed rows and 1.3e-4 once on a run's rows (CI, stop 23), so a
+# per-tensor bound fails whenever one lands in a small tensor. Over the whole model they stay below
+# 1e-5 (measured 3-6e-6), while a second update moves it by 0.77 and a lost row fails validation.
+TOLERANCE = 1e-3
 
 
 def run_config(model: str) -> RunConfig:
@@ -68,6 +73,11 @@ def run_config(model: str) -> RunConfig:
         task_family=scenario.NAME, num_tasks=4, tasks_per_step=1, group_size=4,
         harness=HarnessSpec(program=scenario.NAME), sampling=SamplingConfig(max_tokens=8), learner=learner,
     )  # fmt: skip
+
+
+def model_norm(tensors: dict[str, torch.Tensor]) -> float:
+    """The norm of all the model's entries as one vector."""
+    return sum(float(t.double().norm()) ** 2 for t in tensors.values()) ** 0.5
 
 
 async def test_two_rank_step_with_a_killed_rank_trains_once_and_equals_one_process(stack, tmp_path):
@@ -117,10 +127,11 @@ async def test_two_rank_step_with_a_killed_rank_trains_once_and_equals_one_proce
     expected = single.model.state_dict()
     base = load_file(stack.model / "model.safetensors")
     saved = load_file(download_model_folder(store, cfg.run_id, 1, tmp_path / "step-1") / "model.safetensors")
-    moved = {k: float((expected[k] - base[k]).norm()) for k in base}
-    assert any(m > 0 for m in moved.values())  # it trained at all
-    gap = max(float((saved[k] - expected[k]).norm()) / max(moved[k], 1e-30) for k in base if moved[k] > 0)
-    print(f"2 ranks vs one process after one step: relative gap {gap:.3g}")
+    moved = model_norm({k: expected[k] - base[k] for k in base})
+    assert moved > 0  # it trained at all
+    gap = model_norm({k: saved[k] - expected[k] for k in base}) / moved
+    off = sum(int(((saved[k] - expected[k]).abs() > cfg.learner.lr / 100).sum()) for k in base)
+    print(f"2 ranks vs one process after one step: relative gap {gap:.3g}, {off} entries off by > lr/100")
     assert gap <= TOLERANCE
     learner = load_checkpoint(store, cfg.run_id, 1, single.config, tmp_path / "resumed", device="cpu")
     assert {float(s["step"]) for s in learner.optimizer.state_dict()["state"].values()} == {1.0}
