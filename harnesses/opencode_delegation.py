@@ -14,8 +14,15 @@ real request text around them (models/harness_text/).
 
 harnesses/opencode.py registers it in `TASK_SETUPS`, so the harness runner configures episodes with it.
 
-Reward, as `delegation`'s: 0.5 x the workers' mean similarity to their words + 0.5 x the fraction of the
-two words in the lead's final answer. Workers are whatever agents named `worker-...` the outcome holds:
+Reward, shaped as `delegation`'s: 0.5 x the workers' mean similarity to their words + 0.5 x how closely
+the lead's final answer reads the two words back (`read_back_score`: partial credit for a near-miss copy,
+extra words dilute it). The fraction of the two words present exactly, used before, paid the lead 0 in
+24 of 24 simulated episodes of tiny-copy and of tiny-resume (which copies ~79% of the final answer's
+tokens): half the reward had no spread, so GRPO had nothing to move the lead's final turn with. Any
+fixed answer, or another task's two words, earns 0.09-0.29 on average over the tasks (the words are
+made up afresh per task), a near-miss copy ~0.8.
+
+Workers are whatever agents named `worker-...` the outcome holds:
 `worker-1`, `worker-2` in the runner's outcome (numbered in the lead's call order), `worker-ses_...` in
 the gateway's ledger; which one was handed which word is not in the outcome, so the worker slots are
 filled by the assignment of workers to words that scores best (two workers: two assignments). A worker
@@ -83,11 +90,22 @@ def best_assignment(
     return best
 
 
+def read_back_score(final_answer: str, words: list[str]) -> float:
+    """How closely the answer's runs of letters read `words` back, in [0, 1]: the similarity of each word
+    to the run assigned to it (the assignment that scores best, a run used once), summed, over the number
+    of runs or of words, whichever is more. Both words and nothing else: 1 (any order, any separator);
+    one word alone: 0.5; a near-miss copy earns its similarity; every extra run dilutes, so a sentence
+    around the words or a list of guesses earns less than the words alone."""
+    runs = re.findall(r"[a-z]+", final_answer.lower())
+    if not runs:
+        return 0.0
+    return sum(best_assignment(runs, words)) / max(len(runs), len(words))
+
+
 def score(task: TaskSpec, outcome: HarnessOutcome) -> RewardResult:
     words: list[str] = task.params["words"]
     workers = best_assignment(worker_answers(outcome), words)
-    said = set(re.findall(r"[a-z]+", outcome.final_answer.lower()))
-    parent = sum(w in said for w in words) / len(words)
+    parent = read_back_score(outcome.final_answer, words)
     worker_mean = sum(workers) / len(workers)
     return RewardResult(
         reward=0.5 * worker_mean + 0.5 * parent, details={"workers": worker_mean, "parent": parent}

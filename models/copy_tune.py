@@ -77,13 +77,27 @@ class CopyTuneSpec(BaseModel):
     real_leads: int = Field(8, gt=0)  # lead requests (first or resumption) per real step, one prefix
     real_workers: int = Field(4, ge=0)
     real_dense: int = Field(4, ge=0)
+    # `resume` steps (after the real ones): lead resumptions whose loss is the final answer only (the
+    # words read back from the two task results), the part tiny-copy never learned (resume 0.000)
+    resume_steps: int = Field(0, ge=0)
+    resume_leads: int = Field(8, gt=0)
+    # first lead turns (their `task` calls, full loss) beside each resume step's finals: without them the
+    # final-only loss taught the lead to answer at once and stop calling (tiny-resume v1, 200 steps:
+    # simulated workers 0.61 -> 0.00)
+    resume_firsts: int = Field(0, ge=0)
     learning_rate: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
     max_words: int = Field(8, ge=2)
 
     @property
     def total_steps(self) -> int:
-        return self.dense_steps + self.real_steps
+        return self.dense_steps + self.real_steps + self.resume_steps
+
+    def fingerprint_json(self) -> str:
+        """The spec's JSON for the cache fingerprint; without the resume fields while they are unused, so
+        builds made before they existed (tiny-copy) keep their fingerprint."""
+        unused = {"resume_steps", "resume_leads", "resume_firsts"} if self.resume_steps == 0 else set()
+        return self.model_dump_json(exclude=unused)
 
 
 class CopyTuneReport(BaseModel):
@@ -208,20 +222,31 @@ class CopyDrillWriter:
         }
         return [*messages, calls, *answers, final], tools
 
+    def resumptions(self, n: int) -> list[tuple[list[dict], list[dict]]]:
+        """`n` lead resumptions of one episode environment (one system prompt: they share its tokens)."""
+        system = self._system(LEAD_PROMPT)
+        return [self.lead_resume(system) for _ in range(n)]
+
+    def firsts(self, n: int) -> list[tuple[list[dict], list[dict]]]:
+        """`n` first lead requests of one episode environment."""
+        system = self._system(LEAD_PROMPT)
+        return [self.lead_first(system) for _ in range(n)]
+
     def leads(self, n: int) -> list[tuple[list[dict], list[dict]]]:
         """`n` lead requests of one episode environment (one system prompt: they share its tokens)."""
         system = self._system(LEAD_PROMPT)
         return [(self.lead_first if self.rng.random() < 0.5 else self.lead_resume)(system) for _ in range(n)]
 
 
-def encode(tok: Any, messages: list[dict], tools: list[dict] | None) -> Example:
-    """Render with the tiny chat template and weigh the assistant turns' tokens (their <|im_end|> too)."""
+def encode(tok: Any, messages: list[dict], tools: list[dict] | None, *, last_only: bool = False) -> Example:
+    """Render with the tiny chat template and weigh the assistant turns' tokens (their <|im_end|> too);
+    `last_only`: only the last assistant turn's."""
     from models.corpus import render_chat
     from models.tiny import assistant_spans
 
     text = render_chat(messages, tools)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    spans = assistant_spans(text)
+    spans = assistant_spans(text)[-1:] if last_only else assistant_spans(text)
     weights = [1.0 if any(a <= s < b for a, b in spans) else 0.0 for s, _ in enc["offset_mapping"]]
     return Example(enc["input_ids"], weights)
 
@@ -298,7 +323,13 @@ def _step_groups(writer: CopyDrillWriter, tok: Any, spec: CopyTuneSpec, step: in
         if spec.dense_leads and step % spec.lead_every == spec.lead_every - 1:
             groups.append(_Group(chats(writer.leads(spec.dense_leads)), shared_prefix=True))
         return groups
-    groups = [_Group(chats(writer.leads(spec.real_leads)), shared_prefix=True)]
+    if step >= spec.dense_steps + spec.real_steps:  # resume: the final answers only, workers as before
+        finals = [encode(tok, *d, last_only=True) for d in writer.resumptions(spec.resume_leads)]
+        groups = [_Group(finals, shared_prefix=True)]
+        if spec.resume_firsts:
+            groups.append(_Group(chats(writer.firsts(spec.resume_firsts)), shared_prefix=True))
+    else:
+        groups = [_Group(chats(writer.leads(spec.real_leads)), shared_prefix=True)]
     if spec.real_workers:
         groups.append(_Group(chats([writer.worker() for _ in range(spec.real_workers)])))
     if spec.real_dense:
@@ -341,7 +372,7 @@ def tune(
 
 
 def fingerprint(spec: CopyTuneSpec, base_dir: Path) -> str:
-    h = hashlib.sha256(spec.model_dump_json().encode())
+    h = hashlib.sha256(spec.fingerprint_json().encode())
     h.update((base_dir / "model.safetensors").read_bytes())
     return h.hexdigest()[:16]
 
@@ -400,7 +431,8 @@ def held_out_probe(model: torch.nn.Module, tok: Any, *, n: int = 24, seed: int =
         "list": writer.word_list,
         "worker": writer.worker,
         "lead": writer.lead_first,
-        "resume": writer.lead_resume,
+        "resume": writer.lead_resume,  # every assistant turn: the calls and the final answer
+        "resume_final": writer.lead_resume,  # the final answer alone, the calls given
     }
     out = {}
     model.eval()
@@ -408,7 +440,7 @@ def held_out_probe(model: torch.nn.Module, tok: Any, *, n: int = 24, seed: int =
         for kind, draw in kinds.items():
             exact = []
             for _ in range(n if kind in ("list", "worker") else max(4, n // 3)):
-                e = encode(tok, *draw())
+                e = encode(tok, *draw(), last_only=kind == "resume_final")
                 ids = torch.tensor([e.ids])
                 pred = model(input_ids=ids).logits[0, :-1].argmax(-1).numpy()
                 target, w = np.array(e.ids[1:]), np.array(e.weights[1:]) > 0

@@ -53,7 +53,23 @@ TINY_SPECS: dict[str, TinyModelSpec] = {
 }
 # Fine-tunes of a built model (models/copy_tune.py): "tiny-copy" is tiny-tools drilled to copy made-up
 # words in OpenCode's requests, so `opencode-delegation` episodes score unevenly and GRPO has a signal.
-COPY_SPECS: dict[str, CopyTuneSpec] = {"tiny-copy": CopyTuneSpec()}
+# "tiny-resume" is tiny-copy drilled further on the lead's resumption (the words read back from the task
+# results), beside first lead turns so the lead keeps calling. Teacher-forced on 12 held-out
+# resumptions, the final answer's tokens: tiny-copy 48%, tiny-resume 79% (exact answers 0 and 1 of 12);
+# without the first turns (200 steps) the lead stopped calling (simulated workers 0.61 -> 0.00).
+COPY_SPECS: dict[str, CopyTuneSpec] = {
+    "tiny-copy": CopyTuneSpec(),
+    "tiny-resume": CopyTuneSpec(
+        base="tiny-copy",
+        dense_steps=0,
+        real_steps=0,
+        resume_steps=300,
+        resume_leads=4,
+        resume_firsts=4,
+        learning_rate=1e-3,
+        warmup_steps=10,
+    ),
+}
 SMOLLM2 = "smollm2"
 KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *COPY_SPECS, SMOLLM2)
 

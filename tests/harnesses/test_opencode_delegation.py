@@ -11,6 +11,7 @@ from harnesses.opencode_delegation import (
     FAMILY,
     OPENCODE_AGENTS,
     make_task,
+    read_back_score,
     score,
     user_message,
 )
@@ -50,6 +51,28 @@ def test_partial_and_missing_answers_score_partially():
     same_word = HarnessOutcome(final_answer="", outputs={f"worker-{A}": [w1], f"worker-{B}": [w1]})
     assert score(task, same_word).details["workers"] < 1.0  # one word answered twice is not both
     assert score(task, HarnessOutcome()).reward == 0.0
+
+
+def test_the_leads_read_back_earns_partial_credit_and_extra_words_dilute_it():
+    words = ["weallyrnplou", "cloostfraimdrea"]  # held-out made-up words of the drills' kind
+    assert read_back_score("cloostfraimdrea, weallyrnplou.", words) == 1.0  # any order and separator
+    # tiny-resume's final answer in a simulated episode: two near-miss copies (difflib ratios 14/21, 26/28)
+    assert read_back_score("weegnplou\noostfraimdrea", words) == pytest.approx((14 / 21 + 26 / 28) / 2)
+    assert read_back_score("The words are weallyrnplou and cloostfraimdrea", words) == pytest.approx(2 / 6)
+    assert read_back_score("", words) == read_back_score("42!", words) == 0.0
+
+
+def test_no_fixed_answer_reads_back_the_words_of_most_tasks():
+    tasks = [make_task(i) for i in range(200)]
+    copies = sum(read_back_score(" ".join(t.params["words"])[:-1], t.params["words"]) for t in tasks)
+    # a fixed answer, or the two words of another task, is scored on words it never saw
+    for fixed in ("worker", "the words", tasks[0].params["words"][0]):
+        assert sum(read_back_score(fixed, t.params["words"]) for t in tasks[1:]) < 0.3 * copies
+    others = sum(
+        read_back_score(" ".join(tasks[i - 1].params["words"]), t.params["words"])
+        for i, t in enumerate(tasks)
+    )
+    assert others < 0.35 * copies
 
 
 def test_agents_are_the_restricted_lead_and_a_toolless_worker_of_the_captured_traffic():

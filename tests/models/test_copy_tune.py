@@ -17,6 +17,7 @@ from models.copy_tune import (
     _common_prefix,
     _group_loss,
     _prefixed_loss,
+    _step_groups,
     build_copy_model,
     encode,
 )
@@ -84,6 +85,45 @@ def test_only_the_assistant_turns_carry_loss(tokenizer):
         for c in messages[2]["tool_calls"]
     ).rstrip("\n")
     assert weighted == calls + "<|im_end|>" + messages[-1]["content"] + "<|im_end|>"
+
+
+def test_a_resume_example_weighs_the_final_answer_only(tokenizer):
+    messages, tools = CopyDrillWriter(5).lead_resume()
+    example = encode(tokenizer, messages, tools, last_only=True)
+    weighted = tokenizer.decode([i for i, w in zip(example.ids, example.weights, strict=True) if w])
+    assert weighted == messages[-1]["content"] + "<|im_end|>"
+    assert example.ids == encode(tokenizer, messages, tools).ids  # the same tokens, less loss
+
+
+def test_resume_steps_train_resumptions_of_one_environment_on_their_final_answers(tokenizer):
+    spec = SMALL.model_copy(update={"resume_steps": 2, "resume_leads": 3})
+    writer = CopyDrillWriter(0, max_words=spec.max_words)
+    groups = _step_groups(writer, tokenizer, spec, spec.dense_steps + spec.real_steps)
+    finals = groups[0]
+    assert finals.shared_prefix and len(finals.examples) == 3
+    for e in finals.examples:
+        weighted = tokenizer.decode([i for i, w in zip(e.ids, e.weights, strict=True) if w])
+        assert weighted.endswith("<|im_end|>") and "<tool_call>" not in weighted
+    assert _common_prefix(finals.examples) > 500  # one system prompt and tool schema for all three
+    assert spec.total_steps == SMALL.total_steps + 2
+    # with resume_firsts, first lead turns (their `task` calls, every token) train beside the finals
+    spec = spec.model_copy(update={"resume_firsts": 2})
+    firsts = _step_groups(writer, tokenizer, spec, spec.dense_steps + spec.real_steps)[1]
+    assert firsts.shared_prefix and len(firsts.examples) == 2
+    for e in firsts.examples:
+        weighted = tokenizer.decode([i for i, w in zip(e.ids, e.weights, strict=True) if w])
+        assert weighted.startswith("<tool_call>") and weighted.count("<tool_call>") == 2
+
+
+def test_a_spec_without_resume_steps_keeps_the_fingerprint_it_had_before_they_existed():
+    """tiny-copy's cache entry stays valid: its spec JSON is what it was (no resume fields)."""
+    before = (
+        '{"version":"copy-1","base":"tiny-tools","seed":0,"dense_steps":500,"dense_batch":16,'
+        '"lead_every":4,"dense_leads":2,"real_steps":150,"real_leads":8,"real_workers":4,"real_dense":4,'
+        '"learning_rate":0.003,"warmup_steps":20,"max_words":8}'
+    )  # CopyTuneSpec().model_dump_json() at 625f23c
+    assert CopyTuneSpec().fingerprint_json() == before
+    assert "resume_steps" in CopyTuneSpec(resume_steps=1).fingerprint_json()
 
 
 def test_a_shared_prefix_runs_once_and_gives_the_same_loss(base_dir, tokenizer):
