@@ -392,6 +392,14 @@ def main(cfg: DemoConfig) -> int:
 
         print(f"[demo] OpenCode: {opencode_binary()}", flush=True)  # installs the pinned version if missing
     rec = stack.up_temporal(port=cfg.port, ui=True, ui_port=cfg.ui_port)
+    if not rec.address.endswith(f":{cfg.port}"):  # a live recorded server is reused, whatever its port
+        print(
+            f"[demo] note: the Temporal dev server grove started earlier (pid {rec.pid}) is still running at "
+            f"{rec.address}; the demo uses it (--port {cfg.port} applies only when the demo starts the "
+            "server). Workers of every demo on one server share its task queues: stop the other demo's "
+            "workers, or `grove infra down`, before starting another version of grove on it.",
+            flush=True,
+        )
     env = dict(os.environ, GROVE_TEMPORAL_ADDRESS=rec.address)
     env.setdefault("GROVE_STORE", f"file://{grove_home() / 'store'}")
     runs = run_configs(cfg, model_dir)
