@@ -15,6 +15,10 @@ made-up words (`tool_drills.is_held_out` words never appear, so evaluation on th
   dates and model names drawn: the lead's first request -> two `task` calls carrying the words, a worker's
   request -> its word, the lead's resumption after both task results -> the words; some dense chats stay
   in the mix.
+- `resume` steps (optional; `tiny-resume` runs only these, from `tiny-copy`): lead resumptions with the
+  loss on the final answer alone (the words read back from the task results, which the real steps did
+  not teach well enough), beside first lead turns with every token (so the lead keeps calling) and the
+  real steps' workers and dense chats.
 
 Deterministic like the tiny build (one thread, deterministic kernels, seeded data order): the same spec
 and base give byte-identical weights on the same machine and library versions. models/registry.py
@@ -222,20 +226,17 @@ class CopyDrillWriter:
         }
         return [*messages, calls, *answers, final], tools
 
-    def resumptions(self, n: int) -> list[tuple[list[dict], list[dict]]]:
-        """`n` lead resumptions of one episode environment (one system prompt: they share its tokens)."""
+    def leads(self, n: int, kind: str = "any") -> list[tuple[list[dict], list[dict]]]:
+        """`n` lead requests of one episode environment (one system prompt: they share its tokens): first
+        requests, resumptions, or (`any`) either at even odds."""
         system = self._system(LEAD_PROMPT)
-        return [self.lead_resume(system) for _ in range(n)]
 
-    def firsts(self, n: int) -> list[tuple[list[dict], list[dict]]]:
-        """`n` first lead requests of one episode environment."""
-        system = self._system(LEAD_PROMPT)
-        return [self.lead_first(system) for _ in range(n)]
+        def pick() -> Callable[[dict | None], tuple[list[dict], list[dict]]]:
+            if kind == "any":
+                return self.lead_first if self.rng.random() < 0.5 else self.lead_resume
+            return {"first": self.lead_first, "resume": self.lead_resume}[kind]
 
-    def leads(self, n: int) -> list[tuple[list[dict], list[dict]]]:
-        """`n` lead requests of one episode environment (one system prompt: they share its tokens)."""
-        system = self._system(LEAD_PROMPT)
-        return [(self.lead_first if self.rng.random() < 0.5 else self.lead_resume)(system) for _ in range(n)]
+        return [pick()(system) for _ in range(n)]
 
 
 def encode(tok: Any, messages: list[dict], tools: list[dict] | None, *, last_only: bool = False) -> Example:
@@ -323,11 +324,11 @@ def _step_groups(writer: CopyDrillWriter, tok: Any, spec: CopyTuneSpec, step: in
         if spec.dense_leads and step % spec.lead_every == spec.lead_every - 1:
             groups.append(_Group(chats(writer.leads(spec.dense_leads)), shared_prefix=True))
         return groups
-    if step >= spec.dense_steps + spec.real_steps:  # resume: the final answers only, workers as before
-        finals = [encode(tok, *d, last_only=True) for d in writer.resumptions(spec.resume_leads)]
+    if step >= spec.dense_steps + spec.real_steps:  # resume: final answers only, first turns whole
+        finals = [encode(tok, *d, last_only=True) for d in writer.leads(spec.resume_leads, "resume")]
         groups = [_Group(finals, shared_prefix=True)]
         if spec.resume_firsts:
-            groups.append(_Group(chats(writer.firsts(spec.resume_firsts)), shared_prefix=True))
+            groups.append(_Group(chats(writer.leads(spec.resume_firsts, "first")), shared_prefix=True))
     else:
         groups = [_Group(chats(writer.leads(spec.real_leads)), shared_prefix=True)]
     if spec.real_workers:
