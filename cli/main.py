@@ -175,7 +175,7 @@ def demo(
     ),
     model: str = typer.Option(
         None,
-        help="tiny | tiny-tools | tiny-copy | smollm2 | a HF causal-LM folder "
+        help="tiny | tiny-tools | tiny-copy | tiny-resume | smollm2 | a HF causal-LM folder "
         "(default tiny; opencode: tiny-copy).",
     ),
     steps: int = typer.Option(20, help="Optimizer steps per run."),
