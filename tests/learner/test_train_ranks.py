@@ -52,7 +52,8 @@ ROWS_KEY = "rows/batch.parquet"
 CFG = LearnerConfig(lr=1e-3, layout="packed", micro_batch_tokens=64, ranks=2)
 # Another split of the micro-batches over ranks sums the gradient in another float32 order; AdamW's
 # first steps divide by sqrt(v), which amplifies that noise on tiny entries: measured 0.5-1.5e-5 of
-# the distance trained after 2 steps. A double update or a lost micro-batch moves it by ~1.
+# the distance trained after 2 steps in the worst tensor, 1.1e-6 over the whole model (relative_gap).
+# A double update or a lost micro-batch moves it by ~1.
 RANK_COUNT_TOLERANCE = 1e-4
 
 
@@ -83,8 +84,15 @@ def saved_weights(store: LocalStore, run_id: str, step: int, dest: Path) -> dict
 def relative_gap(
     a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], base: dict[str, torch.Tensor]
 ) -> float:
-    """max over tensors of ||a - b|| / ||b - base||: the disagreement relative to how far training moved."""
-    return max(float((a[k] - b[k]).norm()) / max(float((b[k] - base[k]).norm()), 1e-30) for k in base)
+    """||a - b|| / ||b - base|| over the whole model as one vector: the disagreement relative to how far
+    training moved. Not per tensor: entries whose gradient is within rounding of zero move by an amount the
+    summation order decides (AdamW divides by sqrt(v)), and one of them in a small tensor is a large share
+    of that tensor's movement (tests/durability/test_trainer_ranks.py measured 1.3e-4 per tensor on CI)."""
+
+    def norm(tensors: dict[str, torch.Tensor]) -> float:
+        return sum(float(t.double().norm()) ** 2 for t in tensors.values()) ** 0.5
+
+    return norm({k: a[k] - b[k] for k in base}) / max(norm({k: b[k] - base[k] for k in base}), 1e-30)
 
 
 def single_process_weights(model: Path, steps: int) -> dict[str, torch.Tensor]:
