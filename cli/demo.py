@@ -66,6 +66,9 @@ class DemoConfig(BaseModel):
     mean; paired per-step difference +0.015 (parent+workers ahead at 12 of 21 steps). The reward's
     parent half stays ~0 (tiny-copy never repeats the words after the task results) and the workers'
     half moves with the string similarity of made-up words (group std ~0.04), a weak, noisy signal.
+    Those runs scored the parent half by exact presence; it is `read_back_score` now, and with
+    `--model tiny-resume` the pair measured 0.712 -> 0.725 (parent+workers) vs 0.659 -> 0.458
+    (parent-only), first vs last 10 of 20 steps (docs/tool_model.md).
     group_size/tasks_per_step keep the native defaults (8 x 2: 4x the episodes of the measured
     configuration, not measured with OpenCode)."""
 
