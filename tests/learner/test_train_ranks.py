@@ -33,6 +33,7 @@ from storage.local import LocalStore
 from tests.bounds import PROCESS_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import wait_exited
 from tests.learner.test_reference import controlled_batch, rows_of
+from tests.learner.weight_gap import relative_gap
 from trainer.checkpoint import (
     CheckpointConfigMismatchError,
     download_model_folder,
@@ -79,20 +80,6 @@ def copy_step(store: LocalStore, run_from: str, run_to: str, step: int) -> None:
 
 def saved_weights(store: LocalStore, run_id: str, step: int, dest: Path) -> dict[str, torch.Tensor]:
     return load_file(download_model_folder(store, run_id, step, dest) / "model.safetensors")
-
-
-def relative_gap(
-    a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], base: dict[str, torch.Tensor]
-) -> float:
-    """||a - b|| / ||b - base|| over the whole model as one vector: the disagreement relative to how far
-    training moved. Not per tensor: entries whose gradient is within rounding of zero move by an amount the
-    summation order decides (AdamW divides by sqrt(v)), and one of them in a small tensor is a large share
-    of that tensor's movement (tests/durability/test_trainer_ranks.py measured 1.3e-4 per tensor on CI)."""
-
-    def norm(tensors: dict[str, torch.Tensor]) -> float:
-        return sum(float(t.double().norm()) ** 2 for t in tensors.values()) ** 0.5
-
-    return norm({k: a[k] - b[k] for k in base}) / max(norm({k: b[k] - base[k] for k in base}), 1e-30)
 
 
 def single_process_weights(model: Path, steps: int) -> dict[str, torch.Tensor]:
