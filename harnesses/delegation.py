@@ -34,6 +34,8 @@ WORDS = (
 
 PARENT_SYSTEM = "You are the lead. Give each word to a worker, then answer with both words."
 WORKER_SYSTEM = "You are a worker. Answer with the word you are given."
+# the framework programs' compacting worker first gets this turn, so it has a history to summarise
+WARM_UP = "Get ready for your word."
 
 
 def worker_prompt(word: str) -> Message:

@@ -5,8 +5,11 @@ framework's program, launched per episode by the harness runner (RunConfig.harne
                            running concurrently; the second compacts its history with LangChain's
                            SummarizationMiddleware before it answers (an auxiliary summary call, then a
                            declared rewrite of its context)
-    agents-sdk-delegation  harnesses/agents_sdk_delegation.py:run  an Agents SDK lead whose worker agent is
-                           a tool (`as_tool`), invoked twice concurrently
+    agents-sdk-delegation  harnesses/agents_sdk_delegation.py:run  an Agents SDK lead with two worker tools
+                           invoked concurrently: the worker agent `as_tool`, and a worker with a history
+                           (a `function_tool` running the worker on a warm-up turn, then its word under the
+                           program's summarising `call_model_input_filter`: an auxiliary summary call,
+                           then a declared rewrite of its context)
 
 Tasks are `delegation`'s (the same word pairs, named by this family). The reward has `delegation`'s
 shape, 0.5 x the workers' mean score + 0.5 x the parent's, with credit no fixed answer can collect:

@@ -24,9 +24,8 @@ from langgraph.types import Send
 
 from harnesses.clients.langgraph import GroveGraphs
 from harnesses.clients.program import HarnessContext
-from harnesses.delegation import PARENT_SYSTEM, WORKER_SYSTEM
+from harnesses.delegation import PARENT_SYSTEM, WARM_UP, WORKER_SYSTEM
 
-WARM_UP = "Get ready for your word."
 # LangChain's default summary prompt is ~1,400 tokens in the tiny model's tokenizer, more than its whole
 # context; a short one, with the `<messages>` block LangChain documents.
 SUMMARY_PROMPT = (

@@ -13,6 +13,13 @@
   model stamps each response's items with the grove call id (`x-grove-call-id`); the SDK hands that
   item to the tool as `ToolContext.tool_call`, which is where the spawner is read from (by a wrapper
   the filter puts around each `as_tool` tool: it passes the invocation to the nested run).
+- spawn links of custom agent-tools: a `function_tool` that runs an agent itself (`Runner.run` inside
+  the tool) gets the same: its runs are the agent `{agent.name}-{tool call id}`, spawned by that call,
+  and several runs inside one invocation are one agent (its later runs continue or rewrite its context).
+- compaction: pass your own filter, `provider.run_config(call_model_input_filter=f)` (a summariser,
+  `agents.extensions.ToolOutputTrimmer`, ...); grove's filter runs it inside its own. Model calls made
+  while it runs are the agent's auxiliary calls (`<agent>~aux`, never trained); a call whose input it
+  changed so that it no longer extends what the agent sent last declares a rewrite (`x-grove-rewrite`).
 - How the identity reaches the request: `run_config()` installs a `call_model_input_filter` (it sees
   the agent and the tool-call context of every model call). In a plain process it passes the headers
   to the model through a context variable; inside a Temporal workflow (temporalio.contrib.openai_agents)
@@ -41,11 +48,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import inspect
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from agents import (
+    FunctionTool,
     Model,
     ModelProvider,
     ModelResponse,
@@ -53,12 +63,15 @@ from agents import (
     OpenAIChatCompletionsModel,
     RunConfig,
 )
-from agents.run_config import CallModelData, ModelInputData
+from agents.run_config import CallModelData, CallModelInputFilter, ModelInputData
 from openai import AsyncOpenAI
 
 from harnesses.clients import (
     AGENT_HEADER,
+    AUXILIARY,
     CALL_ID_HEADER,
+    KIND_HEADER,
+    REWRITE_HEADER,
     ROOT_AGENT,
     SPAWNED_BY_HEADER,
     Episode,
@@ -73,6 +86,7 @@ _IDENTITY: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVa
 _TOOL_CALL: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
     "grove_tool_call", default=None
 )
+_AUX_OF: contextvars.ContextVar[str | None] = contextvars.ContextVar("grove_aux_of", default=None)
 FAKE_ID = "__fake_id__"  # the SDK's placeholder item id for chat completions
 _RESPONSE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "grove_response", default=None
@@ -93,18 +107,34 @@ def _in_workflow() -> bool:
 
 class IdentityFilter:
     """`RunConfig.call_model_input_filter`: decides each model call's agent and spawner (see module
-    docstring). One per top-level run: its first agent outside a tool call is the root agent.
+    docstring), and runs the program's own filter, if any (`input_filter`), inside it. One per
+    top-level run: its first agent outside a tool call is the root agent.
 
     The filter sees the agent but not the tool call a nested run serves (the SDK hands it the
-    application context only), so the first time it meets an agent it wraps that agent's agent-tools
-    (`as_tool`): the wrapper notes the invoking ToolContext's call ids in a context variable for the
-    nested run, which executes inside it."""
+    application context only), so the first time it meets an agent it wraps that agent's function tools
+    (`as_tool` agent-tools, and tools that run an agent themselves): the wrapper notes the invoking
+    ToolContext's call ids in a context variable for the nested run, which executes inside it.
 
-    def __init__(self, root_agent: str = ROOT_AGENT) -> None:
+    The program's filter may rewrite the history (compaction: summarise older turns, trim old tool
+    outputs). Model calls made while it runs (a summariser agent's, a direct model call) are the agent's
+    auxiliary calls (`x-grove-call-kind: auxiliary`: the gateway names them `<agent>~aux`, trains none).
+    A call whose input the filter changed, or whose agent's previous input it had changed, and that
+    does not extend what that agent sent last, declares a rewrite (`x-grove-rewrite: 1`); a filter that
+    keeps producing the same rewritten prefix continues that rewritten context."""
+
+    def __init__(
+        self, root_agent: str = ROOT_AGENT, input_filter: CallModelInputFilter | None = None
+    ) -> None:
         self.root_agent = root_agent
+        self.input_filter = input_filter
         self._root_name: str | None = None
+        self._sent: dict[str, tuple[str, ...]] = {}  # agent -> the input it sent last (item keys)
+        self._filtered: dict[str, bool] = {}  # agent -> whether `input_filter` had changed that input
 
     def identity(self, agent: Any) -> dict[str, str]:
+        aux_of = _AUX_OF.get()
+        if aux_of is not None:  # a call made by the program's filter, for the agent it filters
+            return {AGENT_HEADER: aux_of, KIND_HEADER: AUXILIARY}
         invocation = _TOOL_CALL.get()
         if invocation is not None:  # inside an agent-tool: a worker of its own, spawned by that call
             tool_call_id, spawner = invocation
@@ -118,9 +148,14 @@ class IdentityFilter:
             return {AGENT_HEADER: self.root_agent}
         return {AGENT_HEADER: header_safe(agent.name)}  # a handoff target
 
-    def __call__(self, data: CallModelData[Any]) -> ModelInputData:
+    async def __call__(self, data: CallModelData[Any]) -> ModelInputData:
         wrap_agent_tools(data.agent)
         headers = self.identity(data.agent)
+        model_data = data.model_data
+        if self.input_filter is not None and KIND_HEADER not in headers:
+            before = input_keys(model_data)
+            model_data = await self._run_input_filter(data, headers[AGENT_HEADER])
+            self._note_input(headers, before, input_keys(model_data))
         if _in_workflow():
             # The model runs in an activity: the identity must travel in its input. `data.agent` is the
             # integration's per-run copy of the agent, so this changes no agent another run uses.
@@ -130,14 +165,52 @@ class IdentityFilter:
             )
         else:
             _IDENTITY.set(headers)  # read by GroveModel in this task (the filter runs just before it)
-        return data.model_data
+        return model_data
+
+    async def _run_input_filter(self, data: CallModelData[Any], agent: str) -> ModelInputData:
+        """The program's filter, with every model call it makes marked as `agent`'s auxiliary call."""
+        assert self.input_filter is not None
+        aux = {AGENT_HEADER: agent, KIND_HEADER: AUXILIARY}
+        aux_token, identity_token = _AUX_OF.set(agent), _IDENTITY.set(aux)
+        try:
+            result = self.input_filter(data)
+            return await result if inspect.isawaitable(result) else result
+        finally:
+            _IDENTITY.reset(identity_token)
+            _AUX_OF.reset(aux_token)
+
+    def _note_input(self, headers: dict[str, str], before: tuple[str, ...], sent: tuple[str, ...]) -> None:
+        """Declare a rewrite where the program's filter made this input other than an extension of what
+        the agent sent last (the gateway checks every undeclared request for an exact extension)."""
+        agent = headers[AGENT_HEADER]
+        changed = sent != before
+        previous = self._sent.get(agent)
+        if (changed or self._filtered.get(agent, False)) and (
+            previous is None or sent[: len(previous)] != previous
+        ):
+            headers[REWRITE_HEADER] = "1"  # with no context yet the gateway opens a root: harmless
+        self._sent[agent], self._filtered[agent] = sent, changed
+
+
+def input_keys(data: ModelInputData) -> tuple[str, ...]:
+    """A comparable form of a model input: its instructions, then each input item as canonical JSON."""
+    items = data.input if isinstance(data.input, list) else [data.input]
+    return (json.dumps(data.instructions), *(_item_key(item) for item in items))
+
+
+def _item_key(item: Any) -> str:
+    if hasattr(item, "model_dump"):
+        item = item.model_dump(mode="json", exclude_none=True)
+    return json.dumps(item, sort_keys=True, default=str)
 
 
 def wrap_agent_tools(agent: Any) -> None:
-    """Make each `as_tool` tool of `agent` publish its invocation (tool call id, spawning call) to the
-    nested run it starts. Idempotent."""
+    """Make each function tool of `agent` publish its invocation (tool call id, spawning call) to any
+    agent run inside it: an `as_tool` agent-tool's nested run, or the runs of a tool that runs agents
+    itself (`Runner.run` in a `function_tool`, the SDK's pattern for custom agent-tools). Idempotent; a
+    tool that runs no agent is unaffected."""
     for tool in getattr(agent, "tools", ()):
-        if not getattr(tool, "_is_agent_tool", False) or getattr(tool, "_grove_wrapped", False):
+        if not isinstance(tool, FunctionTool) or getattr(tool, "_grove_wrapped", False):
             continue
         original = tool.on_invoke_tool
 
@@ -160,17 +233,20 @@ def grove_run_config(
     *,
     root_agent: str = ROOT_AGENT,
     provider: ModelProvider | None = None,
+    call_model_input_filter: CallModelInputFilter | None = None,
     **kwargs: Any,
 ) -> RunConfig:
-    """A RunConfig for grove: the identity filter, tracing off (nothing to export to), and, when given,
-    the episode's URL and token in the model settings (how a Temporal workflow names its episode)."""
+    """A RunConfig for grove: the identity filter (around the program's own `call_model_input_filter`,
+    if given), tracing off (nothing to export to), and, when given, the episode's URL and token in the
+    model settings (how a Temporal workflow names its episode)."""
     settings = ModelSettings()
     if base_url is not None:
         settings = ModelSettings(extra_args={EPISODE_ARG: {"base_url": base_url, "api_key": api_key or ""}})
     options: dict[str, Any] = {"tracing_disabled": True, **kwargs}
     if provider is not None:
         options["model_provider"] = provider
-    return RunConfig(model_settings=settings, call_model_input_filter=IdentityFilter(root_agent), **options)
+    identity = IdentityFilter(root_agent, call_model_input_filter)
+    return RunConfig(model_settings=settings, call_model_input_filter=identity, **options)
 
 
 class GroveModelProvider(ModelProvider):

@@ -7,7 +7,9 @@ The runs are examples/langgraph-delegation.yaml and agents-sdk-delegation.yaml l
 path (sized down by overrides). Per episode the harness runner launched the program in its own process; the
 rows are checked against the calls the engine served, like the native acceptance episode: exact
 conditioning, tokens, masks and behaviour logprobs; the workers' answers masked where they enter the
-parent's context; every action owned once, the summary call in no row; complete accounting.
+parent's context; every action owned once, the summary call in no row; complete accounting. Each program
+has a compacting worker: LangGraph's with SummarizationMiddleware, the Agents SDK's with the program's own
+`call_model_input_filter` (a summariser agent); both are an auxiliary summary call and a declared rewrite.
 """
 
 from __future__ import annotations
@@ -137,22 +139,27 @@ async def test_one_step_of_an_agents_sdk_delegation_run(
         temporal_client, "agents-sdk-delegation.yaml", tiny_model_dir, "harness.python.options.stream=true"
     )
     all_rows: list[Row] = []
-    workers = ("Worker-call_w1", "Worker-call_w2")  # header_safe(f"{agent.name}-{tool call id}")
+    # header_safe(f"{agent.name}-{tool call id}"): the `as_tool` worker, the worker with a history
+    plain, w = "Worker-call_w1", "Worker-call_w2"
     for spec in specs:
         eid = spec.episode_id
         result = await finished(temporal_client, eid)
         ctx = contexts(await summary(temporal_client, eid))
-        for a in workers:  # one agent per tool invocation, both spawned by the lead's delegating call
+        for a in (plain, w):  # one agent per tool invocation, both spawned by the lead's delegating call
             assert (
                 ctx[f"{a}.0"].origin == ContextOrigin.SPAWN and ctx[f"{a}.0"].spawned_by_call == "parent.0.c0"
             )
-        actions = {"parent.0.c0", "parent.0.c1", *(f"{a}.0.c0" for a in workers)}
+        # the worker with a history: its warm-up, its filter's summary call, its word after the summary
+        assert ctx[f"{w}.1"].origin == ContextOrigin.REWRITE and ctx[f"{w}.1"].rewrite_of == f"{w}.0"
+        actions = {"parent.0.c0", "parent.0.c1", f"{plain}.0.c0", f"{w}.0.c0", f"{w}.1.c0"}
         served = recording_engine.calls_of(eid)
-        assert set(served) == actions and result.counts == {"selected": 4}
+        assert set(served) == actions | {f"{w}~aux.0.c0"}  # nothing lost, nothing extra
+        assert result.counts == {"selected": 5, "auxiliary": 1}  # accounting complete
         rows = published_rows(e2e_store, result.rows_key)
         assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
             "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
-            **{f"{a}.0.c0": [f"{a}.0.c0"] for a in workers},
+            **{f"{a}.0.c0": [f"{a}.0.c0"] for a in (plain, w)},
+            f"{w}.1.c0": [f"{w}.1.c0"],
         }
         check_rows(rows, result, served, actions)
         all_rows += rows

@@ -10,6 +10,7 @@ item of the lead's real response). Every model call is a real engine call.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
 from datetime import timedelta
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from agents import Runner
+from agents import Agent, Runner, function_tool
+from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 from temporalio import activity
@@ -36,7 +38,8 @@ from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixtur
     gateway_url,
     summary,
 )
-from tests.harnesses.framework_kit import external_episode, nonzero, published_rows
+from tests.harnesses.framework_kit import external_episode, nonzero, published_rows, rows_as_served
+from tests.harnesses.opencode_kit import response_text
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
@@ -99,6 +102,82 @@ async def test_provider_names_agents_and_spawns_concurrent_workers(
     assert extension_of(recording_engine, eid, "parent.0.c1", "parent.0.c0")
     closed = await provider.episode.aclose(final_answer=str(again.final_output), wait=True)
     assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 4}
+
+
+class SummariseOnce:
+    """A compacting `call_model_input_filter`, as a program writes one: once the history holds three items
+    or more, its first two are replaced by a summary a summariser agent writes once (kept: later turns
+    see the same summary in front of the rest)."""
+
+    def __init__(self, provider: GroveModelProvider) -> None:
+        self.provider = provider
+        self.summarizer = Agent(name="Summarizer", instructions="Summarize in one line.")
+        self.summaries: dict[str, str] = {}
+
+    async def __call__(self, data: CallModelData) -> ModelInputData:
+        items = data.model_data.input
+        if len(items) < 3:
+            return data.model_data
+        key = json.dumps(items[:2], sort_keys=True, default=str)
+        if key not in self.summaries:
+            done = await Runner.run(self.summarizer, key, run_config=self.provider.run_config())
+            self.summaries[key] = str(done.final_output)
+        summary = {"role": "user", "content": f"Summary: {self.summaries[key]}"}
+        return ModelInputData(input=[summary, *items[2:]], instructions=data.model_data.instructions)
+
+
+async def test_a_compacting_filter_in_a_custom_agent_tool(
+    gateway_url,  # noqa: F811
+    temporal_client,
+    recording_engine,
+    e2e_store,
+    tiny_tokenizer,
+):
+    """A `function_tool` that runs an agent itself (three turns on one history) under the program's own
+    compacting filter: the runs are one agent spawned by the lead's call; the filter's summariser call is
+    that agent's auxiliary call (never trained); the first turn after the summary declares a rewrite; the
+    turn after it extends the rewritten context on its exact tokens; every action is owned once."""
+    eid, episode = await external_episode(temporal_client, gateway_url, "agents-sdk-compact", pinned=True)
+    provider = GroveModelProvider(episode)
+    helper = Agent(name="Helper", instructions="Answer briefly.")
+
+    @function_tool
+    async def ask_helper(input: str) -> str:  # `input`, as an `as_tool` agent-tool names its argument
+        config = provider.run_config(call_model_input_filter=SummariseOnce(provider))
+        history: list = [{"role": "user", "content": "Warm up."}]
+        for turn in (input, "Go on."):
+            done = await Runner.run(helper, history, run_config=config)
+            history = [*done.to_input_list(), {"role": "user", "content": turn}]
+        done = await Runner.run(helper, history, run_config=config)
+        return str(done.final_output)
+
+    lead = Agent(name="Lead", instructions="Delegate.", tools=[ask_helper])
+    config = provider.run_config()
+    first = await Runner.run(lead, "Fix the failing build.", run_config=config)
+    item_id = first.raw_responses[0].response_id
+    [tool] = lead.tools
+    call = tool_context(tool, "call_h", item_id, "the build", lead, config)
+    answer = await tool.on_invoke_tool(call, call.tool_arguments)
+    assert isinstance(answer, str) and "error occurred" not in answer, answer
+
+    w = "Helper-call_h"
+    ctx = contexts(await summary(temporal_client, eid))
+    assert ctx[f"{w}.0"].origin == ContextOrigin.SPAWN and ctx[f"{w}.0"].spawned_by_call == "parent.0.c0"
+    assert ctx[f"{w}.1"].origin == ContextOrigin.REWRITE and ctx[f"{w}.1"].rewrite_of == f"{w}.0"
+    assert nonzero(ctx[f"{w}.1"].counts) == {CallState.COMPLETED: 2}  # the third turn continued it
+    assert nonzero(ctx[f"{w}~aux.0"].counts) == {CallState.COMPLETED: 1}  # summarised once
+    assert extension_of(recording_engine, eid, f"{w}.1.c1", f"{w}.1.c0")
+    served = recording_engine.calls_of(eid)
+    # the rewritten history the agent sent holds the summary the auxiliary call wrote
+    summary_text = response_text(tiny_tokenizer, served[f"{w}~aux.0.c0"].completion_ids).strip()
+    assert summary_text in tiny_tokenizer.decode(served[f"{w}.1.c0"].prompt_ids)
+
+    closed = await episode.aclose(answer, wait=True)
+    result = closed["result"]
+    assert result["status"] == "ok" and result["counts"] == {"selected": 4, "auxiliary": 1}
+    actions = ["parent.0.c0", f"{w}.0.c0", f"{w}.1.c0", f"{w}.1.c1"]
+    rows = rows_as_served(e2e_store, result["rows_key"], served)
+    assert sorted(s.call_id for r in rows for s in r.spans if s.owned) == sorted(actions)
 
 
 async def test_the_default_responses_model_is_refused_and_admits_nothing(

@@ -13,9 +13,10 @@ dead launch stays held until the episode is over, then meets a closed episode.
 
 The Agents SDK delegation program (harnesses/agents_sdk_delegation.py, the real openai-agents package) is
 killed the way the OpenCode relaunch test kills OpenCode: after the program exited, before the runner
-closed the episode (the `harness_exited` gate). The relaunch re-sends all four requests, the lead's two
-among them (before replay, the lead's first request of the relaunch was refused: 400), and each is
-answered from its record.
+closed the episode (the `harness_exited` gate). The relaunch re-sends all six requests, the lead's two
+among them (before replay, the lead's first request of the relaunch was refused: 400), and the worker with
+a history's three (its warm-up, its filter's summary call, its word after the declared rewrite), and each
+is answered from its record.
 
 What the engine served is read from the engine itself (RecordingEngine), never from grove's records.
 """
@@ -134,8 +135,9 @@ async def test_a_relaunched_langgraph_program_is_answered_from_the_records(stack
 async def test_a_relaunched_agents_sdk_program_is_answered_from_the_records(stack):
     spec = program_spec("sdk-kill", fd.AGENTS_SDK)
     eid = spec.episode_id
-    workers = ["Worker-call_w1", "Worker-call_w2"]  # header_safe(f"{agent.name}-{tool call id}")
-    calls_made = ["parent.0.c0", *(f"{w}.0.c0" for w in workers), "parent.0.c1"]
+    plain, w = "Worker-call_w1", "Worker-call_w2"  # header_safe(f"{agent.name}-{tool call id}")
+    actions = ["parent.0.c0", f"{plain}.0.c0", f"{w}.0.c0", f"{w}.1.c0", "parent.0.c1"]
+    calls_made = [*actions, f"{w}~aux.0.c0"]  # the summary call: auxiliary, in no row
     stack.gates.arm("harness_exited", f"^{re.escape(eid)}$")
     handle = await stack.client.start_workflow(
         "EpisodeWorkflow", spec, id=eid, task_queue="episodes", result_type=EpisodeResult
@@ -154,15 +156,16 @@ async def test_a_relaunched_agents_sdk_program_is_answered_from_the_records(stac
     assert result.status == "ok", result.failure
     assert sorted(served_before) == sorted(calls_made)
     assert await activity_attempts(handle, "run_harness") == [2]
-    # all four requests of the relaunch answered from the records: nothing generated again
+    # all six requests of the relaunch answered from the records: nothing generated again
     assert [s.call_id for s in stack.engine.served if s.episode_id == eid] == served_before
-    assert result.counts == {"selected": 4}
+    assert result.counts == {"selected": 5, "auxiliary": 1}
     calls = stack.engine.calls_of(eid)
     rows = rows_from_parquet(stack.store.get(result.rows_key))
     assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
         "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
-        **{f"{w}.0.c0": [f"{w}.0.c0"] for w in workers},
+        **{f"{a}.0.c0": [f"{a}.0.c0"] for a in (plain, w)},
+        f"{w}.1.c0": [f"{w}.1.c0"],
     }
     for row in rows:
         check_row_against_served(row, calls)
-    assert sorted(s.call_id for r in rows for s in r.spans if s.owned) == sorted(calls_made)
+    assert sorted(s.call_id for r in rows for s in r.spans if s.owned) == sorted(actions)
