@@ -9,7 +9,10 @@ Addressing: by workflow id only, never a run id, so every query and Update reach
 *current* run and follows its continue-as-new hand-overs. An Update that the workflow refuses with
 `HandingOver` (the run is draining before it continues-as-new) is retried with backoff until the next
 run takes it (`HANDOVER_PATIENCE`); Updates that Temporal had admitted but the old run never saw are
-moved to the new run by Temporal itself.
+moved to the new run by Temporal itself. An Update that Temporal's server itself rejects as
+`UnprocessedUpdate` (a worker completed the workflow task that carried it without processing it: seen under
+heavy load with "unprocessed protocol messages" in the worker's log) was never admitted either, and is retried
+the same way: it is an infrastructure hiccup, not an answer about the request.
 
 Close: the Update id is the close's digest, so the same close sent twice is one Update (idempotent)
 and a different one reaches the workflow, which refuses it (`AlreadyClosed`, HTTP 409). After the
@@ -51,6 +54,9 @@ from workflows.accounting import LedgerSummary
 
 EPISODE_WORKFLOW = "EpisodeWorkflow"
 HANDING_OVER = "HandingOver"  # the workflow's retryable refusal while it continues-as-new
+# Temporal's server-side rejection of an Update no worker processed (ApplicationFailure type, source Server)
+UNPROCESSED_UPDATE = "UnprocessedUpdate"
+RETRIED_REFUSALS = frozenset({HANDING_OVER, UNPROCESSED_UPDATE})  # nothing was admitted: send it again
 HANDOVER_PATIENCE = 300.0  # seconds a request waits for a hand-over (draining waits for running calls)
 ALREADY_CLOSED = "AlreadyClosed"
 
@@ -151,7 +157,8 @@ class Episodes:
         return spec
 
     async def _through_handover(self, episode_id: str, what: str, update: Callable[[], Awaitable[T]]) -> T:
-        """Run `update`, retrying it while the episode refuses with HandingOver (bounded)."""
+        """Run `update`, retrying it while it is refused without being admitted (RETRIED_REFUSALS:
+        the episode handing over, or Temporal's UnprocessedUpdate), for HANDOVER_PATIENCE at most."""
         deadline = time.monotonic() + HANDOVER_PATIENCE
         delay = 0.05
         while True:
@@ -159,12 +166,13 @@ class Episodes:
                 async with temporal_errors(episode_id, what):
                     return await update()
             except EpisodeUpdateRejectedError as err:
-                if err.error_type != HANDING_OVER:
+                if err.error_type not in RETRIED_REFUSALS:
                     raise
                 if time.monotonic() > deadline:
                     raise TemporalUnavailableError(
-                        f"episode {episode_id!r}: {what}: the episode was still handing over to its next "
-                        f"workflow run after {HANDOVER_PATIENCE:g} s; retry the request"
+                        f"episode {episode_id!r}: {what}: still refused ({err.error_type}: the episode "
+                        f"handing over to its next workflow run, or no worker processing the Update) after "
+                        f"{HANDOVER_PATIENCE:g} s; retry the request"
                     ) from None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -211,8 +219,11 @@ class Episodes:
         """Close (final): the same close again is a no-op, another one is refused (AlreadyClosed)."""
         digest = close_digest(request)
         try:
-            async with temporal_errors(episode_id, "close"):
-                await self._handle(episode_id).execute_update("close", request, id=f"close/{digest}")
+            await self._through_handover(
+                episode_id,
+                "close",
+                lambda: self._handle(episode_id).execute_update("close", request, id=f"close/{digest}"),
+            )
         except EpisodeNotFoundError:
             await self._closed_before(episode_id, digest)
 

@@ -12,7 +12,7 @@
 - spawn link: a worker's requests name the call whose response held its tool call. This provider's
   model stamps each response's items with the grove call id (`x-grove-call-id`); the SDK hands that
   item to the tool as `ToolContext.tool_call`, which is where the spawner is read from (by a wrapper
-  the filter puts around each `as_tool` tool: it passes the invocation to the nested run).
+  the filter puts around each function tool: it passes the invocation to the nested run).
 - spawn links of custom agent-tools: a `function_tool` that runs an agent itself (`Runner.run` inside
   the tool) gets the same: its runs are the agent `{agent.name}-{tool call id}`, spawned by that call,
   and several runs inside one invocation are one agent (its later runs continue or rewrite its context).
