@@ -44,9 +44,11 @@ SUMMARY_INSTRUCTIONS = "Summarize the conversation in one line."
 
 class SummaryFilter:
     """A `call_model_input_filter` that compacts: once the history holds `trigger` items or more, all but
-    the last `keep` are replaced by one user message with a summary that `summarizer` writes. The same
-    older items are summarised once (the summary is kept), so a later turn of the same history extends
-    the rewritten one."""
+    the last `keep` are replaced by one user message with a summary that `summarizer` writes. Each set of
+    older items is summarised once (a turn sent again reuses its summary); a later turn of a longer
+    history gets a new summary, so a new rewrite (the worker here answers in one turn; a filter that keeps
+    its first summary in front of the later items, as tests/harnesses/test_agents_sdk_e2e.py's does,
+    continues the rewritten context instead)."""
 
     def __init__(self, summarizer: Agent, config: RunConfig, trigger: int = 3, keep: int = 1) -> None:
         self.summarizer, self.config, self.trigger, self.keep = summarizer, config, trigger, keep
