@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -156,11 +157,24 @@ def _is_complete(entry: Path, fingerprint: str) -> bool:
     return True
 
 
+def _say_waiting(lock_path: Path) -> None:
+    print(
+        f"[grove] waiting for another process to finish building {lock_path.name[1:-5]!r} "
+        f"(it holds {lock_path}); this one goes on when that build is in place",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 @contextmanager
-def _entry_lock(lock_path: Path) -> Iterator[None]:
+def _entry_lock(lock_path: Path, on_wait: Callable[[Path], None] = _say_waiting) -> Iterator[None]:
     # flock is released by the kernel if the holder dies, so a crashed build never wedges the cache.
     with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another build holds it: say so, since the wait is silent and long
+            on_wait(lock_path)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:

