@@ -170,7 +170,7 @@ async def test_a_compacting_filter_in_a_custom_agent_tool(
     served = recording_engine.calls_of(eid)
     # the rewritten history the agent sent holds the summary the auxiliary call wrote
     summary_text = response_text(tiny_tokenizer, served[f"{w}~aux.0.c0"].completion_ids).strip()
-    assert summary_text in tiny_tokenizer.decode(served[f"{w}.1.c0"].prompt_ids)
+    assert summary_text and summary_text in tiny_tokenizer.decode(served[f"{w}.1.c0"].prompt_ids)
 
     closed = await episode.aclose(answer, wait=True)
     result = closed["result"]
