@@ -96,66 +96,26 @@ def check_rows(rows: list[Row], result: EpisodeResult, served: dict, actions: se
     assert set(result.reward_details) == {"workers", "parent"}
 
 
-async def test_one_step_of_a_langgraph_delegation_run(
-    temporal_client, grove_worker, recording_engine, e2e_store, tiny_model_dir
-):
-    run, specs = await run_one_step(temporal_client, "langgraph-delegation.yaml", tiny_model_dir)
+async def check_compacting_steps(client, engine, store, specs, workers) -> list[Row]:
+    """Each episode of the step: the lead, two workers spawned by its first call, one of them compacted
+    (warm-up, an auxiliary summary call, a declared rewrite); every call accounted, rows as served. `workers`
+    names (plain, compacting) from the episode's contexts. Returns all the step's rows."""
     all_rows: list[Row] = []
     for spec in specs:
         eid = spec.episode_id
-        result = await finished(temporal_client, eid)
-        # who called: the lead, two Send workers spawned by its first call, one of them compacted
-        ctx = contexts(await summary(temporal_client, eid))
-        [w] = [a for a in ("worker-1", "worker-2") if f"{a}.1" in ctx]
-        [plain] = {"worker-1", "worker-2"} - {w}
-        for a in (w, plain):
+        result = await finished(client, eid)
+        ctx = contexts(await summary(client, eid))
+        plain, w = workers(ctx)
+        for a in (plain, w):
             assert (
                 ctx[f"{a}.0"].origin == ContextOrigin.SPAWN and ctx[f"{a}.0"].spawned_by_call == "parent.0.c0"
             )
         assert ctx[f"{w}.1"].origin == ContextOrigin.REWRITE and ctx[f"{w}.1"].rewrite_of == f"{w}.0"
         actions = {"parent.0.c0", "parent.0.c1", f"{plain}.0.c0", f"{w}.0.c0", f"{w}.1.c0"}
-        served = recording_engine.calls_of(eid)
+        served = engine.calls_of(eid)
         assert set(served) == actions | {f"{w}~aux.0.c0"}  # nothing lost, nothing extra
         assert result.counts == {"selected": 5, "auxiliary": 1}  # accounting complete
-
-        rows = published_rows(e2e_store, result.rows_key)
-        assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
-            "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
-            f"{plain}.0.c0": [f"{plain}.0.c0"],
-            f"{w}.0.c0": [f"{w}.0.c0"],
-            f"{w}.1.c0": [f"{w}.1.c0"],
-        }
-        check_rows(rows, result, served, actions)
-        all_rows += rows
-    assert run.history[0].metrics["loss_tokens"] == sum(r.num_loss_tokens for r in all_rows)
-
-
-async def test_one_step_of_an_agents_sdk_delegation_run(
-    temporal_client, grove_worker, recording_engine, e2e_store, tiny_model_dir
-):
-    # streamed (Runner.run_streamed, the worker tool's nested runs too): the program's option; its plain
-    # Runner.run path is run by tests/harnesses/test_python_relaunch.py
-    run, specs = await run_one_step(
-        temporal_client, "agents-sdk-delegation.yaml", tiny_model_dir, "harness.python.options.stream=true"
-    )
-    all_rows: list[Row] = []
-    # header_safe(f"{agent.name}-{tool call id}"): the `as_tool` worker, the worker with a history
-    plain, w = "Worker-call_w1", "Worker-call_w2"
-    for spec in specs:
-        eid = spec.episode_id
-        result = await finished(temporal_client, eid)
-        ctx = contexts(await summary(temporal_client, eid))
-        for a in (plain, w):  # one agent per tool invocation, both spawned by the lead's delegating call
-            assert (
-                ctx[f"{a}.0"].origin == ContextOrigin.SPAWN and ctx[f"{a}.0"].spawned_by_call == "parent.0.c0"
-            )
-        # the worker with a history: its warm-up, its filter's summary call, its word after the summary
-        assert ctx[f"{w}.1"].origin == ContextOrigin.REWRITE and ctx[f"{w}.1"].rewrite_of == f"{w}.0"
-        actions = {"parent.0.c0", "parent.0.c1", f"{plain}.0.c0", f"{w}.0.c0", f"{w}.1.c0"}
-        served = recording_engine.calls_of(eid)
-        assert set(served) == actions | {f"{w}~aux.0.c0"}  # nothing lost, nothing extra
-        assert result.counts == {"selected": 5, "auxiliary": 1}  # accounting complete
-        rows = published_rows(e2e_store, result.rows_key)
+        rows = published_rows(store, result.rows_key)
         assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
             "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
             **{f"{a}.0.c0": [f"{a}.0.c0"] for a in (plain, w)},
@@ -163,4 +123,36 @@ async def test_one_step_of_an_agents_sdk_delegation_run(
         }
         check_rows(rows, result, served, actions)
         all_rows += rows
-    assert run.history[0].metrics["loss_tokens"] == sum(r.num_loss_tokens for r in all_rows)
+    return all_rows
+
+
+def send_workers(ctx: dict) -> tuple[str, str]:
+    """LangGraph's `Send` workers: whichever has a second (rewritten) context compacted."""
+    [w] = [a for a in ("worker-1", "worker-2") if f"{a}.1" in ctx]
+    [plain] = {"worker-1", "worker-2"} - {w}
+    return plain, w
+
+
+def tool_workers(ctx: dict) -> tuple[str, str]:
+    """header_safe(f"{agent.name}-{tool call id}"): the `as_tool` worker, the worker with a history."""
+    return "Worker-call_w1", "Worker-call_w2"
+
+
+async def test_one_step_of_a_langgraph_delegation_run(
+    temporal_client, grove_worker, recording_engine, e2e_store, tiny_model_dir
+):
+    run, specs = await run_one_step(temporal_client, "langgraph-delegation.yaml", tiny_model_dir)
+    rows = await check_compacting_steps(temporal_client, recording_engine, e2e_store, specs, send_workers)
+    assert run.history[0].metrics["loss_tokens"] == sum(r.num_loss_tokens for r in rows)
+
+
+async def test_one_step_of_an_agents_sdk_delegation_run(
+    temporal_client, grove_worker, recording_engine, e2e_store, tiny_model_dir
+):
+    # streamed (Runner.run_streamed, the worker tools' nested runs too): the program's option; its plain
+    # Runner.run path is run by tests/harnesses/test_python_relaunch.py
+    run, specs = await run_one_step(
+        temporal_client, "agents-sdk-delegation.yaml", tiny_model_dir, "harness.python.options.stream=true"
+    )
+    rows = await check_compacting_steps(temporal_client, recording_engine, e2e_store, specs, tool_workers)
+    assert run.history[0].metrics["loss_tokens"] == sum(r.num_loss_tokens for r in rows)
