@@ -92,13 +92,17 @@ class TrainerActivities:
         same_run = have is not None and self.run_id == inp.run_id and have.config == inp.learner
         if same_run and have.step_count == inp.step - 1:
             return have
+        start = ensure_model(inp.model)
+        # A KL penalty anchors every step to the run's start model, the frozen reference
+        reference = start if inp.learner.kl_coef > 0 else None
         if inp.step == 1:
-            learner = Learner(ensure_model(inp.model), inp.learner, device=self.device)
+            learner = Learner(start, inp.learner, device=self.device, reference_dir=reference)
         else:
             dest = Path(tempfile.mkdtemp(prefix=f"step-{inp.step - 1:06d}-", dir=self.work_dir))
             learner = load_checkpoint(
-                self.store, inp.run_id, inp.step - 1, inp.learner, dest, device=self.device
-            )
+                self.store, inp.run_id, inp.step - 1, inp.learner, dest, device=self.device,
+                reference_dir=reference,
+            )  # fmt: skip
         self.learner, self.run_id = learner, inp.run_id
         return learner
 

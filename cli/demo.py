@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -86,6 +86,8 @@ class DemoConfig(BaseModel):
     tasks_per_step: int = 2
     # None: 5e-4 (native, langgraph, agents-sdk) or 1e-4 (opencode; see OPENCODE_LR)
     lr: float | None = None
+    # KL penalty to the frozen start model (k3 estimator, learner.kl_coef); 0: off
+    kl_coef: float = Field(0.0, ge=0.0)
     # None: 8 (native: one word) or 128 (opencode: two `task` calls with made-up words take ~90 tokens)
     max_tokens: int | None = None
     temperature: float = 0.7
@@ -159,7 +161,7 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
                 engine=engine,
                 sampling=SamplingConfig(max_tokens=max_tokens, temperature=cfg.temperature),
                 train_agents=agents,
-                learner=LearnerConfig(lr=learning_rate(cfg), weight_decay=0.0),
+                learner=LearnerConfig(lr=learning_rate(cfg), weight_decay=0.0, kl_coef=cfg.kl_coef),
                 inference_queue=f"{queues.INFERENCE}-{run_id}",
                 eval_every=cfg.eval_every,
                 eval_tasks=8,

@@ -183,6 +183,7 @@ def demo(
     group_size: int = typer.Option(8, help="Episodes per task (GRPO group)."),
     tasks_per_step: int = typer.Option(2, help="Tasks per step."),
     lr: float = typer.Option(None, help="Learning rate (default 5e-4; opencode: 1e-4)."),
+    kl_coef: float = typer.Option(0.0, help="KL penalty to the start model (learner.kl_coef; 0: off)."),
     max_tokens: int = typer.Option(None, help="Max tokens per model call (default 8; opencode: 128)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature (recorded per call for the learner)."),
     eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
@@ -198,7 +199,7 @@ def demo(
         raise typer.Exit(2)
     cfg = DemoConfig(
         name=name, harness=harness, model=model, steps=steps, group_size=group_size,
-        tasks_per_step=tasks_per_step, lr=lr, max_tokens=max_tokens, temperature=temperature,
+        tasks_per_step=tasks_per_step, lr=lr, kl_coef=kl_coef, max_tokens=max_tokens, temperature=temperature,
         eval_every=eval_every, port=port, ui_port=ui_port, out_dir=Path(out_dir),
     )  # fmt: skip
     raise typer.Exit(main(cfg))

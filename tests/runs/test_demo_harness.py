@@ -65,6 +65,9 @@ def test_the_native_demo_is_unchanged():
     assert {r.sampling.max_tokens for r in runs} == {8}
     args = orchestration_worker_args(runs, ensure_model("tiny"))
     assert args[args.index("--queues") + 1] == "episodes,io,trainer" and "--max-model-len" not in args
+    assert {r.learner.kl_coef for r in runs} == {0.0}
+    anchored = run_configs(DemoConfig(kl_coef=0.04), ensure_model("tiny"))  # `grove demo --kl-coef 0.04`
+    assert {r.learner.kl_coef for r in anchored} == {0.04}  # both runs: the pair differs only in agents
 
 
 def test_an_unknown_demo_harness_is_refused_before_anything_starts():
