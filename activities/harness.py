@@ -227,7 +227,7 @@ class HarnessRunner:
         config = opencode_config(
             setup, base_url, token, launch=launch, context_limit=options.context_limit,
             output_limit=options.output_limit or spec.sampling.max_tokens, model=self.config.model_name,
-            agent_context_limits=options.agent_context_limits,
+            agent_context_limits=options.agent_context_limits, request_timeout_s=options.request_timeout_s,
         )  # fmt: skip
         (project / "opencode.json").write_text(json.dumps(config, indent=2))
         return _Launch(opencode_plan(binary, setup.message, home), project, home)

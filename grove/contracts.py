@@ -70,6 +70,15 @@ class OpenCodeOptions(BaseModel):
     output_limit: int | None = Field(
         None, ge=1, description="`limit.output` (OpenCode's max_tokens); null: the run's sampling.max_tokens"
     )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long OpenCode waits for a response to start, and between its chunks (its "
+        "provider `headerTimeout` / `chunkTimeout`); null: no limit, the launch's deadline_s bounds it. "
+        "The gateway answers when generation ends, so a call queued behind a GRPO group's long prompts "
+        "can outlast OpenCode's own 5-minute default; OpenCode then re-sends it while the first is "
+        "still generating, is refused (409) and exits: the episode fails",
+    )
     agent_context_limits: dict[str, Annotated[int, Field(ge=256)]] = Field(
         default_factory=dict,
         description="`limit.context` of single agents (agent name -> tokens), e.g. {worker: 400} so that "

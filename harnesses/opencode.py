@@ -128,6 +128,19 @@ def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:
     return OpenCodeSetup(message=str(message), agents=agents, default_agent=default)
 
 
+def _timeouts(seconds: float | None) -> dict[str, int | bool]:
+    """OpenCode's provider fetch gives up on a response whose headers take 5 minutes, or a stream silent
+    for 5 minutes, then re-sends the request. The gateway sends its headers when generation ends, and a
+    call can queue longer than that behind a group's long prompts on a loaded engine: the re-sent request
+    finds the first still generating (409) and OpenCode exits. Measured: 1 of 8 episodes of a demo step
+    on 2 loaded cores. `false` switches either wait off (OpenCode 1.18.33: `headerTimeout === false`,
+    `chunkTimeout` not a positive number); the launch's own deadline still bounds the episode."""
+    if seconds is None:
+        return {"headerTimeout": False, "chunkTimeout": False}
+    ms = max(1, round(seconds * 1000))
+    return {"headerTimeout": ms, "chunkTimeout": ms}
+
+
 def opencode_config(
     setup: OpenCodeSetup,
     base_url: str,
@@ -138,10 +151,12 @@ def opencode_config(
     output_limit: int,
     model: str = MODEL,
     agent_context_limits: Mapping[str, int] | None = None,
+    request_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """The `opencode.json` of one launch (see the module docstring); `model`: the id the gateway serves.
     `agent_context_limits`: agents whose `limit.context` differs; each gets a model entry `<model>-<agent>`
-    whose API id is still `model` (OpenCode sends `id`), with that limit, and uses it."""
+    whose API id is still `model` (OpenCode sends `id`), with that limit, and uses it.
+    `request_timeout_s`: OpenCode's wait for a response's headers and between chunks (None: no limit)."""
     models: dict[str, Any] = {
         model: {"name": model, "tool_call": True, "limit": {"context": context_limit, "output": output_limit}}
     }
@@ -158,7 +173,12 @@ def opencode_config(
             PROVIDER: {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "grove",
-                "options": {"baseURL": base_url, "apiKey": token, "headers": {LAUNCH_HEADER: str(launch)}},
+                "options": {
+                    "baseURL": base_url,
+                    "apiKey": token,
+                    "headers": {LAUNCH_HEADER: str(launch)},
+                    **_timeouts(request_timeout_s),
+                },
                 "models": models,
             }
         },

@@ -86,7 +86,15 @@ def test_config_points_the_provider_at_the_episode_and_env_is_built_from_scratch
         "baseURL": "http://127.0.0.1:1/episodes/abc/v1",
         "apiKey": "grove-tok",
         "headers": {"x-grove-launch": "2"},
+        # OpenCode's own 5-minute waits for a response off: a call queued on a loaded engine is not
+        # re-sent while it generates (the launch's deadline bounds the episode)
+        "headerTimeout": False,
+        "chunkTimeout": False,
     }
+    timed = opencode_config(
+        setup, "http://h/v1", "t", launch=1, context_limit=2048, output_limit=64, request_timeout_s=2.5
+    )["provider"]["grove"]["options"]
+    assert (timed["headerTimeout"], timed["chunkTimeout"]) == (2500, 2500)  # OpenCode takes milliseconds
     assert provider["models"]["grove"]["limit"] == {"context": 2048, "output": 64}
     assert config["model"] == config["small_model"] == "grove/grove"  # the gateway's default model id
     assert config["default_agent"] == "lead" and config["share"] == "disabled"
