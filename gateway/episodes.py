@@ -14,6 +14,17 @@ moved to the new run by Temporal itself. An Update that Temporal's server itself
 heavy load with "unprocessed protocol messages" in the worker's log) was never admitted either, and is retried
 the same way: it is an infrastructure hiccup, not an answer about the request.
 
+Call: the Update id is `call/<call id>/<a nonce of this request>`, and the Update lasts until the call's
+generation ends. When Temporal's answer to it times out (WorkflowUpdateRPCTimeoutOrCancelledError: the
+server was slow to answer, the call admitted and still generating), the gateway asks again with the same
+id, which Temporal answers from the same Update: the harness keeps waiting for the call it started. (The
+nonce keeps another request that gets the same call id - one whose Update failed before the ledger
+admitted it - from being answered with that failure by Temporal's deduplication.) The harness used to get
+a 503 for a call that was alive, re-send its request and be refused (409, the head still generating) until
+it gave up: a loaded demo step lost an OpenCode episode so. (Across a continue-as-new hand-over the same
+id would reach the next run as a new Update, which the ledger refuses as DuplicateCallError; hand-overs
+drain running calls first, so only a timeout at that very moment meets it.)
+
 Close: the Update id is the close's digest, so the same close sent twice is one Update (idempotent)
 and a different one reaches the workflow, which refuses it (`AlreadyClosed`, HTTP 409). After the
 workflow has ended, the close digest in its memo decides the same way.
@@ -22,9 +33,12 @@ workflow has ended, the close digest in its memo decides the same way.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import TypeVar
 
 from temporalio.client import (
@@ -61,6 +75,7 @@ HANDOVER_PATIENCE = 300.0  # seconds a request waits for a hand-over (draining w
 ALREADY_CLOSED = "AlreadyClosed"
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class EpisodeError(Exception):
@@ -95,6 +110,10 @@ class TemporalUnavailableError(EpisodeError):
     """Temporal did not answer (server down, RPC timeout)."""
 
 
+class UpdateOutcomeTimeoutError(TemporalUnavailableError):
+    """Temporal did not answer an Update in time; the Update itself may be admitted and still running."""
+
+
 @asynccontextmanager
 async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
     """Translate Temporal's exceptions for `what` on `episode_id` into EpisodeError subclasses."""
@@ -112,7 +131,7 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
     except WorkflowFailureError as err:
         raise EpisodeFailedError(f"episode {episode_id!r} failed: {err.cause or err}") from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
-        raise TemporalUnavailableError(
+        raise UpdateOutcomeTimeoutError(
             f"episode {episode_id!r}: {what}: Temporal did not answer in time; retry the request"
         ) from None
     except RPCError as err:
@@ -129,8 +148,11 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
 class Episodes:
     """Queries and Updates of episode workflows through one Temporal client (pydantic converter)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, update_rpc_timeout: timedelta | None = None) -> None:
         self.client = client
+        # None: the server's own long-poll limits; tests shorten it to make the timeout happen
+        self.update_rpc_timeout = update_rpc_timeout
+        self.outcome_waits = 0  # times an Update's answer timed out and was waited for again
 
     def _handle(self, episode_id: str) -> WorkflowHandle:
         return self.client.get_workflow_handle(episode_id)
@@ -201,11 +223,36 @@ class Episodes:
         )
 
     async def call(self, episode_id: str, request: CallRequest) -> CallResult:
-        return await self._through_handover(
-            episode_id,
-            f"call {request.call_id}",
-            lambda: self._handle(episode_id).execute_update("call", request, result_type=CallResult),
+        update_id = f"call/{request.call_id}/{uuid.uuid4().hex[:12]}"  # one per request, kept when re-asked
+        return await self.until_outcome(
+            episode_id, f"call {request.call_id}", "call", request, update_id, CallResult
         )
+
+    async def until_outcome(
+        self, episode_id: str, what: str, update: str, arg: object, update_id: str, result_type: type[T]
+    ) -> T:
+        """The outcome of Update `update_id`, asked again with the same id for as long as Temporal's
+        answers time out (the Update still running); any other error is raised."""
+        while True:
+            try:
+                return await self._through_handover(
+                    episode_id,
+                    what,
+                    lambda: self._handle(episode_id).execute_update(
+                        update,
+                        arg,
+                        id=update_id,
+                        result_type=result_type,
+                        rpc_timeout=self.update_rpc_timeout,
+                    ),
+                )
+            except UpdateOutcomeTimeoutError:
+                self.outcome_waits += 1
+                log.info(
+                    "episode %r: %s: Temporal's answer timed out; waiting on the same Update",
+                    episode_id,
+                    what,
+                )
 
     async def discard(self, episode_id: str, call_id: str, reason: str) -> None:
         req = DiscardRequest(call_id=call_id, reason=reason)

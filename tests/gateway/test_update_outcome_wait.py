@@ -1,0 +1,72 @@
+"""An Update whose answer times out is waited for again, not reported as Temporal being down.
+
+A loaded demo step lost an OpenCode episode: the lead's call was admitted and generating when Temporal's
+answer to the gateway's `call` Update timed out; the gateway answered 503, OpenCode re-sent the request,
+the gateway refused it five times (409: the head still generating) and OpenCode gave up. Here the
+timeout is made on purpose on a real dev server: an Update held by the workflow until the test releases
+it, asked with a 1-second RPC timeout, so every answer before the release times out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.worker import Worker
+
+from gateway.episodes import Episodes
+from tests.bounds import RESULT_WAIT, STATE_WAIT
+from tests.durability.helpers import wait_until
+
+
+@workflow.defn
+class HeldUpdateWorkflow:
+    """An Update that runs until the test signals `release`, like a call until its generation ends."""
+
+    def __init__(self) -> None:
+        self.released = False
+        self.runs = 0
+        self.done = False
+
+    @workflow.run
+    async def run(self) -> int:
+        await workflow.wait_condition(lambda: self.done)
+        return self.runs
+
+    @workflow.update(name="call")
+    async def call(self, word: str) -> str:
+        self.runs += 1
+        await workflow.wait_condition(lambda: self.released)
+        return word.upper()
+
+    @workflow.signal
+    def release(self) -> None:
+        self.released = True
+
+    @workflow.signal
+    def finish(self) -> None:
+        self.done = True
+
+
+async def test_a_timed_out_update_answer_is_awaited_again_on_the_same_update(temporal_client):
+    queue = f"held-{uuid.uuid4().hex[:8]}"
+    wid = f"held-{uuid.uuid4().hex[:8]}"
+    episodes = Episodes(temporal_client, update_rpc_timeout=timedelta(seconds=1))
+    async with Worker(temporal_client, task_queue=queue, workflows=[HeldUpdateWorkflow]):
+        handle = await temporal_client.start_workflow(HeldUpdateWorkflow.run, id=wid, task_queue=queue)
+        outcome = asyncio.create_task(
+            episodes.until_outcome(wid, "call parent.0.c0", "call", "red", "call/parent.0.c0", str)
+        )
+
+        async def timed_out_twice() -> bool:
+            if outcome.done():  # without the wait it ends here, in an error (503 to the harness)
+                outcome.result()
+            return episodes.outcome_waits >= 2
+
+        await wait_until(timed_out_twice, STATE_WAIT, "two timed-out answers of the held Update")
+        await handle.signal(HeldUpdateWorkflow.release)
+        assert await asyncio.wait_for(outcome, RESULT_WAIT) == "RED"
+        await handle.signal(HeldUpdateWorkflow.finish)
+        assert await handle.result() == 1  # every ask after a timeout reached the same Update: it ran once
