@@ -76,8 +76,8 @@ class OpenCodeOptions(BaseModel):
         description="how long OpenCode waits for a response to start, and between its chunks (its "
         "provider `headerTimeout` / `chunkTimeout`); null: no limit, the launch's deadline_s bounds it. "
         "The gateway answers when generation ends, so a call queued behind a GRPO group's long prompts "
-        "can outlast OpenCode's own 5-minute default; OpenCode then re-sends it while the first is "
-        "still generating, is refused (409) and exits: the episode fails",
+        "can outlast OpenCode's own 5-minute default; OpenCode would then re-send it while the first is "
+        "still generating, be refused (409) and give up: the episode fails",
     )
     agent_context_limits: dict[str, Annotated[int, Field(ge=256)]] = Field(
         default_factory=dict,

@@ -131,10 +131,10 @@ def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:
 def _timeouts(seconds: float | None) -> dict[str, int | bool]:
     """OpenCode's provider fetch gives up on a response whose headers take 5 minutes, or a stream silent
     for 5 minutes, then re-sends the request. The gateway sends its headers when generation ends, and a
-    call can queue longer than that behind a group's long prompts on a loaded engine: the re-sent request
-    finds the first still generating (409) and OpenCode exits. Measured: 1 of 8 episodes of a demo step
-    on 2 loaded cores. `false` switches either wait off (OpenCode 1.18.33: `headerTimeout === false`,
-    `chunkTimeout` not a positive number); the launch's own deadline still bounds the episode."""
+    call can queue longer than that behind a group's long prompts on a loaded engine (a demo step's
+    first calls here took 2.5 min): the re-sent request would find the first still generating (409)
+    until OpenCode gave up. `false` switches either wait off (OpenCode 1.18.33: `headerTimeout ===
+    false`, `chunkTimeout` not a positive number); the launch's own deadline still bounds the episode."""
     if seconds is None:
         return {"headerTimeout": False, "chunkTimeout": False}
     ms = max(1, round(seconds * 1000))
