@@ -92,10 +92,11 @@ class TrainerActivities:
         same_run = have is not None and self.run_id == inp.run_id and have.config == inp.learner
         if same_run and have.step_count == inp.step - 1:
             return have
-        start = ensure_model(inp.model)
-        # A KL penalty anchors every step to the run's start model, the frozen reference
-        reference = start if inp.learner.kl_coef > 0 else None
+        # A KL penalty anchors every step to the run's start model, the frozen reference (resolved only
+        # then: a resumed run without one needs nothing but its checkpoint)
+        reference = ensure_model(inp.model) if inp.learner.kl_coef > 0 else None
         if inp.step == 1:
+            start = ensure_model(inp.model)
             learner = Learner(start, inp.learner, device=self.device, reference_dir=reference)
         else:
             dest = Path(tempfile.mkdtemp(prefix=f"step-{inp.step - 1:06d}-", dir=self.work_dir))
