@@ -68,7 +68,8 @@ class DemoConfig(BaseModel):
     half moves with the string similarity of made-up words (group std ~0.04), a weak, noisy signal.
     Those runs scored the parent half by exact presence; it is `read_back_score` now, and with
     `--model tiny-resume` the pair measured 0.712 -> 0.725 (parent+workers) vs 0.659 -> 0.458
-    (parent-only), first vs last 10 of 20 steps (docs/tool_model.md).
+    (parent-only), first vs last 10 of 20 steps (docs/tool_model.md); with 8 episodes per step, lr 2e-4
+    and kl_coef 0.04, 0.691 -> 0.645 vs 0.703 -> 0.687: no rise either.
     group_size/tasks_per_step keep the native defaults (8 x 2: 4x the episodes of the measured
     configuration, not measured with OpenCode)."""
 
