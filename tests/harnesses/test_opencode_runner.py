@@ -187,6 +187,33 @@ async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
     assert [s.call_id for s in row.spans if s.owned] == ["parent.0.c0"]
 
 
+async def test_opencode_honours_the_request_timeout_grove_writes(stack):
+    """OpenCode gives up on a response whose headers are late by its provider's `headerTimeout`, and
+    grove's gateway sends headers when generation ends. With `request_timeout_s=2` and the lead's call
+    held in the engine by a gate (released only after OpenCode has exited, held there by a second gate),
+    OpenCode re-sends the request while the first is still generating, is refused, and exits: the
+    episode fails. So the keys grove writes are the ones OpenCode reads; grove's default writes them off
+    (test_opencode_setup.py), and the launch's deadline bounds the episode instead."""
+    spec = opencode_spec("slow", opencode=OpenCodeOptions(request_timeout_s=2))
+    stack.gates.arm("generate", f"^{re.escape(spec.episode_id)}/parent")
+    stack.gates.arm("harness_exited", f"^{re.escape(spec.episode_id)}$")
+    handle = await stack.client.start_workflow(
+        "EpisodeWorkflow", spec, id=spec.episode_id, task_queue="episodes", result_type=EpisodeResult
+    )
+    try:
+        await until_reached(
+            lambda: stack.gates.held("harness_exited"), "OpenCode exited, its first call held", STATE_WAIT
+        )
+        assert stack.gates.held("generate")  # the first call never left the engine while OpenCode ran
+    finally:
+        stack.gates.disarm("generate")
+        stack.gates.disarm("harness_exited")
+    result = await asyncio.wait_for(handle.result(), RESULT_WAIT)
+    assert result.status == "failed", result
+    assert "still generating" in (result.failure or ""), result.failure  # the re-sent request, refused
+    assert sorted(stack.engine.calls_of(spec.episode_id)) == ["parent.0.c0"]  # generated once
+
+
 async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_server, tmp_path):
     """`grove episode start --external` prints base URL and token; stock OpenCode run by hand with them
     is captured, and the close URL ends the episode."""
