@@ -96,7 +96,7 @@ class TrainerActivities:
         # then: a resumed run without one needs nothing but its checkpoint)
         reference = ensure_model(inp.model) if inp.learner.kl_coef > 0 else None
         if inp.step == 1:
-            start = ensure_model(inp.model)
+            start = reference or ensure_model(inp.model)  # the reference is the start model
             learner = Learner(start, inp.learner, device=self.device, reference_dir=reference)
         else:
             dest = Path(tempfile.mkdtemp(prefix=f"step-{inp.step - 1:06d}-", dir=self.work_dir))

@@ -14,16 +14,17 @@ moved to the new run by Temporal itself. An Update that Temporal's server itself
 heavy load with "unprocessed protocol messages" in the worker's log) was never admitted either, and is retried
 the same way: it is an infrastructure hiccup, not an answer about the request.
 
-Call: the Update id is `call/<call id>/<a nonce of this request>`, and the Update lasts until the call's
-generation ends. When Temporal's answer to it times out (WorkflowUpdateRPCTimeoutOrCancelledError: the
-server was slow to answer, the call admitted and still generating), the gateway asks again with the same
-id, which Temporal answers from the same Update: the harness keeps waiting for the call it started. (The
-nonce keeps another request that gets the same call id - one whose Update failed before the ledger
-admitted it - from being answered with that failure by Temporal's deduplication.) The harness used to get
-a 503 for a call that was alive, re-send its request and be refused (409, the head still generating) until
-it gave up: a loaded demo step lost an OpenCode episode so. (Across a continue-as-new hand-over the same
-id would reach the next run as a new Update, which the ledger refuses as DuplicateCallError; hand-overs
-drain running calls first, so only a timeout at that very moment meets it.)
+Every Update carries an id fixed for the request: `open_context/<context>`, `discard/<call>`,
+`close/<digest>`, and `call/<call id>/<a nonce of this request>` (a `call` Update lasts until the call's
+generation ends). When Temporal's answer to an Update times out (WorkflowUpdateRPCTimeoutOrCancelledError:
+the server was slow to answer, the Update perhaps admitted and still running), the gateway asks again with
+the same id, which Temporal answers from the same Update: the harness keeps waiting for what it started.
+(The call's nonce keeps another request that gets the same call id - one whose Update failed before the
+ledger admitted it - from being answered with that failure by Temporal's deduplication.) The harness used
+to get a 503 for a call that was alive, re-send its request and be refused (409, the head still
+generating) until it gave up: a loaded demo step lost an OpenCode episode so. (Across a continue-as-new
+hand-over the same id would reach the next run as a new Update, which the ledger refuses as
+DuplicateCallError; hand-overs drain running calls first, so only a timeout at that very moment meets it.)
 
 Close: the Update id is the close's digest, so the same close sent twice is one Update (idempotent)
 and a different one reaches the workflow, which refuses it (`AlreadyClosed`, HTTP 409). After the
@@ -38,7 +39,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from typing import TypeVar
 
 from temporalio.client import (
@@ -148,10 +148,8 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
 class Episodes:
     """Queries and Updates of episode workflows through one Temporal client (pydantic converter)."""
 
-    def __init__(self, client: Client, *, update_rpc_timeout: timedelta | None = None) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
-        # None: the server's own long-poll limits; tests shorten it to make the timeout happen
-        self.update_rpc_timeout = update_rpc_timeout
         self.outcome_waits = 0  # times an Update's answer timed out and was waited for again
 
     def _handle(self, episode_id: str) -> WorkflowHandle:
@@ -179,14 +177,22 @@ class Episodes:
         return spec
 
     async def _through_handover(self, episode_id: str, what: str, update: Callable[[], Awaitable[T]]) -> T:
-        """Run `update`, retrying it while it is refused without being admitted (RETRIED_REFUSALS:
-        the episode handing over, or Temporal's UnprocessedUpdate), for HANDOVER_PATIENCE at most."""
+        """Run `update` (an Update with an id fixed for the request), retrying it while it is refused
+        without being admitted (RETRIED_REFUSALS: the episode handing over, or Temporal's
+        UnprocessedUpdate), for HANDOVER_PATIENCE at most, and asking again, for as long as it takes,
+        while Temporal's answers time out (the same id: the same Update, perhaps still running)."""
         deadline = time.monotonic() + HANDOVER_PATIENCE
         delay = 0.05
         while True:
             try:
                 async with temporal_errors(episode_id, what):
                     return await update()
+            except UpdateOutcomeTimeoutError:
+                self.outcome_waits += 1
+                log.info(
+                    "episode %r: %s: Temporal's answer timed out; asking the same Update", episode_id, what
+                )
+                continue
             except EpisodeUpdateRejectedError as err:
                 if err.error_type not in RETRIED_REFUSALS:
                     raise
@@ -224,35 +230,13 @@ class Episodes:
 
     async def call(self, episode_id: str, request: CallRequest) -> CallResult:
         update_id = f"call/{request.call_id}/{uuid.uuid4().hex[:12]}"  # one per request, kept when re-asked
-        return await self.until_outcome(
-            episode_id, f"call {request.call_id}", "call", request, update_id, CallResult
+        return await self._through_handover(
+            episode_id,
+            f"call {request.call_id}",
+            lambda: self._handle(episode_id).execute_update(
+                "call", request, id=update_id, result_type=CallResult
+            ),
         )
-
-    async def until_outcome(
-        self, episode_id: str, what: str, update: str, arg: object, update_id: str, result_type: type[T]
-    ) -> T:
-        """The outcome of Update `update_id`, asked again with the same id for as long as Temporal's
-        answers time out (the Update still running); any other error is raised."""
-        while True:
-            try:
-                return await self._through_handover(
-                    episode_id,
-                    what,
-                    lambda: self._handle(episode_id).execute_update(
-                        update,
-                        arg,
-                        id=update_id,
-                        result_type=result_type,
-                        rpc_timeout=self.update_rpc_timeout,
-                    ),
-                )
-            except UpdateOutcomeTimeoutError:
-                self.outcome_waits += 1
-                log.info(
-                    "episode %r: %s: Temporal's answer timed out; waiting on the same Update",
-                    episode_id,
-                    what,
-                )
 
     async def discard(self, episode_id: str, call_id: str, reason: str) -> None:
         req = DiscardRequest(call_id=call_id, reason=reason)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -53,12 +54,16 @@ class HeldUpdateWorkflow:
 async def test_a_timed_out_update_answer_is_awaited_again_on_the_same_update(temporal_client):
     queue = f"held-{uuid.uuid4().hex[:8]}"
     wid = f"held-{uuid.uuid4().hex[:8]}"
-    episodes = Episodes(temporal_client, update_rpc_timeout=timedelta(seconds=1))
+    episodes = Episodes(temporal_client)
     async with Worker(temporal_client, task_queue=queue, workflows=[HeldUpdateWorkflow]):
         handle = await temporal_client.start_workflow(HeldUpdateWorkflow.run, id=wid, task_queue=queue)
-        outcome = asyncio.create_task(
-            episodes.until_outcome(wid, "call parent.0.c0", "call", "red", "call/parent.0.c0", str)
-        )
+
+        def ask() -> Awaitable[str]:  # what Episodes.call sends, with a 1-s RPC timeout
+            return handle.execute_update(
+                "call", "red", id="call/parent.0.c0/n1", result_type=str, rpc_timeout=timedelta(seconds=1)
+            )
+
+        outcome = asyncio.create_task(episodes._through_handover(wid, "call parent.0.c0", ask))
 
         async def timed_out_twice() -> bool:
             if outcome.done():  # without the wait it ends here, in an error (503 to the harness)
