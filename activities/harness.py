@@ -227,9 +227,10 @@ class HarnessRunner:
         config = opencode_config(
             setup, base_url, token, launch=launch, context_limit=options.context_limit,
             output_limit=options.output_limit or spec.sampling.max_tokens, model=self.config.model_name,
-            agent_context_limits=options.agent_context_limits, request_timeout_s=options.request_timeout_s,
+            agent_context_limits=setup.agent_context_limits, request_timeout_s=options.request_timeout_s,
         )  # fmt: skip
         (project / "opencode.json").write_text(json.dumps(config, indent=2))
+        write_project_files(project, setup.files)
         return _Launch(opencode_plan(binary, setup.message, home), project, home)
 
     async def _python_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
@@ -508,3 +509,11 @@ def build_harness_worker(client: Client, runner: HarnessRunner):
     return Worker(
         client, task_queue=queues.HARNESS, activities=[runner.run_harness], max_concurrent_activities=64
     )
+
+
+def write_project_files(project: Path, files: dict[str, str]) -> None:
+    """The task family's files (paths checked by harnesses.opencode.setup_for) into the project folder."""
+    for relative, text in files.items():
+        path = project / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)

@@ -79,6 +79,9 @@ class DemoConfig(BaseModel):
     # langgraph / agents-sdk: a Python harness program launched per episode the same way, on the
     # `langgraph-delegation` / `agents-sdk-delegation` family (harnesses/framework_delegation.py)
     harness: Literal["native", "opencode", "langgraph", "agents-sdk"] = "native"
+    # opencode only: `opencode-delegation` (None) or `opencode-reader` (its workers read notes.txt and
+    # compact mid-way; harnesses/opencode_reader.py)
+    family: Literal["opencode-delegation", "opencode-reader"] | None = None
     # None: tiny (native) or tiny-copy (opencode: tiny-tools, drilled on OpenCode's calls, fine-tuned to copy
     # made-up words into them; tiny-tools writes the calls but copies no word, so its groups give no signal)
     model: str | None = None
@@ -124,14 +127,23 @@ def learning_rate(cfg: DemoConfig) -> float:
     return cfg.lr or (OPENCODE_LR if cfg.harness == "opencode" else 5e-4)
 
 
+OPENCODE_MODELS = {"opencode-delegation": "tiny-copy", "opencode-reader": "tiny-reader"}
+
+
+def opencode_family(cfg: DemoConfig) -> str:
+    return cfg.family or "opencode-delegation"
+
+
 def model_name(cfg: DemoConfig) -> str:
-    return cfg.model or ("tiny-copy" if cfg.harness == "opencode" else "tiny")
+    if cfg.model:
+        return cfg.model
+    return OPENCODE_MODELS[opencode_family(cfg)] if cfg.harness == "opencode" else "tiny"
 
 
 def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
     """The two runs: identical but for which agents' actions are trained."""
     if cfg.harness == "opencode":
-        family = "opencode-delegation"
+        family = opencode_family(cfg)
         harness = HarnessSpec(kind="opencode", opencode=OpenCodeOptions(context_limit=OPENCODE_CONTEXT))
         engine = EngineLimits(max_model_len=OPENCODE_CONTEXT)
         max_tokens = cfg.max_tokens or OPENCODE_MAX_TOKENS

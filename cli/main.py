@@ -173,10 +173,15 @@ def demo(
         "(opencode-delegation family, default model tiny-copy); langgraph / agents-sdk: a LangGraph / "
         "OpenAI Agents SDK program launched per episode (langgraph-delegation / agents-sdk-delegation).",
     ),
+    family: str = typer.Option(
+        None,
+        help="opencode only: opencode-delegation (default) or opencode-reader (each worker reads "
+        "notes.txt with OpenCode's read tool and compacts mid-way; default model tiny-reader).",
+    ),
     model: str = typer.Option(
         None,
-        help="tiny | tiny-tools | tiny-copy | tiny-resume | smollm2 | a HF causal-LM folder "
-        "(default tiny; opencode: tiny-copy).",
+        help="tiny | tiny-tools | tiny-copy | tiny-resume | tiny-reader | smollm2 | a HF causal-LM folder "
+        "(default tiny; opencode: tiny-copy, opencode-reader: tiny-reader).",
     ),
     steps: int = typer.Option(20, help="Optimizer steps per run."),
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),
@@ -192,13 +197,19 @@ def demo(
     out_dir: str = typer.Option("runs", help="metrics.csv, reward.png and logs go to OUT_DIR/NAME."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
-    from cli.demo import HARNESSES, DemoConfig, main
+    from cli.demo import HARNESSES, OPENCODE_MODELS, DemoConfig, main
 
     if harness not in HARNESSES:
         typer.echo(f"demo: --harness {harness!r}: expected one of {', '.join(HARNESSES)}", err=True)
         raise typer.Exit(2)
+    if family is not None and (harness != "opencode" or family not in OPENCODE_MODELS):
+        typer.echo(
+            f"demo: --family {family!r}: only with --harness opencode, one of {', '.join(OPENCODE_MODELS)}",
+            err=True,
+        )
+        raise typer.Exit(2)
     cfg = DemoConfig(
-        name=name, harness=harness, model=model, steps=steps, group_size=group_size,
+        name=name, harness=harness, family=family, model=model, steps=steps, group_size=group_size,
         tasks_per_step=tasks_per_step, lr=lr, kl_coef=kl_coef, max_tokens=max_tokens, temperature=temperature,
         eval_every=eval_every, port=port, ui_port=ui_port, out_dir=Path(out_dir),
     )  # fmt: skip

@@ -29,10 +29,11 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
-from harnesses import opencode_delegation
+from harnesses import opencode_delegation, opencode_reader
 
 PROVIDER = "grove"
 MODEL = "grove"  # the gateway's served model id (GatewaySettings.model_name), unless told otherwise
@@ -56,11 +57,15 @@ class OpenCodeSetupError(ValueError):
 
 @dataclass(frozen=True)
 class OpenCodeSetup:
-    """What a task family gives OpenCode: the first user message and the `agent` section."""
+    """What a task family gives OpenCode: the first user message, the `agent` section, the agents whose
+    `limit.context` differs (so that they compact), and files for the episode's project folder (relative
+    path -> text)."""
 
     message: str
     agents: dict[str, dict[str, Any]] = field(default_factory=dict)
     default_agent: str | None = None
+    agent_context_limits: dict[str, int] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 def delegation_setup(task: TaskSpec) -> OpenCodeSetup:
@@ -106,15 +111,29 @@ def opencode_delegation_setup(task: TaskSpec) -> OpenCodeSetup:
     )
 
 
+def opencode_reader_setup(task: TaskSpec) -> OpenCodeSetup:
+    """The `opencode-reader` family (harnesses/opencode_reader.py): the lead of `opencode-delegation`,
+    workers that read notes.txt and compact."""
+    return OpenCodeSetup(
+        message=opencode_reader.user_message(task),
+        agents=opencode_reader.OPENCODE_AGENTS,
+        default_agent=opencode_reader.DEFAULT_AGENT,
+        agent_context_limits={"worker": opencode_reader.WORKER_CONTEXT},
+        files=opencode_reader.project_files(task),
+    )
+
+
 TASK_SETUPS: dict[str, Callable[[TaskSpec], OpenCodeSetup]] = {
     "delegation": delegation_setup,
     opencode_delegation.FAMILY: opencode_delegation_setup,
+    opencode_reader.FAMILY: opencode_reader_setup,
 }
 
 
 def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:
-    """The task family's setup with the run's overrides; a family without one needs `message` (in the
-    options or as the task's `params["message"]`)."""
+    """The task family's setup with the run's overrides (`agent_context_limits` per agent over the
+    family's); a family without one needs `message` (in the options or as the task's
+    `params["message"]`)."""
     base = TASK_SETUPS[task.family](task) if task.family in TASK_SETUPS else None
     message = options.message or (base.message if base else task.params.get("message"))
     if not message:
@@ -125,7 +144,23 @@ def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:
         )
     agents = options.agents if options.agents is not None else (base.agents if base else {})
     default = options.default_agent or (base.default_agent if base else None)
-    return OpenCodeSetup(message=str(message), agents=agents, default_agent=default)
+    limits = {**(base.agent_context_limits if base else {}), **options.agent_context_limits}
+    files = base.files if base else {}
+    for path in files:
+        check_project_path(task, path)
+    return OpenCodeSetup(
+        message=str(message), agents=agents, default_agent=default, agent_context_limits=limits, files=files
+    )
+
+
+def check_project_path(task: TaskSpec, path: str) -> None:
+    """A family's file must stay inside the episode's project folder and leave opencode.json to grove."""
+    parts = PurePosixPath(path).parts
+    if not parts or PurePosixPath(path).is_absolute() or ".." in parts or path == "opencode.json":
+        raise OpenCodeSetupError(
+            f"task {task.task_id!r} of family {task.family!r}: project file {path!r}: expected a relative "
+            "path inside the project folder (no '..', not opencode.json); fix the family's setup"
+        )
 
 
 def _timeouts(seconds: float | None) -> dict[str, int | bool]:

@@ -1,6 +1,7 @@
-"""Simulated `opencode-delegation` episodes of a model, scored by the family's reward.
+"""Simulated `opencode-delegation` (or `opencode-reader`) episodes of a model, scored by the family's reward.
 
     python -m harnesses.opencode_delegation_sim tiny-copy [--tasks 6] [--group 4] [--temperature 0.7]
+    python -m harnesses.opencode_delegation_sim tiny-reader --family opencode-reader
 
 Each episode plays the family's requests (models/tool_eval.py: OpenCode's captured request text with
 held-out words) chained the way OpenCode chains them: the lead's first reply is parsed with the
@@ -10,6 +11,14 @@ lead's resumption (arguments re-serialised as compact JSON); the family's reward
 outcome. It is a simulation of the binary on its captured request text (no OpenCode, no gateway, no
 vLLM): calls to other agents get no answer, and a lead reply without tool calls is its final answer.
 It lives beside the family (not in models/) because the reward is the family's.
+
+`opencode-reader` workers play their four requests (models/reader_drills.py) on the model's own replies:
+the first request with the `read` tool; if the reply calls `read`, the result (the task's notes), the
+answer, OpenCode's compaction call on that conversation (the summary), and the rewritten session, whose
+reply is the worker's answer. A worker that does not call `read` answers at once and does not compact (its
+context stays under the line). The real compaction depends on the usage the gateway reports; the
+simulation assumes the notes always push a worker that read them over it (they do at the family's
+WORKER_CONTEXT).
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ from pydantic import BaseModel
 
 from chat.toolcalls import parse_tool_calls
 from grove.contracts import HarnessOutcome, TaskSpec
+from harnesses import opencode_reader
 from harnesses.opencode_delegation import FAMILY, score
+from models import reader_drills
 from models.tool_drills import draw_words
 from models.tool_eval import Generator, lead_request, worker_request
 
@@ -36,8 +47,50 @@ def _task_result(index: int, answer: str) -> str:
     return f'<task id="{session}" state="completed">\n<task_result>\n{answer}\n</task_result>\n</task>'
 
 
-def play_episode(gen: Generator, words: list[str], *, temperature: float, seed: int) -> HarnessOutcome:
-    """One simulated `opencode-delegation` episode on OpenCode's captured request text (module doc)."""
+READER_FOLDER = "/tmp/grove-worker-sim/harness/0123456789abcdef/project"  # the runner's kind of folder
+
+
+def plain_worker(gen: Generator, prompt: str, notes: str, *, temperature: float, seed: int) -> list[str]:
+    """An `opencode-delegation` worker's reply to its one request."""
+    body = worker_request("x")
+    body["messages"][1]["content"] = prompt
+    return [gen.reply(body, temperature=temperature, seed=seed, max_new_tokens=MAX_EPISODE_TOKENS)]
+
+
+def reader_worker(gen: Generator, prompt: str, notes: str, *, temperature: float, seed: int) -> list[str]:
+    """An `opencode-reader` worker's replies (module doc): [first] or [read call, answer, summary,
+    answer from the summary]."""
+    limit = MAX_EPISODE_TOKENS
+    captured = worker_request("x")["messages"][0]["content"]  # the worker's prompt, then OpenCode's env
+    system = reader_drills.READER_PROMPT + "\n" + captured.split("\n", 1)[1]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+    body = {"messages": messages, "tools": [reader_drills.read_tool()]}
+    first = gen.reply(body, temperature=temperature, seed=seed, max_new_tokens=limit)
+    parsed = parse_tool_calls(first)
+    if not any(c["function"]["name"] == "read" for c in parsed.tool_calls):
+        return [first]
+    result = reader_drills.read_result(READER_FOLDER, notes)
+    turns = reader_drills.worker_turns(system, prompt, result, "")[:4]
+    turns[2] = {"role": "assistant", "content": parsed.content or "", "tool_calls": parsed.tool_calls}
+    answer = gen.reply(
+        {**body, "messages": turns}, temperature=temperature, seed=seed + 1, max_new_tokens=limit
+    )
+    # OpenCode compacts here: the summary of that conversation, then the session rewritten around it
+    summary_body = {"messages": reader_drills.summary_turns(prompt, result, answer)[:2]}
+    summary = gen.reply(summary_body, temperature=temperature, seed=seed + 2, max_new_tokens=limit)
+    after = reader_drills.after_compaction_turns(system, prompt, "")[:4]
+    after[2] = {"role": "assistant", "content": summary}
+    final = gen.reply(
+        {**body, "messages": after}, temperature=temperature, seed=seed + 3, max_new_tokens=limit
+    )
+    return [first, answer, summary, final]
+
+
+def play_episode(
+    gen: Generator, words: list[str], *, temperature: float, seed: int, reader: bool = False, notes: str = ""
+) -> HarnessOutcome:
+    """One simulated `opencode-delegation` episode on OpenCode's captured request text (module doc);
+    `reader`: `opencode-reader` workers reading `notes`."""
     limit = MAX_EPISODE_TOKENS
     first = lead_request(words)
     reply = gen.reply(first, temperature=temperature, seed=seed, max_new_tokens=limit)
@@ -52,10 +105,13 @@ def play_episode(gen: Generator, words: list[str], *, temperature: float, seed: 
         calls.append({**call, "function": {**call["function"], "arguments": compact}})
         answer = ""
         if call["function"]["name"] == "task" and args.get("subagent_type") == "worker":
-            body = worker_request("x")
-            body["messages"][1]["content"] = str(args.get("prompt", ""))
-            answer = gen.reply(body, temperature=temperature, seed=seed + 1 + i, max_new_tokens=limit)
-            outputs[f"worker-{len(outputs)}"] = [answer]
+            play = reader_worker if reader else plain_worker
+            prompt = str(args.get("prompt", ""))
+            replies = play(gen, prompt, notes, temperature=temperature, seed=seed + 1 + i)
+            answer = replies[-1]
+            n = sum(name.startswith("worker-") for name in outputs) + 1
+            outputs[f"worker-{n}"] = [answer]
+            outputs[f"trace-{n}"] = replies  # every reply of the worker (scorers read worker-* only)
         results.append({"role": "tool", "tool_call_id": call["id"], "content": _task_result(i, answer)})
     resume = json.loads(json.dumps(first))
     resume["messages"] += [{"role": "assistant", "content": parsed.content or "", "tool_calls": calls}]
@@ -78,10 +134,10 @@ class EpisodeScores(BaseModel):
 
 
 def play_episodes(
-    model: str, *, tasks: int, group: int, temperature: float = 0.7, seed: int = 0
+    model: str, *, tasks: int, group: int, temperature: float = 0.7, seed: int = 0, family: str = FAMILY
 ) -> EpisodeScores:
     """`tasks` held-out tasks of the family (the family's own word draw, on the held-out side), `group`
-    samples each."""
+    samples each; `family`: opencode-delegation or opencode-reader (notes of the family's own draw)."""
     from models.registry import ensure_model
 
     gen = Generator(ensure_model(model))
@@ -89,10 +145,14 @@ def play_episodes(
     groups, workers, parent, example = [], [], [], {}
     for t in range(tasks):
         words = draw_words(rng, 2, held_out=True, common_share=0.0)
-        task = TaskSpec(family=FAMILY, task_id=f"eval-{t}", params={"words": words})
+        task = TaskSpec(family=family, task_id=f"eval-{t}", params={"words": words})
+        reader = family == opencode_reader.FAMILY
+        notes = opencode_reader.notes(task) if reader else ""
         rewards = []
         for g in range(group):
-            outcome = play_episode(gen, words, temperature=temperature, seed=seed + 1000 * t + 10 * g)
+            outcome = play_episode(
+                gen, words, temperature=temperature, seed=seed + 1000 * t + 10 * g, reader=reader, notes=notes
+            )
             result = score(task, outcome)
             rewards.append(result.reward)
             workers.append(result.details["workers"])
@@ -117,9 +177,12 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=6, help="simulated opencode-delegation tasks")
     parser.add_argument("--group", type=int, default=4, help="samples per simulated task")
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--family", choices=(FAMILY, opencode_reader.FAMILY), default=FAMILY)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    scores = play_episodes(args.model, tasks=args.tasks, group=args.group, temperature=args.temperature)
+    scores = play_episodes(
+        args.model, tasks=args.tasks, group=args.group, temperature=args.temperature, family=args.family
+    )
     print(scores.model_dump_json(indent=1))
 
 

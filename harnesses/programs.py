@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
-from harnesses import delegation, framework_delegation, opencode_delegation, scenario
+from harnesses import delegation, framework_delegation, opencode_delegation, opencode_reader, scenario
 from harnesses.native import Program
 
 PROGRAMS: dict[str, Program] = {
@@ -28,6 +28,8 @@ TASK_FAMILIES: dict[
     scenario.NAME: (scenario.make_task, scenario.score),
     # driven by stock OpenCode through the gateway (harnesses/opencode_delegation.py)
     opencode_delegation.FAMILY: (opencode_delegation.make_task, opencode_delegation.score),
+    # the same with workers that read a file and compact mid-way (harnesses/opencode_reader.py)
+    opencode_reader.FAMILY: (opencode_reader.make_task, opencode_reader.score),
     # driven by a LangGraph or Agents SDK program the runner launches (harnesses/framework_delegation.py)
     **{
         name: (framework_delegation.make_task_of(name), framework_delegation.score)

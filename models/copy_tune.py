@@ -41,7 +41,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from models import reader_drills
 from models.manifest import write_manifest
+from models.reader_drills import READER_PROMPT
 from models.tool_drills import (
     _DAYS,
     _MONTHS,
@@ -89,18 +91,28 @@ class CopyTuneSpec(BaseModel):
     # final-only loss taught the lead to answer at once and stop calling (tiny-resume v1, 200 steps:
     # simulated workers 0.61 -> 0.00)
     resume_firsts: int = Field(0, ge=0)
+    # `reader` steps (after the resume ones): an `opencode-reader` worker's requests (models/reader_drills.py:
+    # the read call, the word after the long result, the compaction summary, the word from the summary),
+    # `reader_workers` workers per step beside `reader_leads` lead requests of either kind (so the lead's
+    # calls and read-back hold) and the real steps' workers and dense chats
+    reader_steps: int = Field(0, ge=0)
+    reader_workers: int = Field(4, gt=0)
+    reader_leads: int = Field(4, ge=0)
+    reader_lines: tuple[int, int] = (12, 20)  # notes.txt lines, drawn per worker
     learning_rate: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
     max_words: int = Field(8, ge=2)
 
     @property
     def total_steps(self) -> int:
-        return self.dense_steps + self.real_steps + self.resume_steps
+        return self.dense_steps + self.real_steps + self.resume_steps + self.reader_steps
 
     def fingerprint_json(self) -> str:
-        """The spec's JSON for the cache fingerprint; without the resume fields while they are unused, so
-        builds made before they existed (tiny-copy) keep their fingerprint."""
+        """The spec's JSON for the cache fingerprint; without the resume and reader fields while they are
+        unused, so builds made before they existed (tiny-copy, tiny-resume) keep their fingerprint."""
         unused = {"resume_steps", "resume_leads", "resume_firsts"} if self.resume_steps == 0 else set()
+        if self.reader_steps == 0:
+            unused |= {"reader_steps", "reader_workers", "reader_leads", "reader_lines"}
         return self.model_dump_json(exclude=unused)
 
 
@@ -109,6 +121,9 @@ class CopyTuneReport(BaseModel):
     losses: list[float]
     seconds: float
     cpu_seconds: float
+
+
+Draw = tuple[list[dict], list[dict] | None, bool]  # messages, tools, loss on the last turn only
 
 
 @dataclass(frozen=True)
@@ -185,8 +200,8 @@ class CopyDrillWriter:
             )
         )
 
-    def _system(self, prompt: str) -> dict[str, str]:
-        rng, folder = self.rng, self._folder()
+    def _system(self, prompt: str, folder: str | None = None) -> dict[str, str]:
+        rng, folder = self.rng, folder or self._folder()
         date = f"{rng.choice(_DAYS)} {rng.choice(_MONTHS)} {rng.randint(1, 28):02d} {rng.randint(2024, 2030)}"
         model = rng.choice(("grove", "policy", self.w.name()))
         env = _env_template().format(dir=folder, provider="grove", model=model, date=date)
@@ -225,6 +240,25 @@ class CopyDrillWriter:
             "content": self.rng.choice(("{ws}", "{ws}", "{lines}")).format(**_fill(words)),
         }
         return [*messages, calls, *answers, final], tools
+
+    def readers(self, n: int, lines: tuple[int, int]) -> tuple[list[Draw], list[Draw]]:
+        """`n` `opencode-reader` workers of one episode environment (models/reader_drills.py): their chats
+        with the `read` tool (the read call and the word after its result; the word again from the summary,
+        loss on it alone), which share the system prompt and tool, and their compaction calls (the summary),
+        which share OpenCode's summarization prompt."""
+        folder = self._folder()
+        system = self._system(READER_PROMPT, folder)["content"]
+        tools = [reader_drills.read_tool()]
+        with_tool: list[Draw] = []
+        summaries: list[Draw] = []
+        for word in self.words(n):
+            ask = f"Reply with the word {word}."
+            notes = reader_drills.notes_text(self.rng, self.rng.randint(*lines))
+            result = reader_drills.read_result(folder, notes)
+            with_tool.append((reader_drills.worker_turns(system, ask, result, word), tools, False))
+            with_tool.append((reader_drills.after_compaction_turns(system, ask, word), tools, True))
+            summaries.append((reader_drills.summary_turns(ask, result, word), None, False))
+        return with_tool, summaries
 
     def leads(self, n: int, kind: str = "any") -> list[tuple[list[dict], list[dict]]]:
         """`n` lead requests of one episode environment (one system prompt: they share its tokens): first
@@ -324,7 +358,15 @@ def _step_groups(writer: CopyDrillWriter, tok: Any, spec: CopyTuneSpec, step: in
         if spec.dense_leads and step % spec.lead_every == spec.lead_every - 1:
             groups.append(_Group(chats(writer.leads(spec.dense_leads)), shared_prefix=True))
         return groups
-    if step >= spec.dense_steps + spec.real_steps:  # resume: final answers only, first turns whole
+    if step >= spec.dense_steps + spec.real_steps + spec.resume_steps:  # reader workers, leads beside
+        with_tool, summaries = writer.readers(spec.reader_workers, spec.reader_lines)
+        groups = [
+            _Group([encode(tok, m, t, last_only=last) for m, t, last in draws], shared_prefix=True)
+            for draws in (with_tool, summaries)
+        ]
+        if spec.reader_leads:
+            groups.append(_Group(chats(writer.leads(spec.reader_leads)), shared_prefix=True))
+    elif step >= spec.dense_steps + spec.real_steps:  # resume: final answers only, first turns whole
         finals = [encode(tok, *d, last_only=True) for d in writer.leads(spec.resume_leads, "resume")]
         groups = [_Group(finals, shared_prefix=True)]
         if spec.resume_firsts:

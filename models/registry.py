@@ -70,6 +70,16 @@ COPY_SPECS: dict[str, CopyTuneSpec] = {
         learning_rate=1e-3,
         warmup_steps=10,
     ),
+    # tiny-resume plus the `opencode-reader` worker (models/reader_drills.py): read notes.txt, answer the
+    # word, summarise for OpenCode's compaction, answer again from the summary; leads stay in the mix
+    "tiny-reader": CopyTuneSpec(
+        base="tiny-resume",
+        dense_steps=0,
+        real_steps=0,
+        reader_steps=400,
+        learning_rate=1e-3,
+        warmup_steps=10,
+    ),
 }
 SMOLLM2 = "smollm2"
 KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *COPY_SPECS, SMOLLM2)

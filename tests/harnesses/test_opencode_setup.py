@@ -125,3 +125,76 @@ def test_an_agent_with_its_own_context_limit_gets_a_model_entry_that_sends_the_s
     assert "model" not in setup.agents["worker"]  # the family's agents are not modified
     with pytest.raises(ValueError, match="agent_context_limits"):
         OpenCodeOptions(agent_context_limits={"worker": 10})  # below OpenCode's fixed overhead
+
+
+def test_the_reader_family_gives_its_workers_read_notes_and_a_context_limit_the_run_can_override():
+    from harnesses import opencode_reader
+
+    task = opencode_reader.make_task(5)
+    assert (
+        task == opencode_reader.make_task(5)
+        and task.params["words"] != opencode_reader.make_task(6).params["words"]
+    )
+    setup = setup_for(task, OpenCodeOptions())
+    assert setup.agents["worker"]["tools"] == {"*": False, "read": True}
+    assert setup.agents["lead"]["tools"] == {"*": False, "task": True}
+    assert "notes.txt" in setup.agents["worker"]["prompt"]
+    assert (
+        list(setup.files) == ["notes.txt"]
+        and setup.files["notes.txt"].count("\n") == opencode_reader.NOTES_LINES
+    )
+    assert setup.agent_context_limits == {"worker": opencode_reader.WORKER_CONTEXT}
+    run = setup_for(task, OpenCodeOptions(agent_context_limits={"worker": 900, "lead": 3000}))
+    assert run.agent_context_limits == {"worker": 900, "lead": 3000}  # the run's, agent by agent
+    config = opencode_config(run, "http://g/v1", "t", launch=1, context_limit=4096, output_limit=128,
+                             agent_context_limits=run.agent_context_limits)  # fmt: skip
+    assert config["agent"]["worker"]["model"] == "grove/grove-worker"
+    assert config["provider"]["grove"]["models"]["grove-worker"]["limit"] == {"context": 900, "output": 128}
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "a/../../x", "opencode.json", ""])
+def test_a_family_file_outside_the_project_folder_is_refused(path, monkeypatch):
+    from harnesses import opencode, opencode_reader
+
+    task = opencode_reader.make_task(0)
+    base = opencode.TASK_SETUPS[opencode_reader.FAMILY](task)
+    bad = type(base)(message=base.message, agents=base.agents, files={path: "x"})
+    monkeypatch.setitem(opencode.TASK_SETUPS, opencode_reader.FAMILY, lambda _task: bad)
+    with pytest.raises(OpenCodeSetupError, match=f"project file {path!r}: expected a relative path"):
+        setup_for(task, OpenCodeOptions())
+
+
+async def test_the_runner_writes_the_familys_files_and_the_workers_limit_into_the_launch(
+    tmp_path, monkeypatch
+):
+    """The harness runner's own launch planning for an `opencode-reader` episode: notes.txt in the
+    project folder OpenCode runs in, the workers on a model entry with the family's limit (the episode's
+    max_tokens as limit.output), the lead on the run's."""
+    import json as _json
+
+    from activities.harness import HarnessRunner, RunnerConfig
+    from grove.contracts import EpisodeSpec, HarnessSpec
+    from grove.sampling import SamplingConfig
+    from harnesses import opencode_reader
+
+    stand_in = tmp_path / "opencode"
+    stand_in.write_text("#!/bin/sh\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("GROVE_OPENCODE_BIN", str(stand_in))  # planning only: nothing is run
+    task = opencode_reader.make_task(2)
+    spec = EpisodeSpec(
+        run_id="r", step=1, group_id="r/s000001/t0", episode_id="r/s000001/t0/g0", task=task,
+        harness=HarnessSpec(kind="opencode", opencode=OpenCodeOptions(context_limit=4096)),
+        sampling=SamplingConfig(max_tokens=128),
+    )  # fmt: skip
+    runner = HarnessRunner(RunnerConfig("http://127.0.0.1:9", "s" * 32, tmp_path / "root"))
+    run = await runner._opencode_launch(spec, 1, "token", "http://127.0.0.1:9/episodes/x/v1")
+    assert (run.project / "notes.txt").read_text() == opencode_reader.notes(task)
+    config = _json.loads((run.project / "opencode.json").read_text())
+    models = config["provider"]["grove"]["models"]
+    assert models["grove-worker"]["limit"] == {"context": opencode_reader.WORKER_CONTEXT, "output": 128}
+    assert models["grove"]["limit"] == {"context": 4096, "output": 128}
+    assert (
+        config["agent"]["worker"]["model"] == "grove/grove-worker" and "model" not in config["agent"]["lead"]
+    )
+    assert config["agent"]["worker"]["tools"] == {"*": False, "read": True}

@@ -100,3 +100,18 @@ def test_the_framework_demos_launch_their_programs_beside_the_parent_only_baseli
         assert {s.harness.kind for s in step_specs(RunState(config=run), 1)} == {"python"}
     args = orchestration_worker_args([pw, po], model_dir)
     assert queues.HARNESS in args[args.index("--queues") + 1].split(",")
+
+
+def test_the_opencode_reader_demo_runs_the_reader_family_on_tiny_reader():
+    cfg = DemoConfig(harness="opencode", family="opencode-reader", steps=3)
+    assert model_name(cfg) == "tiny-reader"
+    runs = run_configs(cfg, Path("/models/tiny-reader"))
+    assert {r.task_family for r in runs} == {"opencode-reader"}
+    assert {r.harness.kind for r in runs} == {"opencode"}
+
+
+def test_a_demo_family_is_refused_for_other_harnesses_and_unknown_names():
+    for args in (["--family", "opencode-reader"], ["--harness", "opencode", "--family", "opencode-x"]):
+        result = CliRunner().invoke(app, ["demo", *args])
+        assert result.exit_code == 2
+        assert "only with --harness opencode, one of opencode-delegation, opencode-reader" in result.output

@@ -49,15 +49,16 @@ def test_the_examples_cover_both_native_delegation_runs():
         assert len(set(values)) == len(values)
 
 
-def test_the_opencode_example_is_an_opencode_run_its_model_and_engines_can_serve():
-    """examples/opencode-delegation.yaml through `grove run validate` (the same load and engine-limit
+@pytest.mark.parametrize("example", ["opencode-delegation.yaml", "opencode-reader.yaml"])
+def test_the_opencode_examples_are_opencode_runs_their_models_and_engines_can_serve(example):
+    """examples/opencode-delegation.yaml (and -reader) through `grove run validate` (the same load and engine-limit
     check `grove run start` does): every episode is launched with OpenCode on a family the harness
     runner can set up, and the context OpenCode is told fits the engine's, which fits the model's."""
     from harnesses.opencode import TASK_SETUPS, setup_for
     from models.registry import known_positions
     from workflows.training_run import step_specs
 
-    path = EXAMPLES[0].parent / "opencode-delegation.yaml"
+    path = EXAMPLES[0].parent / example
     shown = runner.invoke(app, ["run", "validate", str(path), "--json"])
     assert shown.exit_code == 0, shown.output
     cfg = RunConfig.model_validate(json.loads(shown.output))
