@@ -19,6 +19,10 @@ made-up words (`tool_drills.is_held_out` words never appear, so evaluation on th
   loss on the final answer alone (the words read back from the task results, which the real steps did
   not teach well enough), beside first lead turns with every token (so the lead keeps calling) and the
   real steps' workers and dense chats.
+- `reader` steps (optional; `tiny-reader` runs only these, from `tiny-resume`): the four requests of an
+  `opencode-reader` worker (models/reader_drills.py: the `read` call, the word after the notes, the
+  compaction summary, the word again from the summary), several workers of one environment per step,
+  beside lead requests, plain workers and dense chats.
 
 Deterministic like the tiny build (one thread, deterministic kernels, seeded data order): the same spec
 and base give byte-identical weights on the same machine and library versions. models/registry.py
