@@ -58,11 +58,12 @@ OPENCODE_AGENTS: dict[str, dict] = {
 }
 
 
-def make_task(index: int) -> TaskSpec:
-    """Task `index`: two distinct made-up words (from the drills' training side of the split, none of
-    the few common words the drills also use)."""
-    words = draw_words(random.Random(f"{FAMILY}-{index}"), 2, common_share=0.0)
-    return TaskSpec(family=FAMILY, task_id=f"{FAMILY}-{index}", params={"words": words})
+def make_task(index: int, family: str = FAMILY) -> TaskSpec:
+    """Task `index` of `family` (this one, or one that shares its words: opencode-reader): two distinct
+    made-up words drawn under the family's name (from the drills' training side of the split, none of the
+    few common words the drills also use)."""
+    words = draw_words(random.Random(f"{family}-{index}"), 2, common_share=0.0)
+    return TaskSpec(family=family, task_id=f"{family}-{index}", params={"words": words})
 
 
 def user_message(task: TaskSpec) -> str:

@@ -28,7 +28,6 @@ import random
 from grove.contracts import TaskSpec
 from harnesses import opencode_delegation
 from models.reader_drills import NOTES_FILE, READER_PROMPT, notes_text
-from models.tool_drills import draw_words
 
 FAMILY = "opencode-reader"
 NOTES_LINES = 16
@@ -50,9 +49,9 @@ user_message = opencode_delegation.user_message
 
 
 def make_task(index: int) -> TaskSpec:
-    """Task `index`: two made-up words (as `opencode-delegation` draws them) and the notes' seed."""
-    words = draw_words(random.Random(f"{FAMILY}-{index}"), 2, common_share=0.0)
-    return TaskSpec(family=FAMILY, task_id=f"{FAMILY}-{index}", params={"words": words})
+    """Task `index`: two made-up words, drawn as `opencode-delegation` draws them under this family's name
+    (its notes follow from the task id: `notes`)."""
+    return opencode_delegation.make_task(index, family=FAMILY)
 
 
 def notes(task: TaskSpec) -> str:
