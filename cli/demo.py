@@ -98,6 +98,9 @@ class DemoConfig(BaseModel):
     max_tokens: int | None = None
     temperature: float = 0.7
     eval_every: int = 5  # held-out evaluation (8 tasks never trained on) every this many steps
+    # RunConfig.seed: the tasks of step N are a pure function of (seed, N), the same for both runs, so
+    # a pair compares the agents trained on the same tasks; another seed gives the pair other tasks
+    seed: int = Field(0, ge=0)
     port: int = 7233
     ui_port: int = 8233
     out_dir: Path = Path("runs")
@@ -180,6 +183,7 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
                 inference_queue=f"{queues.INFERENCE}-{run_id}",
                 eval_every=cfg.eval_every,
                 eval_tasks=8,
+                seed=cfg.seed,
             )
         )
     return runs

@@ -192,6 +192,9 @@ def demo(
     max_tokens: int = typer.Option(None, help="Max tokens per model call (default 8; opencode: 128)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature (recorded per call for the learner)."),
     eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
+    seed: int = typer.Option(
+        0, min=0, help="Data order seed (RunConfig.seed): the tasks of each step, shared by both runs."
+    ),
     port: int = typer.Option(7233, help="Temporal dev server's port (when the demo starts the server)."),
     ui_port: int = typer.Option(8233, help="Temporal UI's port (when the demo starts the server)."),
     out_dir: str = typer.Option("runs", help="metrics.csv, reward.png and logs go to OUT_DIR/NAME."),
@@ -211,7 +214,7 @@ def demo(
     cfg = DemoConfig(
         name=name, harness=harness, family=family, model=model, steps=steps, group_size=group_size,
         tasks_per_step=tasks_per_step, lr=lr, kl_coef=kl_coef, max_tokens=max_tokens, temperature=temperature,
-        eval_every=eval_every, port=port, ui_port=ui_port, out_dir=Path(out_dir),
+        eval_every=eval_every, seed=seed, port=port, ui_port=ui_port, out_dir=Path(out_dir),
     )  # fmt: skip
     raise typer.Exit(main(cfg))
 

@@ -115,3 +115,20 @@ def test_a_demo_family_is_refused_for_other_harnesses_and_unknown_names():
         result = CliRunner().invoke(app, ["demo", *args])
         assert result.exit_code == 2
         assert "only with --harness opencode, one of opencode-delegation, opencode-reader" in result.output
+
+
+def test_a_demo_seed_gives_both_runs_the_same_other_tasks():
+    """`grove demo --seed N`: the pair trains on other tasks than seed 0's, both runs on the same ones."""
+    model_dir = ensure_model("tiny")
+
+    def tasks(seed: int) -> list[list[list[str]]]:
+        return [
+            [[s.task.task_id for s in step_specs(RunState(config=run), step)] for step in range(1, 6)]
+            for run in run_configs(DemoConfig(seed=seed, steps=5), model_dir)
+        ]
+
+    default, seeded = tasks(0), tasks(7)
+    assert default[0] == default[1] and seeded[0] == seeded[1]
+    assert seeded[0] != default[0]
+    result = CliRunner().invoke(app, ["demo", "--seed", "-1"])  # refused before anything starts
+    assert result.exit_code == 2 and "--seed" in result.output
