@@ -47,7 +47,7 @@ from grove.contracts import (
 from grove.learner_config import LearnerConfig
 from grove.paths import grove_home
 from grove.sampling import SamplingConfig
-from infra.procs import log_tail, stop_pid
+from infra.procs import ServiceStartError, log_tail, stop_pid
 
 
 class DemoConfig(BaseModel):
@@ -415,7 +415,11 @@ def main(cfg: DemoConfig) -> int:
         from harnesses.opencode_install import opencode_binary
 
         print(f"[demo] OpenCode: {opencode_binary()}", flush=True)  # installs the pinned version if missing
-    rec = stack.up_temporal(port=cfg.port, ui=True, ui_port=cfg.ui_port)
+    try:
+        rec = stack.up_temporal(port=cfg.port, ui=True, ui_port=cfg.ui_port)
+    except ServiceStartError as exc:  # TemporalDatabaseInUseError among them: the message says what to do
+        print(f"[demo] {exc}", file=sys.stderr, flush=True)
+        return 1
     if not rec.address.endswith(f":{cfg.port}"):  # a live recorded server is reused, whatever its port
         print(
             f"[demo] note: the Temporal dev server grove started earlier (pid {rec.pid}) is still running at "

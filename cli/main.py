@@ -34,8 +34,13 @@ def infra_up(
 ) -> None:
     """Start the Temporal dev server (SQLite under $GROVE_HOME/infra) and optionally an S3 server."""
     from infra import stack
+    from infra.procs import ServiceStartError
 
-    rec = stack.up_temporal(port=port, ui=ui, ui_port=ui_port)
+    try:
+        rec = stack.up_temporal(port=port, ui=ui, ui_port=ui_port)
+    except ServiceStartError as exc:  # TemporalDatabaseInUseError among them: the message says what to do
+        typer.echo(f"infra up: {exc}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"temporal  pid {rec.pid}  address {rec.address}  ui {rec.ui_url or '-'}  log {rec.log}")
     if s3:
         rec = stack.up_s3(port=s3_port)

@@ -58,3 +58,21 @@ def test_two_infra_ups_at_once_start_one_server_and_both_use_it(tmp_path, monkey
         for rec in records:  # nothing outlives the test, whatever failed above
             stop_pid(rec.pid)
     assert stopped == ["temporal"] and not any(pid_alive(r.pid) for r in records)
+
+
+def test_infra_up_beside_an_unrecorded_server_on_its_database_says_so_and_starts_nothing(
+    tmp_path, monkeypatch
+):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    monkeypatch.setenv("GROVE_HOME", str(tmp_path / "home"))
+    other = TemporalDevServer(stack.infra_dir() / "temporal").start()  # started outside `grove infra up`
+    try:
+        result = CliRunner().invoke(app, ["infra", "up", "--no-ui", "--port", str(free_port())])
+        assert result.exit_code == 1
+        assert "in use by another live dev server" in result.output and str(other.db_path) in result.output
+        assert stack.status() == {}  # nothing recorded, nothing started
+    finally:
+        other.stop()
