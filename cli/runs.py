@@ -79,9 +79,22 @@ async def open_client(address: str | None = None) -> Client:
         ) from err
 
 
-def ui_url(run_id: str, base: str | None = None) -> str:
-    base = (base or os.environ.get("GROVE_TEMPORAL_UI") or DEFAULT_UI).rstrip("/")
+def ui_url(run_id: str, client: Client | None = None) -> str:
+    """The run's page in the Temporal UI: under GROVE_TEMPORAL_UI if set, else under the UI of the server
+    `grove infra up` (or `grove demo`) recorded at the client's address, else under the default UI."""
+    base = (os.environ.get("GROVE_TEMPORAL_UI") or _recorded_ui(client) or DEFAULT_UI).rstrip("/")
     return f"{base}/namespaces/default/workflows/{quote(run_id, safe='')}"
+
+
+def _recorded_ui(client: Client | None) -> str | None:
+    from infra.stack import load_state
+
+    if client is None:
+        return None
+    rec = load_state().services.get("temporal")
+    if rec is None or rec.address != client.service_client.config.target_host:
+        return None  # another server: its UI port is not known here
+    return rec.ui_url
 
 
 def _quote(value: str) -> str:
@@ -200,27 +213,29 @@ async def start_run(client: Client, cfg: RunConfig) -> StartOutcome:
         desc = await _describe(handle)
     except RunNotFoundError:
         handle = await _start(client, RunState(config=cfg), WorkflowIDReusePolicy.REJECT_DUPLICATE)
-        return StartOutcome(cfg.run_id, "started", 1, cfg.steps, ui_url(cfg.run_id), handle)
+        return StartOutcome(cfg.run_id, "started", 1, cfg.steps, ui_url(cfg.run_id, client), handle)
     old = await _recorded_config(desc)
     if desc.status == WorkflowExecutionStatus.RUNNING:
         _check_same(old, cfg, set())
         step = _attr(desc, "GroveStep") or 1
-        return StartOutcome(cfg.run_id, "attached", step, cfg.steps, ui_url(cfg.run_id), handle)
+        return StartOutcome(cfg.run_id, "attached", step, cfg.steps, ui_url(cfg.run_id, client), handle)
     if desc.status != WorkflowExecutionStatus.COMPLETED:
         raise RunConflictError(
             f"run {cfg.run_id!r} is {desc.status.name} (not resumable under the same id); see why in "
-            f"{ui_url(cfg.run_id)} and start under a new run_id"
+            f"{ui_url(cfg.run_id, client)} and start under a new run_id"
         )
     _check_same(old, cfg, MUTABLE_FIELDS)
     done: RunResult = await handle.result()
     if done.steps >= cfg.steps:
-        return StartOutcome(cfg.run_id, "already-completed", done.steps + 1, cfg.steps, ui_url(cfg.run_id))
+        return StartOutcome(
+            cfg.run_id, "already-completed", done.steps + 1, cfg.steps, ui_url(cfg.run_id, client)
+        )
     # the result carries the last steps' records; the earlier ones stay in the store (RunState.history_from)
     state = RunState(
         config=cfg, next_step=done.steps + 1, history=done.history, history_from=done.history_from
     )
     handle = await _start(client, state, WorkflowIDReusePolicy.ALLOW_DUPLICATE)
-    return StartOutcome(cfg.run_id, "resumed", state.next_step, cfg.steps, ui_url(cfg.run_id), handle)
+    return StartOutcome(cfg.run_id, "resumed", state.next_step, cfg.steps, ui_url(cfg.run_id, client), handle)
 
 
 def step_history(
@@ -292,7 +307,7 @@ async def run_status(client: Client, run_id: str) -> dict[str, Any]:
         "failed_episodes": failed,
         "progress_available": state is not None or result is not None,
         "live": state.live.model_dump(mode="json") if state is not None and state.live else None,
-        "ui": ui_url(run_id),
+        "ui": ui_url(run_id, client),
     }
 
 
