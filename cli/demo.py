@@ -71,7 +71,8 @@ class DemoConfig(BaseModel):
     (parent-only), first vs last 10 of 20 steps (docs/tool_model.md); with 8 episodes per step, lr 2e-4
     and kl_coef 0.04, 0.691 -> 0.645 vs 0.703 -> 0.687: no rise either. `family="opencode-reader"`
     (tiny-reader; each worker reads notes.txt and compacts once, 2 compactions per episode): 0.648 ->
-    0.692 vs 0.608 -> 0.592 and 0.603 -> 0.595 vs 0.700 -> 0.522 (group 4 x 1 task, two pairs).
+    0.692 vs 0.608 -> 0.592 and 0.603 -> 0.595 vs 0.700 -> 0.522 (group 4 x 1 task, two pairs, seed 0);
+    seed 1: 0.554 -> 0.374 (parent-only stopped at step 10), seed 2: 0.572 -> 0.572 vs 0.560 -> 0.584.
     group_size/tasks_per_step keep the native defaults (8 x 2: 4x the episodes of the measured
     configuration, not measured with OpenCode)."""
 
