@@ -9,12 +9,12 @@ so concurrent workers and tests install once; it is idempotent, so a fresh machi
 
 from __future__ import annotations
 
-import fcntl
 import os
 import platform
 import subprocess
 from pathlib import Path
 
+from grove.file_lock import exclusive
 from grove.paths import grove_home
 
 SCRIPT = Path(__file__).resolve().parent.parent / "infra" / "opencode.sh"
@@ -50,10 +50,7 @@ def opencode_binary(version: str = "1.18.33") -> Path:
     path = binary_path(version)
     if os.access(path, os.X_OK):
         return path
-    lock = grove_home() / "tools" / ".opencode.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released by the kernel if this process dies
+    with exclusive(grove_home() / "tools" / ".opencode.lock"):  # one install at a time
         if not os.access(path, os.X_OK):
             _install(version)
     return path

@@ -6,13 +6,12 @@ started (by PID), and `status` can tell a stale record from a live server.
 
 from __future__ import annotations
 
-import fcntl
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from grove.file_lock import exclusive
 from grove.paths import grove_home
 from infra.procs import pid_alive, stop_pid
 from infra.temporal import TemporalDevServer
@@ -50,15 +49,11 @@ def save_state(state: StackState) -> None:
     tmp.replace(_state_path())
 
 
-@contextmanager
-def _one_at_a_time() -> Iterator[None]:
+def _one_at_a_time() -> AbstractContextManager[None]:
     """Serializes up/down across processes: two demos started together each found no live record, each
     started a server on the one SQLite file, and the later record overwrote the earlier. Under the lock
     the second finds the first's live record and reuses its server."""
-    infra_dir().mkdir(parents=True, exist_ok=True)
-    with (infra_dir() / "stack.lock").open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
-        yield
+    return exclusive(infra_dir() / "stack.lock")
 
 
 def up_temporal(*, port: int = 7233, ui: bool = True, ui_port: int = 8233) -> ServiceRecord:

@@ -14,15 +14,15 @@ renamed into place only when complete, so an interrupted build never leaves a ha
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+from grove.file_lock import exclusive
 from grove.paths import grove_home
 from models.copy_tune import CopyTuneSpec, build_copy_model
 from models.copy_tune import fingerprint as copy_fingerprint
@@ -176,19 +176,11 @@ def _say_waiting(lock_path: Path) -> None:
     )
 
 
-@contextmanager
-def _entry_lock(lock_path: Path, on_wait: Callable[[Path], None] = _say_waiting) -> Iterator[None]:
-    # flock is released by the kernel if the holder dies, so a crashed build never wedges the cache.
-    with open(lock_path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another build holds it: say so, since the wait is silent and long
-            on_wait(lock_path)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _entry_lock(
+    lock_path: Path, on_wait: Callable[[Path], None] = _say_waiting
+) -> AbstractContextManager[None]:
+    # a crashed build never wedges the cache: the kernel drops a dead holder's lock (grove/file_lock.py)
+    return exclusive(lock_path, on_wait)
 
 
 def _ensure_cached(root: Path, name: str, fingerprint: str, build: Callable[[Path], object]) -> Path:
