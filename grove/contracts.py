@@ -643,6 +643,13 @@ class PublishResult(BaseModel):
 # ------------------------------------------------------------------------------------------ run
 
 
+class EpisodeTimeoutError(Exception):
+    """A RunConfig whose episode_timeout_s is shorter than its launched harness may run.
+
+    Not a ValueError on purpose: pydantic re-raises it as itself, so callers can catch it by name.
+    """
+
+
 class SamplingMismatchError(Exception):
     """A RunConfig whose learner names a temperature/top_p other than its sampling's.
 
@@ -781,6 +788,32 @@ class RunConfig(BaseModel):
     tracking: TrackingConfig = Field(
         default_factory=TrackingConfig, description="experiment tracking (TensorBoard, optional MLflow)"
     )
+    # The server enforces it, so it holds when the episode's own code cannot run: an episode whose
+    # workflow tasks fail on every attempt (docs/reliability.md) would otherwise stall its step for good.
+    episode_timeout_s: float | None = Field(
+        3600.0,
+        gt=0,
+        description="longest an episode (training or evaluation) may take, end to end, continue-as-new "
+        "included; Temporal times out one that runs longer and it counts as an infrastructure failure "
+        "(no rows, out of its group's baseline), so a stuck episode cannot stall the run. Launched "
+        "harnesses (opencode, python) need more than harness.deadline_s x harness.max_launches. null: "
+        "no bound",
+    )
+
+    @model_validator(mode="after")
+    def _episode_bound_fits_the_harness(self) -> RunConfig:
+        bound, harness = self.episode_timeout_s, self.harness
+        if bound is None or harness.kind not in RUNNER_KINDS:
+            return self
+        launches = harness.deadline_s * harness.max_launches
+        if bound <= launches:
+            raise EpisodeTimeoutError(
+                f"run {self.run_id!r}: episode_timeout_s={bound:g} would time out an episode whose "
+                f"{harness.kind} harness may still be running legitimately (harness.deadline_s "
+                f"{harness.deadline_s:g} x harness.max_launches {harness.max_launches} = {launches:g} s); "
+                "raise episode_timeout_s above that, or lower the harness's deadline or launches"
+            )
+        return self
 
     @model_validator(mode="after")
     def _learner_agrees_with_sampling(self) -> RunConfig:

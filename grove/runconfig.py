@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from grove.contracts import RunConfig, SamplingMismatchError
+from grove.contracts import EpisodeTimeoutError, RunConfig, SamplingMismatchError
 from grove.sampling import UnmirrorableSamplingError
 
 
@@ -122,7 +122,9 @@ def validate_run_config(data: dict[str, Any], source: str = "<mapping>") -> RunC
     except ValidationError as err:
         raise ConfigValidationError(source, [_issue(e) for e in err.errors()]) from err
     # a validator's own typed error, re-raised by pydantic
-    except (ValueError, TypeError, KeyError, SamplingMismatchError, UnmirrorableSamplingError) as err:
+    except (
+        ValueError, TypeError, KeyError, SamplingMismatchError, EpisodeTimeoutError, UnmirrorableSamplingError
+    ) as err:
         raise ConfigValidationError(source, [("(config)", "", str(err))]) from err
 
 

@@ -121,7 +121,12 @@ class TemporalDevServer:
         return cmd
 
     def start(self, timeout: float = 60.0) -> TemporalDevServer:
-        """Raises TemporalDatabaseInUseError (before starting anything) when a live server has the DB."""
+        """Raises TemporalDatabaseInUseError (before starting anything) when a live server has the DB.
+
+        Starting a started server returns it: `with TemporalDevServer(d).start() as s` must not read
+        as a second server on the first one's database (it refused, and the first outlived the block)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
         self.state_dir.mkdir(parents=True, exist_ok=True)
         lock = claim_database(self.db_path)
         log = self.log_path.open("ab")

@@ -28,6 +28,9 @@ A child that fails, is terminated, cancelled or times out never fails the run: i
 infrastructure-failed EpisodeResult (no rows), which the learner excludes from its group's baseline and
 the StepRecord counts (`failures_by_kind`, `excluded_episodes`). A child that failed by the policy's
 own behaviour returns normally with status "failed" and kind "policy" (workflows/episode.py).
+Every child runs under `RunConfig.episode_timeout_s`, enforced by the server: an episode whose own
+code cannot run any more (a workflow task that fails on every attempt) times out instead of holding
+its step, or the evaluation its step waits for, forever.
 """
 
 from __future__ import annotations
@@ -267,6 +270,7 @@ class TrainingRunWorkflow:
                     spec,
                     id=spec.episode_id,
                     task_queue=queues.EPISODES,
+                    execution_timeout=_episode_bound(self.state.config),
                     memo={"task_id": spec.task.task_id, "group_id": spec.group_id},
                     search_attributes=TypedSearchAttributes(
                         [
@@ -295,6 +299,7 @@ class TrainingRunWorkflow:
                     spec,
                     id=spec.episode_id,
                     task_queue=queues.EPISODES,
+                    execution_timeout=_episode_bound(self.state.config),
                     memo={"task_id": spec.task.task_id, "group_id": spec.group_id, "eval": True},
                     search_attributes=TypedSearchAttributes(
                         [
@@ -439,6 +444,12 @@ def _check_config(state: RunState) -> None:
             type=type(err).__name__,
             non_retryable=True,
         ) from err
+
+
+def _episode_bound(cfg: RunConfig) -> timedelta | None:
+    """The server-side bound on a child (RunConfig.episode_timeout_s): a child whose own code cannot
+    run (its workflow tasks fail on every attempt) still ends, as timed out, and the step goes on."""
+    return None if cfg.episode_timeout_s is None else timedelta(seconds=cfg.episode_timeout_s)
 
 
 def _result_of(spec: EpisodeSpec, outcome: EpisodeResult | BaseException) -> EpisodeResult:

@@ -19,6 +19,7 @@ import statistics
 import uuid
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 
 from activities.training import episodes_key
 from grove import queues
@@ -129,3 +130,47 @@ async def test_run_survives_a_terminated_child_and_keeps_a_policy_failure_in_the
         assert saved[e]["advantage"] == pytest.approx(want[e], rel=1e-9, abs=1e-12)
     assert saved[failed.episode_id]["in_baseline"] and saved[failed.episode_id]["advantage"] == 0.0
     assert not saved[doomed]["in_baseline"] and saved[doomed]["failure_kind"] == "infrastructure"
+
+
+async def test_a_child_that_never_finishes_times_out_and_the_step_goes_on(
+    temporal_client, grove_worker, recording_engine, tiny_model_dir
+):
+    """RunConfig.episode_timeout_s is enforced by the server: a child that cannot finish (here its one
+    generation is held by the test until the run has ended; a child whose workflow tasks fail on every
+    attempt is the same to the server) times out, and its step trains on the others."""
+    bound_s = 60.0  # the two free children finish in seconds; the held one can only time out
+    cfg = config(str(tiny_model_dir), 3, LearnerConfig(lr=1e-3)).model_copy(
+        update={"episode_timeout_s": bound_s}
+    )
+    ids = [s.episode_id for s in step_specs(RunState(config=cfg), 1)]
+    stuck = ids[2]
+    entered, release = asyncio.Event(), asyncio.Event()
+    real_generate = recording_engine.generate
+
+    async def gated_generate(prompt_ids, sampling, seed, request_id):
+        if request_id.startswith(stuck + "/"):
+            entered.set()
+            await release.wait()
+        return await real_generate(prompt_ids, sampling, seed, request_id)
+
+    recording_engine.generate = gated_generate
+    try:
+        handle = await temporal_client.start_workflow(
+            TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
+            result_type=RunResult,
+        )  # fmt: skip
+        await entered.wait()
+        run = await handle.result()  # returns only if the held child stopped holding the step
+    finally:
+        release.set()
+        recording_engine.generate = real_generate
+
+    child = await temporal_client.get_workflow_handle(stuck).describe()
+    assert child.status == WorkflowExecutionStatus.TIMED_OUT
+    assert (child.close_time - child.start_time).total_seconds() >= bound_s
+    record = run.history[0]
+    assert (record.episodes, record.failed_episodes, record.excluded_episodes) == (3, 1, 1)
+    assert record.failures_by_kind == {"infrastructure": 1}
+    assert record.metrics["valid_rollouts"] == 2
+    by_id = await results(temporal_client, cfg, ids[:2])
+    assert all(r.status == "ok" for r in by_id.values())

@@ -32,6 +32,17 @@ def test_a_second_server_on_a_live_servers_database_is_refused_before_it_starts(
         second.stop()  # a no-op unless the refusal failed
 
 
+def test_a_started_server_started_again_is_the_same_server_and_its_block_stops_it(tmp_path):
+    server = TemporalDevServer(tmp_path)
+    try:
+        with server.start():  # start, then __enter__ starts it again
+            pid = server.proc.pid
+            assert server.start().proc.pid == pid and server.healthy()
+        assert not pid_alive(pid)  # the block's end stopped the one server there was
+    finally:
+        server.stop()  # a no-op unless the second start refused (the first then outlived the block)
+
+
 def test_two_infra_ups_at_once_start_one_server_and_both_use_it(tmp_path, monkeypatch):
     monkeypatch.setenv("GROVE_HOME", str(tmp_path / "home"))
     gate = threading.Barrier(2)  # both calls enter up_temporal together

@@ -185,3 +185,13 @@ def test_run_validate_exits_with_the_invalid_config_code(tmp_path):
     assert bad.exit_code == EXIT_INVALID_CONFIG
     assert "steps = 0: Input should be greater than or equal to 1" in bad.output
     assert RunConfig.model_fields["steps"].description in bad.output
+
+
+def test_an_episode_bound_shorter_than_the_launched_harness_may_run_is_refused(tmp_path):
+    text = "run_id: r\nharness:\n  kind: opencode\n  deadline_s: 600\n  max_launches: 3\n"
+    with pytest.raises(ConfigValidationError, match=r"episode_timeout_s=1800 .* 600 x .* 3 = 1800 s"):
+        load_run_config(write(tmp_path, text + "episode_timeout_s: 1800\n"))
+    assert load_run_config(write(tmp_path, text + "episode_timeout_s: 1801\n")).episode_timeout_s == 1801
+    assert load_run_config(write(tmp_path, text + "episode_timeout_s: null\n")).episode_timeout_s is None
+    # a native program runs inside the workflow: no harness deadline to exceed
+    assert load_run_config(write(tmp_path, "run_id: r\nepisode_timeout_s: 5\n")).episode_timeout_s == 5
