@@ -123,7 +123,12 @@ def validate_run_config(data: dict[str, Any], source: str = "<mapping>") -> RunC
         raise ConfigValidationError(source, [_issue(e) for e in err.errors()]) from err
     # a validator's own typed error, re-raised by pydantic
     except (
-        ValueError, TypeError, KeyError, SamplingMismatchError, EpisodeTimeoutError, UnmirrorableSamplingError
+        ValueError,
+        TypeError,
+        KeyError,
+        SamplingMismatchError,
+        EpisodeTimeoutError,
+        UnmirrorableSamplingError,
     ) as err:
         raise ConfigValidationError(source, [("(config)", "", str(err))]) from err
 
