@@ -643,6 +643,11 @@ class PublishResult(BaseModel):
 # ------------------------------------------------------------------------------------------ run
 
 
+# An unset episode_timeout_s of a launched harness: its launches, plus this for what follows the last
+# (closing, reward, materialization)
+LAUNCHED_EPISODE_MARGIN_S = 600.0
+
+
 class EpisodeTimeoutError(Exception):
     """A RunConfig whose episode_timeout_s is shorter than its launched harness may run.
 
@@ -796,8 +801,8 @@ class RunConfig(BaseModel):
         description="longest an episode (training or evaluation) may take, end to end, continue-as-new "
         "included; Temporal times out one that runs longer and it counts as an infrastructure failure "
         "(no rows, out of its group's baseline), so a stuck episode cannot stall the run. Launched "
-        "harnesses (opencode, python) need more than harness.deadline_s x harness.max_launches. null: "
-        "no bound",
+        "harnesses (opencode, python) need more than harness.deadline_s x harness.max_launches; left "
+        "unset, theirs is that + 600 s when it exceeds 3600. null: no bound",
     )
 
     @model_validator(mode="after")
@@ -806,6 +811,11 @@ class RunConfig(BaseModel):
         if bound is None or harness.kind not in RUNNER_KINDS:
             return self
         launches = harness.deadline_s * harness.max_launches
+        if "episode_timeout_s" not in self.model_fields_set:
+            # unset (a config, or a run state written before the field existed): a bound that fits;
+            # refusing here would fail the resumed run's workflow task on a field it never chose
+            self.episode_timeout_s = max(bound, launches + LAUNCHED_EPISODE_MARGIN_S)
+            return self
         if bound <= launches:
             raise EpisodeTimeoutError(
                 f"run {self.run_id!r}: episode_timeout_s={bound:g} would time out an episode whose "

@@ -195,3 +195,15 @@ def test_an_episode_bound_shorter_than_the_launched_harness_may_run_is_refused(t
     assert load_run_config(write(tmp_path, text + "episode_timeout_s: null\n")).episode_timeout_s is None
     # a native program runs inside the workflow: no harness deadline to exceed
     assert load_run_config(write(tmp_path, "run_id: r\nepisode_timeout_s: 5\n")).episode_timeout_s == 5
+
+
+def test_an_unset_episode_bound_fits_a_long_launched_harness_and_survives_the_state_round_trip(tmp_path):
+    long = "run_id: r\nharness:\n  kind: python\n  python:\n    entry: m:f\n  deadline_s: 1500\n"
+    cfg = load_run_config(write(tmp_path, long))  # 1500 x 3 launches = 4500 s > the 3600 s default
+    assert cfg.episode_timeout_s == 1500 * 3 + 600
+    assert load_run_config(write(tmp_path, "run_id: r\n")).episode_timeout_s == 3600  # native: the default
+    # a run state written before the field existed resumes with the same fitted bound, never refused
+    old = RunState(config=cfg).model_dump(mode="json")
+    del old["config"]["episode_timeout_s"]
+    assert RunState.model_validate(old).config == cfg
+    assert RunState.model_validate_json(RunState(config=cfg).model_dump_json()).config == cfg
