@@ -167,7 +167,7 @@ async def test_a_child_that_never_finishes_times_out_and_the_step_goes_on(
 
     child = await temporal_client.get_workflow_handle(stuck).describe()
     assert child.status == WorkflowExecutionStatus.TIMED_OUT
-    assert (child.close_time - child.start_time).total_seconds() >= bound_s
+    assert (child.close_time - child.start_time).total_seconds() >= bound_s - 1  # the server's own clocks
     record = run.history[0]
     assert (record.episodes, record.failed_episodes, record.excluded_episodes) == (3, 1, 1)
     assert record.failures_by_kind == {"infrastructure": 1}
