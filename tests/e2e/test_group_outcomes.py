@@ -14,6 +14,7 @@ is the sample std), never through trainer/advantages.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import uuid
@@ -47,6 +48,27 @@ def expected_advantages(baseline: dict[str, float], eps: float) -> dict[str, flo
     mean = sum(baseline.values()) / len(baseline)
     std = statistics.stdev(baseline.values())
     return {e: (r - mean) / (std + eps) for e, r in baseline.items()}
+
+
+@contextlib.asynccontextmanager
+async def generation_held(engine, episode_id: str):
+    """Holds every generation of `episode_id` on the engine until `release` is set or the block ends;
+    `entered` is set once one is held (the moment the test acts on, created rather than awaited)."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    real_generate = engine.generate
+
+    async def gated_generate(prompt_ids, sampling, seed, request_id):
+        if request_id.startswith(episode_id + "/"):
+            entered.set()
+            await release.wait()
+        return await real_generate(prompt_ids, sampling, seed, request_id)
+
+    engine.generate = gated_generate
+    try:
+        yield entered, release
+    finally:
+        release.set()
+        engine.generate = real_generate
 
 
 async def results(client, cfg: RunConfig, ids: list[str]) -> dict[str, EpisodeResult]:
@@ -88,17 +110,8 @@ async def test_run_survives_a_terminated_child_and_keeps_a_policy_failure_in_the
     cfg = config(str(tiny_model_dir), 5, learner)
     ids = [s.episode_id for s in step_specs(RunState(config=cfg), 1)]
     doomed = ids[4]
-    entered, release = asyncio.Event(), asyncio.Event()
-    real_generate = recording_engine.generate
-
-    async def gated_generate(prompt_ids, sampling, seed, request_id):
-        if request_id.startswith(doomed + "/"):  # hold this episode's generation until the test acted
-            entered.set()
-            await release.wait()
-        return await real_generate(prompt_ids, sampling, seed, request_id)
-
-    recording_engine.generate = gated_generate
-    try:
+    # hold this episode's generation until the test acted
+    async with generation_held(recording_engine, doomed) as (entered, release):
         handle = await temporal_client.start_workflow(
             TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
             result_type=RunResult,
@@ -107,9 +120,6 @@ async def test_run_survives_a_terminated_child_and_keeps_a_policy_failure_in_the
         await temporal_client.get_workflow_handle(doomed).terminate(reason="test: a lost episode")
         release.set()
         run = await handle.result()
-    finally:
-        release.set()
-        recording_engine.generate = real_generate
 
     record = run.history[0]
     assert (record.episodes, record.failed_episodes, record.excluded_episodes) == (5, 2, 1)
@@ -144,26 +154,13 @@ async def test_a_child_that_never_finishes_times_out_and_the_step_goes_on(
     )
     ids = [s.episode_id for s in step_specs(RunState(config=cfg), 1)]
     stuck = ids[2]
-    entered, release = asyncio.Event(), asyncio.Event()
-    real_generate = recording_engine.generate
-
-    async def gated_generate(prompt_ids, sampling, seed, request_id):
-        if request_id.startswith(stuck + "/"):
-            entered.set()
-            await release.wait()
-        return await real_generate(prompt_ids, sampling, seed, request_id)
-
-    recording_engine.generate = gated_generate
-    try:
+    async with generation_held(recording_engine, stuck) as (entered, _release):
         handle = await temporal_client.start_workflow(
             TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
             result_type=RunResult,
         )  # fmt: skip
         await entered.wait()
         run = await handle.result()  # returns only if the held child stopped holding the step
-    finally:
-        release.set()
-        recording_engine.generate = real_generate
 
     child = await temporal_client.get_workflow_handle(stuck).describe()
     assert child.status == WorkflowExecutionStatus.TIMED_OUT
