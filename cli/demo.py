@@ -46,6 +46,7 @@ from grove.contracts import (
 )
 from grove.learner_config import LearnerConfig
 from grove.paths import grove_home
+from grove.runconfig import OverrideError, apply_overrides, parse_override, validate_run_config
 from grove.sampling import SamplingConfig
 from infra.procs import ServiceStartError, log_tail, stop_pid
 
@@ -102,6 +103,9 @@ class DemoConfig(BaseModel):
     # RunConfig.seed: the tasks of step N are a pure function of (seed, N), the same for both runs, so
     # a pair compares the agents trained on the same tasks; another seed gives the pair other tasks
     seed: int = Field(0, ge=0)
+    # `dotted.path=value` overrides applied to both runs' RunConfig (grove/runconfig.py), e.g.
+    # learner.adv_std_scaling=false: the pair stays identical but for the agents it trains
+    overrides: list[str] = Field(default_factory=list)
     port: int = 7233
     ui_port: int = 8233
     out_dir: Path = Path("runs")
@@ -168,26 +172,49 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
     for agents, suffix in (("all", "parent-and-workers"), ("parent_only", "parent-only")):
         run_id = f"{cfg.name}-{suffix}"
         runs.append(
-            RunConfig(
-                run_id=run_id,
-                model=str(model_dir),
-                steps=cfg.steps,
-                task_family=family,
-                num_tasks=64,
-                tasks_per_step=cfg.tasks_per_step,
-                group_size=cfg.group_size,
-                harness=harness,
-                engine=engine,
-                sampling=SamplingConfig(max_tokens=max_tokens, temperature=cfg.temperature),
-                train_agents=agents,
-                learner=LearnerConfig(lr=learning_rate(cfg), weight_decay=0.0, kl_coef=cfg.kl_coef),
-                inference_queue=f"{queues.INFERENCE}-{run_id}",
-                eval_every=cfg.eval_every,
-                eval_tasks=8,
-                seed=cfg.seed,
+            _overridden(
+                cfg.overrides,
+                RunConfig(
+                    run_id=run_id,
+                    model=str(model_dir),
+                    steps=cfg.steps,
+                    task_family=family,
+                    num_tasks=64,
+                    tasks_per_step=cfg.tasks_per_step,
+                    group_size=cfg.group_size,
+                    harness=harness,
+                    engine=engine,
+                    sampling=SamplingConfig(max_tokens=max_tokens, temperature=cfg.temperature),
+                    train_agents=agents,
+                    learner=LearnerConfig(lr=learning_rate(cfg), weight_decay=0.0, kl_coef=cfg.kl_coef),
+                    inference_queue=f"{queues.INFERENCE}-{run_id}",
+                    eval_every=cfg.eval_every,
+                    eval_tasks=8,
+                    seed=cfg.seed,
+                ),
             )
         )
     return runs
+
+
+# what makes the two runs a pair: an override of one of these would make them something else
+PAIR_FIELDS = ("run_id", "train_agents", "inference_queue")
+
+
+def _overridden(overrides: list[str], run: RunConfig) -> RunConfig:
+    """`run` with `overrides` applied and validated again. Raises OverrideError (also for a field that
+    names the pair itself) or ConfigValidationError."""
+    if not overrides:
+        return run
+    for text in overrides:
+        path, _ = parse_override(text)
+        if path[0] in PAIR_FIELDS:
+            raise OverrideError(
+                f"override {text!r}: {path[0]} is set by the demo for each run of the pair; "
+                "use --name for other run ids"
+            )
+    data = apply_overrides(run.model_dump(mode="json"), overrides)
+    return validate_run_config(data, f"demo run {run.run_id} with {' '.join(overrides)}")
 
 
 def engine_flags(limits: EngineLimits) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -200,12 +201,21 @@ def demo(
     seed: int = typer.Option(
         0, min=0, help="Data order seed (RunConfig.seed): the tasks of each step, shared by both runs."
     ),
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="dotted.path=value set in both runs' RunConfig (repeatable), e.g. --set "
+            "learner.adv_std_scaling=false; run_id, train_agents and inference_queue are the demo's.",
+        ),
+    ] = None,
     port: int = typer.Option(7233, help="Temporal dev server's port (when the demo starts the server)."),
     ui_port: int = typer.Option(8233, help="Temporal UI's port (when the demo starts the server)."),
     out_dir: str = typer.Option("runs", help="metrics.csv, reward.png and logs go to OUT_DIR/NAME."),
 ) -> None:
     """Parent+worker GRPO on the delegation task beside the parent-only baseline, on the real stack."""
-    from cli.demo import HARNESSES, OPENCODE_MODELS, DemoConfig, main
+    from cli.demo import HARNESSES, OPENCODE_MODELS, DemoConfig, main, model_name, run_configs
+    from grove.runconfig import RunConfigError
 
     if harness not in HARNESSES:
         typer.echo(f"demo: --harness {harness!r}: expected one of {', '.join(HARNESSES)}", err=True)
@@ -219,8 +229,14 @@ def demo(
     cfg = DemoConfig(
         name=name, harness=harness, family=family, model=model, steps=steps, group_size=group_size,
         tasks_per_step=tasks_per_step, lr=lr, kl_coef=kl_coef, max_tokens=max_tokens, temperature=temperature,
-        eval_every=eval_every, seed=seed, port=port, ui_port=ui_port, out_dir=Path(out_dir),
+        eval_every=eval_every, seed=seed, overrides=overrides or [], port=port, ui_port=ui_port,
+        out_dir=Path(out_dir),
     )  # fmt: skip
+    try:  # before anything starts: the model is built and the server started only for a valid pair
+        run_configs(cfg, Path(model_name(cfg)))
+    except RunConfigError as err:
+        typer.echo(f"demo: {err}", err=True)
+        raise typer.Exit(2) from err
     raise typer.Exit(main(cfg))
 
 

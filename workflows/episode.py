@@ -180,7 +180,16 @@ async def _io(activity: str, arg: object, result_type: type | None, *more: objec
     )  # fmt: skip
 
 
-@workflow.defn
+# An episode whose history its code can no longer replay fails at once instead of retrying its workflow
+# task until the run's bound (RunConfig.episode_timeout_s): the run counts a failed child as an
+# infrastructure failure, out of its group's baseline, and the step goes on. Seen under load: a timed-out
+# workflow task left a live worker's cached episode apart from its history (TMPRL1100,
+# docs/reliability.md). The run workflow keeps Temporal's default (a stuck run waits for a fixed worker):
+# an episode is cheap to lose, a run is not.
+EPISODE_FAILURE_TYPES: tuple[type[BaseException], ...] = (workflow.NondeterminismError,)
+
+
+@workflow.defn(failure_exception_types=list(EPISODE_FAILURE_TYPES))
 class EpisodeWorkflow:
     @workflow.init
     def __init__(self, spec: EpisodeRun) -> None:

@@ -132,3 +132,31 @@ def test_a_demo_seed_gives_both_runs_the_same_other_tasks():
     assert seeded[0] != default[0]
     result = CliRunner().invoke(app, ["demo", "--seed", "-1"])  # refused before anything starts
     assert result.exit_code == 2 and "--seed" in result.output
+
+
+def test_demo_overrides_set_both_runs_and_leave_the_pair_its_own():
+    cfg = DemoConfig(overrides=["learner.adv_std_scaling=false", "sampling.top_p=0.9"])
+    pw, po = run_configs(cfg, Path("/models/tiny"))
+    assert (pw.learner.adv_std_scaling, po.learner.adv_std_scaling) == (False, False)
+    assert (pw.sampling.top_p, po.sampling.top_p) == (0.9, 0.9)
+    assert (pw.train_agents, po.train_agents) == ("all", "parent_only")  # still the pair
+    assert pw.learner.lr == po.learner.lr == 5e-4  # what the flags set is kept
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("train_agents=all", "train_agents is set by the demo for each run of the pair"),
+        (
+            "learner.adv_std_scaling=maybe",
+            "learner.adv_std_scaling = 'maybe': Input should be a valid boolean",
+        ),
+        ("learner.bogus=1", "learner.bogus = 1: unknown field"),
+        ("steps", "expected dotted.path=value"),
+    ],
+)
+def test_a_bad_demo_override_is_refused_before_anything_starts(override, says, tmp_path):
+    result = CliRunner().invoke(app, ["demo", "--set", override, "--out-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+    assert not any(tmp_path.iterdir())  # no run folder: refused before the model, the server, the workers
