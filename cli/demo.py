@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import mean
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -500,12 +501,37 @@ def main(cfg: DemoConfig) -> int:
         for p in workers:
             stop_pid(p.pid)
     minutes = (time.monotonic() - started) / 60
-    print(f"[demo] done in {minutes:.1f} min (this invocation). Mean reward first -> last step:")
-    for rid, h in histories.items():
-        if h:
-            print(f"    {rid:28s} {h[0].mean_reward:.3f} -> {h[-1].mean_reward:.3f}")
+    print(f"[demo] done in {minutes:.1f} min (this invocation).")
+    for line in summary_lines(histories):
+        print(line)
     print(f"[demo] plot: {out / 'reward.png'}   UI (still running): {rec.ui_url}   stop it: grove infra down")
     return 0
+
+
+def summary_lines(histories: dict[str, list[StepRecord]]) -> list[str]:
+    """Each run's mean reward over its first and last half of steps, then the pair's per-step difference
+    over the steps both ran. A single step's reward is mostly its tasks' difficulty (one or two tasks per
+    step), so a first-vs-last-step comparison says little; both runs see the same tasks at a step
+    (RunConfig.seed), so the paired difference is the figure that compares them."""
+    lines = ["Mean reward, first half -> last half of the steps:"]
+    by_step: dict[str, dict[int, float]] = {}
+    for rid, h in histories.items():
+        by_step[rid] = {r.step: r.mean_reward for r in h}
+        if not h:
+            continue
+        half = max(1, len(h) // 2)
+        first, last = mean(r.mean_reward for r in h[:half]), mean(r.mean_reward for r in h[-half:])
+        lines.append(f"    {rid:28s} {first:.3f} -> {last:.3f}  ({len(h)} steps, {half} per half)")
+    pw = next((rid for rid in by_step if rid.endswith("parent-and-workers")), None)
+    po = next((rid for rid in by_step if rid.endswith("parent-only")), None)
+    common = sorted(set(by_step.get(pw, {})) & set(by_step.get(po, {}))) if pw and po else []
+    if common:
+        diffs = [by_step[pw][s] - by_step[po][s] for s in common]
+        lines.append(
+            f"    parent+workers - parent-only, per step: {mean(diffs):+.3f} "
+            f"(ahead at {sum(d > 0 for d in diffs)} of {len(diffs)} steps)"
+        )
+    return lines
 
 
 def _interrupt(signum: int, frame: object) -> None:

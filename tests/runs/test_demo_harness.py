@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.demo import DemoConfig, model_name, orchestration_worker_args, run_configs
+from cli.demo import DemoConfig, model_name, orchestration_worker_args, run_configs, summary_lines
 from cli.main import app
 from cli.runs import check_run_engine
 from grove import queues
-from grove.contracts import RunState
+from grove.contracts import RunState, StepRecord
 from harnesses.opencode import TASK_SETUPS, setup_for
 from models.registry import ensure_model, known_positions
 from workflows.training_run import step_specs
@@ -160,3 +160,22 @@ def test_a_bad_demo_override_is_refused_before_anything_starts(override, says, t
     assert result.exit_code == 2, result.output
     assert says in result.output
     assert not any(tmp_path.iterdir())  # no run folder: refused before the model, the server, the workers
+
+
+def _steps(rewards: list[float]) -> list[StepRecord]:
+    return [
+        StepRecord(step=i + 1, mean_reward=r, episodes=4, failed_episodes=0, policy_version=i + 1)
+        for i, r in enumerate(rewards)
+    ]
+
+
+def test_the_demo_summary_compares_halves_and_the_pair_step_by_step():
+    histories = {
+        "d-parent-and-workers": _steps([0.2, 0.4, 0.5, 0.9]),
+        "d-parent-only": _steps([0.3, 0.3, 0.6]),  # stopped a step early: compared on steps 1-3
+    }
+    lines = summary_lines(histories)
+    assert "d-parent-and-workers" in lines[1] and "0.300 -> 0.700  (4 steps, 2 per half)" in lines[1]
+    assert "d-parent-only" in lines[2] and "0.300 -> 0.600  (3 steps, 1 per half)" in lines[2]
+    # steps 1-3: -0.1, +0.1, -0.1
+    assert lines[3].endswith("per step: -0.033 (ahead at 1 of 3 steps)")
