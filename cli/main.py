@@ -115,6 +115,12 @@ def worker(
         None, help="Tokens one engine step may schedule (default max(max_model_len, 2048))."
     ),
     kv_cache_bytes: int = typer.Option(None, help="Engine KV cache size in bytes (default 256 MiB)."),
+    wedge_sweep_s: float = typer.Option(
+        60.0,
+        min=0.0,
+        help="episodes queue: every this many seconds, terminate running episodes whose workflow task "
+        "failed 3 times in a row (the server's TemporalReportedProblems), so their steps go on; 0: never.",
+    ),
 ) -> None:
     """Serve grove's task queues (one process can serve all of them on a single machine)."""
     import asyncio
@@ -153,7 +159,7 @@ def worker(
 
         await run_worker(
             client, names, store=store_from_env(), model=model, device=device,
-            inference_queue=inference_queue,
+            inference_queue=inference_queue, wedge_sweep_s=wedge_sweep_s or None,
             engine_config={"tool_call_parser": tool_call_parser, **limits.model_dump()},
             harness=HarnessWorkerOptions(
                 gateway_url=gateway_url, policy_model=model, keep_dirs=keep_harness_dirs,

@@ -114,11 +114,13 @@ async def run_worker(
     engine=None,
     inference_queue: str = queues.INFERENCE,
     harness=None,
+    wedge_sweep_s: float | None = None,
 ) -> None:
     """Serve `queue_names` until cancelled; the inference queue starts a vLLM engine first
     (or uses `engine`, a started PolicyEngine the caller owns and shuts down); the harness queue runs
     harness processes (activities/harness.py; `harness`: its HarnessWorkerOptions, default an embedded
-    gateway)."""
+    gateway). With the episodes queue and `wedge_sweep_s`, it also ends wedged episodes every that many
+    seconds (activities/wedged_episodes.py; `grove worker` sweeps every 60 s)."""
     work_dir = Path(work_dir or tempfile.mkdtemp(prefix="grove-worker-"))
     workers: list[Worker] = []
     owned_engine = None
@@ -142,11 +144,15 @@ async def run_worker(
                 client, engine, store, weights_root=work_dir / "weights", task_queue=inference_queue
             )
         )
-    reporter = None
+    background: list[asyncio.Task] = []
+    if queues.EPISODES in names and wedge_sweep_s:
+        from activities.wedged_episodes import sweep_forever
+
+        background.append(asyncio.create_task(sweep_forever(client, every_s=wedge_sweep_s)))
     if queues.INFERENCE in names:  # the engine's state for progress queries (activities/engine_status.py)
         from activities.engine_status import report_forever
 
-        reporter = asyncio.create_task(report_forever(engine, store, inference_queue))
+        background.append(asyncio.create_task(report_forever(engine, store, inference_queue)))
     try:
         async with contextlib.AsyncExitStack() as stack:
             if queues.HARNESS in names:
@@ -157,8 +163,8 @@ async def run_worker(
                 workers.append(build_harness_worker(client, runner))
             await _serve(workers, engine)
     finally:
-        if reporter is not None:
-            reporter.cancel()
+        for task in background:
+            task.cancel()
         if owned_engine is not None:
             await owned_engine.shutdown()
 

@@ -75,6 +75,13 @@ def claim_database(db_path: Path) -> IO[str]:
     return f
 
 
+# The server flags a workflow (search attribute TemporalReportedProblems, the UI's "Task Failures" view)
+# after this many consecutive failed workflow tasks, instead of Temporal's 5: the episodes worker ends
+# episodes so flagged at activities/wedged_episodes.MIN_ATTEMPTS (3), so a wedged one is seen sooner.
+WFT_PROBLEMS_SETTING = "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute"
+WFT_PROBLEMS_THRESHOLD = 3
+
+
 class TemporalDevServer:
     """One `temporal server start-dev` process that we own (stopped by PID)."""
 
@@ -114,6 +121,7 @@ class TemporalDevServer:
         ]  # fmt: skip
         for name, kind in SEARCH_ATTRIBUTES.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
+        cmd += ["--dynamic-config-value", f"{WFT_PROBLEMS_SETTING}={WFT_PROBLEMS_THRESHOLD}"]
         if self.ui:
             cmd += ["--ui-port", str(self.ui_port), "--ui-ip", self.host, "--ui-disable-news-fetch"]
         else:
