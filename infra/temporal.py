@@ -76,8 +76,8 @@ def claim_database(db_path: Path) -> IO[str]:
 
 
 # The server flags a workflow (search attribute TemporalReportedProblems, the UI's "Task Failures" view)
-# after this many consecutive failed workflow tasks, instead of Temporal's 5: the episodes worker ends
-# episodes so flagged at activities/wedged_episodes.MIN_ATTEMPTS (3), so a wedged one is seen sooner.
+# after this many consecutive failed workflow tasks, instead of Temporal's 5: the episodes worker ends an
+# episode so flagged at its third failed task (activities/wedged_episodes.py), so it is seen sooner.
 WFT_PROBLEMS_SETTING = "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute"
 WFT_PROBLEMS_THRESHOLD = 3
 

@@ -24,7 +24,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.wedged_episodes import end_wedged, find_wedged, sweep_forever
+from activities.wedged_episodes import PROBLEMS, end_wedged, find_wedged, sweep_forever, wedged_query
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec
 from grove.sampling import SamplingConfig
 from harnesses import scenario
@@ -111,15 +111,27 @@ def external_spec(run: str, index: int) -> EpisodeSpec:
     )  # fmt: skip
 
 
-async def until_flagged(client: Client, run: str) -> None:
-    """Until the server flags the run's failing episode and its task has failed 3 times (a state that
-    stays while the broken worker runs)."""
+async def until_flagged(client: Client, run: str, problem: str = "category=WorkflowTaskFailed") -> None:
+    """Until the server flags the run's episode with `problem` (a state that stays while the broken
+    worker runs: the flag clears only on a successful task)."""
     deadline = asyncio.get_running_loop().time() + STATE_WAIT
-    while not await find_wedged(client, grove_run=run):
+    while True:
+        flagged = [e async for e in client.list_workflows(wedged_query(run))]
+        if any(problem in (e.search_attributes or {}).get(PROBLEMS, []) for e in flagged):
+            return
         assert asyncio.get_running_loop().time() < deadline, (
             f"no episode of {run} flagged in {STATE_WAIT:.0f} s"
         )
         await asyncio.sleep(0.5)
+
+
+async def until_found(client: Client, run: str) -> list:
+    """find_wedged on the run's episodes until it finds one (its task is sure to keep failing)."""
+    deadline = asyncio.get_running_loop().time() + STATE_WAIT
+    while not (found := await find_wedged(client, grove_run=run)):
+        assert asyncio.get_running_loop().time() < deadline, f"nothing of {run} found in {STATE_WAIT:.0f} s"
+        await asyncio.sleep(0.5)
+    return found
 
 
 async def until_closed(handle: WorkflowHandle) -> None:
@@ -151,7 +163,7 @@ async def test_the_sweep_ends_an_episode_whose_task_fails_on_every_attempt_and_n
         async with worker(temporal_client, queue, BrokenEpisode):
             await wedged.cancel()  # a new workflow task for one episode only: its replay fails, every time
             await until_flagged(temporal_client, run)
-            (found,) = await find_wedged(temporal_client, grove_run=run)  # only the failing one
+            (found,) = await until_found(temporal_client, run)  # only the failing one
             assert found.episode_id == wedged.id and found.attempt >= 3
             assert any("WorkflowTaskFailed" in p for p in found.problems)
             sweep = asyncio.create_task(
