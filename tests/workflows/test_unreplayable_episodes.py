@@ -34,6 +34,7 @@ from workflows.handover import EpisodeRun
 from workflows.training_run import RUN
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
+FAILED = "category=WorkflowTaskFailed"
 
 # the episode's own failure types, whatever they are: the drifted copy differs from it only in its code
 EPISODE_DEFINITION = workflow._Definition.must_from_class(EpisodeWorkflow)
@@ -111,13 +112,13 @@ def external_spec(run: str, index: int) -> EpisodeSpec:
     )  # fmt: skip
 
 
-async def until_flagged(client: Client, run: str, problem: str = "category=WorkflowTaskFailed") -> None:
-    """Until the server flags the run's episode with `problem` (a state that stays while the broken
-    worker runs: the flag clears only on a successful task)."""
+async def until_flagged(client: Client, run: str) -> None:
+    """Until the server flags the run's episode for failed workflow tasks (a state that stays while the
+    broken worker runs: the flag clears only on a successful task)."""
     deadline = asyncio.get_running_loop().time() + STATE_WAIT
     while True:
         flagged = [e async for e in client.list_workflows(wedged_query(run))]
-        if any(problem in (e.search_attributes or {}).get(PROBLEMS, []) for e in flagged):
+        if any(FAILED in (e.search_attributes or {}).get(PROBLEMS, []) for e in flagged):
             return
         assert asyncio.get_running_loop().time() < deadline, (
             f"no episode of {run} flagged in {STATE_WAIT:.0f} s"
