@@ -28,6 +28,8 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from grove.visibility import of_run, run_clause
+
 log = logging.getLogger(__name__)
 
 PROBLEMS = "TemporalReportedProblems"
@@ -57,7 +59,7 @@ class WedgedEpisode(BaseModel):
 
 def wedged_query(grove_run: str | None = None) -> str:
     query = f'WorkflowType="EpisodeWorkflow" AND ExecutionStatus="Running" AND {PROBLEMS} IS NOT NULL'
-    return query + (f' AND GroveRun="{grove_run}"' if grove_run else "")
+    return query + (f" AND {run_clause(grove_run)}" if grove_run else "")
 
 
 async def find_wedged(
@@ -67,6 +69,8 @@ async def find_wedged(
     problem flagged (`min_attempts`: category -> attempts; `grove_run`: only that run's episodes)."""
     found = []
     async for execution in client.list_workflows(wedged_query(grove_run)):
+        if grove_run is not None and not of_run(execution, grove_run):
+            continue  # another run's (an id the query cannot match exactly: grove/visibility.py)
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         try:
             described = await handle.describe()

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from statistics import mean
 from typing import Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -49,6 +50,7 @@ from grove.learner_config import LearnerConfig
 from grove.paths import grove_home
 from grove.runconfig import OverrideError, apply_overrides, parse_override, validate_run_config
 from grove.sampling import SamplingConfig
+from grove.visibility import run_clause
 from infra.procs import ServiceStartError, log_tail, stop_pid
 
 
@@ -481,11 +483,11 @@ def main(cfg: DemoConfig) -> int:
             )  # fmt: skip
         )
     print(f"[demo] Temporal UI: {rec.ui_url}   (address {rec.address})")
+    workflows = f"{rec.ui_url}/namespaces/default/workflows"
     for r in runs:
-        print(f"[demo] run workflow: {r.run_id}   {rec.ui_url}/namespaces/default/workflows/{r.run_id}")
-    print(
-        f"[demo] episodes: {rec.ui_url}/namespaces/default/workflows?query=GroveRun%3D%22{runs[0].run_id}%22"
-    )
+        print(f"[demo] run workflow: {r.run_id}   {workflows}/{quote(r.run_id, safe='')}")
+    episodes = quote(run_clause(runs[0].run_id), safe="")
+    print(f"[demo] episodes: {workflows}?query={episodes}")
     print(f"[demo] metrics {out / 'metrics.csv'}, plot {out / 'reward.png'}, worker logs {logs}", flush=True)
     started = time.monotonic()
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated demo stops its workers like Ctrl-C does

@@ -38,6 +38,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from grove import queues
 from grove.client import connect, temporal_address
 from grove.contracts import EpisodeResult, RunConfig, RunResult, RunState, StepRecord, step_record_key
+from grove.visibility import of_run, run_clause
 from storage.base import ObjectStore
 
 QUERY_TIMEOUT = timedelta(seconds=10)
@@ -95,10 +96,6 @@ def _recorded_ui(client: Client | None) -> str | None:
     if rec is None or rec.address != client.service_client.config.target_host:
         return None  # another server: its UI port is not known here
     return rec.ui_url
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 async def _describe(handle: WorkflowHandle):
@@ -355,8 +352,8 @@ async def cancel_run(client: Client, run_id: str) -> dict[str, Any]:
 async def step_episodes(client: Client, run_id: str, step: int, missing_ok: bool = False) -> list[dict]:
     """Every episode of one step: id, task, status, reward, rows, failure reason."""
     await _describe(client.get_workflow_handle(run_id))  # a clear not-found for an unknown run
-    query = f"WorkflowType = 'EpisodeWorkflow' AND GroveRun = {_quote(run_id)} AND GroveStep = {int(step)}"
-    found = await _list(client, query)
+    query = f"WorkflowType = 'EpisodeWorkflow' AND {run_clause(run_id)} AND GroveStep = {int(step)}"
+    found = [wf for wf in await _list(client, query) if of_run(wf, run_id)]
     if not found and not missing_ok:
         raise RunNotFoundError(f"run {run_id!r} has no episodes at step {step} (not started yet?)")
     return [await _episode_row(client, wf) for wf in found]
