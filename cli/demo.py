@@ -79,9 +79,8 @@ class DemoConfig(BaseModel):
     seed 1: 0.554 -> 0.374 (parent-only stopped at step 10), seed 2: 0.572 -> 0.572 vs 0.560 -> 0.584.
     A small training set (`--set num_tasks=4`, each task trained every other step, 2 tasks x 4 per step):
     0.604 -> 0.623 vs 0.535 -> 0.468, ahead at 17 of 20 steps (seed 0); 0.528 -> 0.464 vs 0.566 -> 0.587,
-    ahead at 3 of 10 (seed 1). group_size/tasks_per_step keep
-    the native defaults (8 x 2: 4x the episodes of the measured configuration, not measured with
-    OpenCode)."""
+    ahead at 3 of 10 (seed 1). group_size/tasks_per_step keep the native defaults (8 x 2: 4x the
+    episodes of the measured configuration, not measured with OpenCode)."""
 
     name: str = "demo"
     # native: harnesses/delegation.py inside the episode workflows; opencode: stock OpenCode launched per

@@ -65,12 +65,13 @@ with workflow.unsafe.imports_passed_through():
         TrainStepResult,
     )
     from grove.data_order import task_indices
+    from grove.visibility import GROVE_RUN
     from harnesses.programs import family
     from workflows.episode import EpisodeWorkflow, rows_key
     from workflows.evaluation import eval_record, eval_specs, evaluates_at
     from workflows.step_metrics import rollout_metrics
 
-RUN = SearchAttributeKey.for_keyword("GroveRun")
+RUN = GROVE_RUN
 STEP = SearchAttributeKey.for_int("GroveStep")
 STATUS = SearchAttributeKey.for_keyword("GroveStatus")
 TASK = SearchAttributeKey.for_keyword("GroveTask")
