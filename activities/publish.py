@@ -4,7 +4,9 @@ The checkpoint's model folder (trainer/checkpoint_layout.py) is downloaded, sha2
 its COMMIT manifest (trainer/checkpoint.py), into `weights_root/{run}/step-NNNNNN/`: first into a
 temporary folder, renamed into place only when complete, so a folder under its final name is always
 a whole checkpoint. The engine then loads it in place (activities/engine.py: publish). Folders of
-older versions are deleted once the engine no longer needs them for a rollback.
+older versions are deleted once the engine no longer needs them for a rollback. Version 0 is the run's
+base model as the trainer host staged it in the store (trainer/base_model.py), fetched the same way,
+so an engine serves the bytes the learner starts from, not its own host's copy of the model.
 
 Idempotent: a retry after a successful publication finds the engine already at the version with
 byte-identical weights and returns without reloading.
@@ -16,11 +18,13 @@ import asyncio
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from activities.engine import PolicyEngine, PublishReport
 from grove.contracts import PublishInput, PublishResult
 from storage.base import ObjectStore
+from trainer.base_model import base_manifest, download_base_model
 from trainer.checkpoint import download_model_folder
 
 
@@ -30,13 +34,35 @@ def version_dir(weights_root: Path, run_id: str, version: int) -> Path:
 
 def fetch_model_folder(store: ObjectStore, run_id: str, version: int, weights_root: Path) -> Path:
     """The committed model folder of checkpoint `version`, downloaded once and complete."""
-    dest = version_dir(weights_root, run_id, version)
+    return _download_once(
+        version_dir(weights_root, run_id, version),
+        lambda tmp: download_model_folder(store, run_id, version, tmp),
+    )
+
+
+def base_model_folder(store: ObjectStore, run_id: str, base_model: str, weights_root: Path) -> Path:
+    """Version 0 of the run on this host: the base model the trainer host staged in the store
+    (trainer/base_model.py), downloaded once and verified; a run that staged none (started before
+    staging existed) gets `base_model` resolved on this host, as it always did."""
+    manifest = base_manifest(store, run_id)
+    if manifest is None:
+        from models.registry import ensure_model
+
+        return ensure_model(base_model)
+    return _download_once(
+        version_dir(weights_root, run_id, 0),
+        lambda tmp: download_base_model(store, run_id, manifest, tmp),
+    )
+
+
+def _download_once(dest: Path, download: Callable[[Path], object]) -> Path:
+    """`dest`, filled by `download` into a temporary folder beside it that is renamed only when complete."""
     if dest.is_dir():
         return dest  # only complete downloads are ever renamed to this name
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
-        download_model_folder(store, run_id, version, tmp)
+        download(tmp)
         tmp.rename(dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -57,11 +83,8 @@ async def run_publish(
     inp: PublishInput, engine: PolicyEngine, store: ObjectStore, weights_root: Path
 ) -> tuple[PublishResult, PublishReport]:
     t0 = time.perf_counter()
-    if inp.version == 0:
-        # version 0 is the run's base model (the learner starts from it; no checkpoint holds it)
-        from models.registry import ensure_model
-
-        folder = await asyncio.to_thread(ensure_model, inp.base_model)
+    if inp.version == 0:  # the run's base model (the learner starts from it; no step checkpoint holds it)
+        folder = await asyncio.to_thread(base_model_folder, store, inp.run_id, inp.base_model, weights_root)
     else:
         folder = await asyncio.to_thread(fetch_model_folder, store, inp.run_id, inp.version, weights_root)
     report = await engine.publish(folder, inp.version, run_id=inp.run_id)

@@ -6,6 +6,11 @@ starts cold, or crashed mid-step, resumes from the committed checkpoint of the p
 base model for step 1), so the weights after step N are those of an uninterrupted run.
 Metrics are written beside the checkpoint before its COMMIT marker.
 
+The run's base model reaches the learner through the store: `stage_base_model` (run at the run's
+start) resolves `RunConfig.model` on this host and commits its files (trainer/base_model.py); step 1
+and the KL reference then start from those bytes, downloaded and verified, on whichever trainer host
+runs them. A run that staged no base (started before staging existed) resolves the model here.
+
 The step's input lists every episode of the step as an EpisodeRecord (grove/episodes.py), whatever
 rows it produced: the rows of each record with a `rows_key` are loaded, and the records go to the
 learner, whose group baselines and rollout count are over them (an episode with zero rows still
@@ -39,10 +44,12 @@ from activities.train_ranks import (
     RankJob,
     run_ranks,
 )
+from grove.base_model import StageBaseModelInput, StageBaseModelResult
 from grove.contracts import TrainStepInput, TrainStepResult
 from grove.episodes import EpisodeRecord
-from models.registry import ensure_model
+from models.registry import ModelResolutionError, NotAModelFolderError, ensure_model
 from storage.base import ObjectStore, StorageError
+from trainer.base_model import BaseModelFolderError, base_manifest, download_base_model, stage_base_model
 from trainer.checkpoint import (
     MODEL_DIR,
     check_config,
@@ -92,11 +99,11 @@ class TrainerActivities:
         same_run = have is not None and self.run_id == inp.run_id and have.config == inp.learner
         if same_run and have.step_count == inp.step - 1:
             return have
-        # A KL penalty anchors every step to the run's start model, the frozen reference (resolved only
+        # A KL penalty anchors every step to the run's start model, the frozen reference (fetched only
         # then: a resumed run without one needs nothing but its checkpoint)
-        reference = ensure_model(inp.model) if inp.learner.kl_coef > 0 else None
+        reference = self._base_model(inp.run_id, inp.model) if inp.learner.kl_coef > 0 else None
         if inp.step == 1:
-            start = reference or ensure_model(inp.model)  # the reference is the start model
+            start = reference or self._base_model(inp.run_id, inp.model)  # the reference is the start model
             learner = Learner(start, inp.learner, device=self.device, reference_dir=reference)
         else:
             dest = Path(tempfile.mkdtemp(prefix=f"step-{inp.step - 1:06d}-", dir=self.work_dir))
@@ -106,6 +113,41 @@ class TrainerActivities:
             )  # fmt: skip
         self.learner, self.run_id = learner, inp.run_id
         return learner
+
+    def _base_model(self, run_id: str, model: str, dest: Path | None = None) -> Path:
+        """The run's base model on this host's disk: the staged bytes from the store, downloaded into
+        `dest` (default a new folder under work_dir) and verified; or the model resolved here when the
+        run staged none (runs started before staging)."""
+        manifest = base_manifest(self.store, run_id)
+        if manifest is None:
+            return ensure_model(model)
+        if dest is None:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            dest = Path(tempfile.mkdtemp(prefix="base-model-", dir=self.work_dir))
+        return download_base_model(self.store, run_id, manifest, dest)
+
+    def _stage(self, inp: StageBaseModelInput) -> StageBaseModelResult:
+        if (manifest := base_manifest(self.store, inp.run_id)) is not None:
+            return StageBaseModelResult(files=len(manifest), written=False)
+        manifest, written = stage_base_model(self.store, inp.run_id, ensure_model(inp.model), inp.model)
+        return StageBaseModelResult(files=len(manifest), written=written)
+
+    @activity.defn(name="stage_base_model")
+    async def stage_base_model(self, inp: StageBaseModelInput) -> StageBaseModelResult:
+        """Commit the run's base model to the store (idempotent); heartbeats while a named model builds."""
+        task = asyncio.create_task(asyncio.to_thread(self._stage, inp))
+        try:
+            while not task.done():
+                activity.heartbeat({"run": inp.run_id, "model": inp.model})
+                await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+            return task.result()
+        except (ModelResolutionError, NotAModelFolderError, BaseModelFolderError) as exc:
+            raise ApplicationError(
+                f"stage_base_model {inp.run_id}: the trainer host cannot resolve the run's model "
+                f"{inp.model!r}: {exc}", type=type(exc).__name__, non_retryable=True,
+            ) from exc  # fmt: skip
+        except StorageError as err:  # an outage: retried by the run's policy
+            raise retryable_storage_failure(f"stage_base_model {inp.run_id}", err) from None
 
     def _rows(self, keys: list[str]) -> list[Row]:
         return [row for key in keys for row in rows_from_parquet(self.store.get(key))]
@@ -204,8 +246,10 @@ class TrainerActivities:
         and the batch's policy-lag metrics. PolicyLagError before any rank starts, as in one process."""
         world = inp.learner.ranks
         cuda = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-        start_dir, model_dir = None, ensure_model(inp.model)
-        if inp.step > 1:
+        start_dir, model_dir = None, None
+        if inp.step == 1:
+            model_dir = self._base_model(inp.run_id, inp.model, attempt / "base-model")
+        else:
             start = attempt / "start"
             state = download_checkpoint(self.store, inp.run_id, inp.step - 1, start)
             check_config(state, inp.learner, inp.run_id)

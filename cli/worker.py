@@ -98,7 +98,10 @@ def trainer_worker(client: Client, store, work_dir: Path, device: str | None) ->
     acts = TrainerActivities(_gated(store), work_dir / "trainer", device=device)
     # one step at a time: the learner is a single in-memory model
     return Worker(
-        client, task_queue=queues.TRAINER, activities=[acts.train_step], max_concurrent_activities=1
+        client,
+        task_queue=queues.TRAINER,
+        activities=[acts.train_step, acts.stage_base_model],
+        max_concurrent_activities=1,
     )
 
 

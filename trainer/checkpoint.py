@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from grove.learner_config import NOT_FINGERPRINTED, LearnerConfig
 from storage.base import ObjectNotFoundError, ObjectStore, sha256_hex
-from trainer.checkpoint_layout import MODEL_DIR, commit_key, parse_step, run_prefix, step_prefix
+from trainer.checkpoint_layout import COMMIT, MODEL_DIR, commit_key, parse_step, run_prefix, step_prefix
 from trainer.learner import Learner
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -224,11 +224,16 @@ def commit_files(store: ObjectStore, run_id: str, step: int, files: dict[str, by
     manifest returned unchanged (a retried save never rewrites a visible checkpoint)."""
     if store.exists(commit_key(run_id, step)):
         return verify_committed(store, run_id, step)
-    prefix = step_prefix(run_id, step)
+    return commit_under(store, step_prefix(run_id, step), files, {"step": step})
+
+
+def commit_under(store: ObjectStore, prefix: str, files: dict[str, bytes], header: dict) -> dict[str, str]:
+    """Write `files` under `prefix` in sorted order, then `prefix`COMMIT: `header` plus {"files": {name:
+    sha256}}, the marker that makes them visible. Returns the manifest."""
     for name in sorted(files):
         store.put(prefix + name, files[name])
     manifest = {name: sha256_hex(data) for name, data in sorted(files.items())}
-    store.put(commit_key(run_id, step), json.dumps({"step": step, "files": manifest}, indent=1).encode())
+    store.put(prefix + COMMIT, json.dumps({**header, "files": manifest}, indent=1).encode())
     return manifest
 
 
@@ -266,7 +271,14 @@ def read_manifest(store: ObjectStore, run_id: str, step: int) -> dict[str, str]:
 
 
 def _get_verified(store: ObjectStore, run_id: str, step: int, name: str, manifest: dict[str, str]) -> bytes:
-    key = step_prefix(run_id, step) + name
+    return get_verified(store, step_prefix(run_id, step), name, manifest, "Resume from another step")
+
+
+def get_verified(
+    store: ObjectStore, prefix: str, name: str, manifest: dict[str, str], what_to_do: str
+) -> bytes:
+    """The committed file `prefix + name`, checked against its manifest's sha256 (CheckpointCorruptError)."""
+    key = prefix + name
     try:
         data = store.get(key)
     except ObjectNotFoundError:
@@ -276,7 +288,7 @@ def _get_verified(store: ObjectStore, run_id: str, step: int, name: str, manifes
     if sha256_hex(data) != manifest[name]:
         raise CheckpointCorruptError(
             f"checkpoint file {key!r} has sha256 {sha256_hex(data)[:16]}…, its COMMIT manifest says "
-            f"{manifest[name][:16]}…; the object was changed after commit. Resume from another step"
+            f"{manifest[name][:16]}…; the object was changed after commit. {what_to_do}"
         )
     return data
 
@@ -284,12 +296,21 @@ def _get_verified(store: ObjectStore, run_id: str, step: int, name: str, manifes
 def download_model_folder(store: ObjectStore, run_id: str, step: int, dest_dir: Path) -> Path:
     """Write the committed model folder of `step` into `dest_dir` (sha256-verified); returns dest_dir."""
     manifest = read_manifest(store, run_id, step)
+    return download_model_files(
+        store, step_prefix(run_id, step), manifest, dest_dir, "Resume from another step"
+    )
+
+
+def download_model_files(
+    store: ObjectStore, prefix: str, manifest: dict[str, str], dest_dir: Path, what_to_do: str
+) -> Path:
+    """The manifest's `model/` files under `prefix` into `dest_dir` (sha256-verified); returns dest_dir."""
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     for name in sorted(n for n in manifest if n.startswith(MODEL_DIR + "/")):
-        (dest_dir / name[len(MODEL_DIR) + 1 :]).write_bytes(
-            _get_verified(store, run_id, step, name, manifest)
-        )
+        path = dest_dir / name[len(MODEL_DIR) + 1 :]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(get_verified(store, prefix, name, manifest, what_to_do))
     return dest_dir
 
 

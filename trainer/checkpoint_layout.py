@@ -6,6 +6,10 @@
     checkpoints/{run_id}/step-{N:06d}/trainer_state.json step, data cursor, policy version, fingerprint, RNG
     checkpoints/{run_id}/step-{N:06d}/COMMIT            written last: JSON manifest {file: sha256}
 
+    runs/{run_id}/base-model/model/...                 the run's base model (policy version 0) as the
+                                                      trainer host resolved it (trainer/base_model.py)
+    runs/{run_id}/base-model/COMMIT                     written last: JSON manifest {file: sha256}
+
 A step directory without COMMIT is invisible: readers list COMMIT markers only. The policy version of
 the weights saved after optimizer step N is N; the base model is version 0.
 """
@@ -31,6 +35,16 @@ def commit_key(run_id: str, step: int) -> str:
 
 def model_file_key(run_id: str, step: int, filename: str) -> str:
     return step_prefix(run_id, step) + f"{MODEL_DIR}/{filename}"
+
+
+def base_prefix(run_id: str) -> str:
+    """Where a run's base model lives: beside its step records, not under `checkpoints/{run_id}/`,
+    whose COMMIT markers are the optimizer steps only."""
+    return f"runs/{run_id}/base-model/"
+
+
+def base_commit_key(run_id: str) -> str:
+    return base_prefix(run_id) + COMMIT
 
 
 def parse_step(key: str) -> int | None:

@@ -1,7 +1,10 @@
 """TrainingRunWorkflow: the run as an entity workflow — episodes, learner step, weight publication.
 
-At start (and after each continue-as-new) the run publishes its current version to its inference
-queue: the engine may have served another run, or restarted with the base weights. Then per step N
+A new run first has the trainer host stage its base model in the object store (`stage_base_model`,
+trainer queue; trainer/base_model.py): version 0 is then the same bytes on every host, read from the
+store, never from another host's folder. At start (and after each continue-as-new) the run publishes its
+current version to its inference queue: the engine may have served another run, or restarted with the
+base weights. Then per step N
 (1-based; step N's optimizer update produces policy version N):
   tasks = task_indices(seed, N)            data order is a pure function of (seed, step)
   G EpisodeWorkflow children per task      deterministic ids {run}/s{N:06d}/t{task}/g{j}: a replayed
@@ -45,6 +48,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from grove import queues
+    from grove.base_model import StageBaseModelInput, StageBaseModelResult
     from grove.contracts import (
         ArchiveStepsInput,
         EngineStatus,
@@ -152,6 +156,8 @@ class TrainingRunWorkflow:
         cfg = state.config
         _check_config(state)
         workflow.upsert_search_attributes([RUN.value_set(cfg.run_id), STATUS.value_set("running")])
+        if state.next_step == 1:
+            await self._stage_base_model()
         # The engine may serve another run's policy, or restarted with the base weights: load ours.
         await self._publish(state.next_step - 1)
         self._show(committed_version=state.next_step - 1)
@@ -377,6 +383,19 @@ class TrainingRunWorkflow:
         return await workflow.execute_activity(
             "train_step", inp, task_queue=queues.TRAINER, start_to_close_timeout=TRAIN_TIMEOUT,
             heartbeat_timeout=TRAIN_HEARTBEAT, retry_policy=RETRY, result_type=TrainStepResult,
+        )  # fmt: skip
+
+    async def _stage_base_model(self) -> None:
+        """Version 0 into the store before any engine serves it or the learner starts from it. Patched
+        in: runs recorded before it replay unchanged (their hosts resolve the model themselves)."""
+        assert self.state is not None
+        if not workflow.patched("grove-base-model-in-store"):
+            return
+        cfg = self.state.config
+        await workflow.execute_activity(
+            "stage_base_model", StageBaseModelInput(run_id=cfg.run_id, model=cfg.model),
+            task_queue=queues.TRAINER, start_to_close_timeout=TRAIN_TIMEOUT,
+            heartbeat_timeout=TRAIN_HEARTBEAT, retry_policy=RETRY, result_type=StageBaseModelResult,
         )  # fmt: skip
 
     async def _publish(self, version: int) -> PublishResult:

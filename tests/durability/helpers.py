@@ -75,6 +75,7 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.ready_seconds: float | None = None  # start -> polling every queue, of the latest start
+        self.cwd: Path | None = None  # the process's working directory (None: the test's)
 
     @property
     def log_path(self) -> Path:
@@ -95,24 +96,18 @@ class WorkerProcess:
             **self.extra_env,
         )
 
+    def command(self) -> list[str]:
+        queue_names = ",".join(self.queues)
+        return [str(GROVE), "worker", "--queues", queue_names, "--model", str(self.model), "--device", "cpu"]
+
     def start(self) -> WorkerProcess:
         self.starts += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            str(GROVE),
-            "worker",
-            "--queues",
-            ",".join(self.queues),
-            "--model",
-            str(self.model),
-            "--device",
-            "cpu",
-        ]
         with self.log_path.open("ab") as log:
             # own session: the process group id is the worker's pid, so killpg reaches vLLM's children too
             self.proc = subprocess.Popen(
-                cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                self.command(), env=self.env(), cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         return self
 
@@ -266,19 +261,30 @@ async def decoded_inputs(
     return out
 
 
-async def activity_attempts(handle: WorkflowHandle, activity: str) -> list[int]:
-    """The attempt number each scheduled `activity` finally started with (history order)."""
+async def _started(handle: WorkflowHandle, activity: str) -> list[Any]:
+    """The started events of each scheduled `activity` (history order). The server records the started
+    event of an activity's final attempt only."""
     history = await handle.fetch_history()
     scheduled: dict[int, str] = {}
-    attempts: list[int] = []
+    started = []
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             attrs = event.activity_task_started_event_attributes
             if scheduled.get(attrs.scheduled_event_id) == activity:
-                attempts.append(attrs.attempt)
-    return attempts
+                started.append(attrs)
+    return started
+
+
+async def activity_attempts(handle: WorkflowHandle, activity: str) -> list[int]:
+    """The attempt number each scheduled `activity` finally started with (history order)."""
+    return [attrs.attempt for attrs in await _started(handle, activity)]
+
+
+async def activity_identities(handle: WorkflowHandle, activity: str) -> list[str]:
+    """The identity (`pid@hostname`) of the worker that ran each scheduled `activity`'s final attempt."""
+    return [attrs.identity for attrs in await _started(handle, activity)]
 
 
 async def workflow_ids_of_run(client: Client, run_id: str, workflow_type: str) -> list[str]:

@@ -8,6 +8,8 @@
 - The run workflow's own publication of a version older than one a call already loaded is a no-op.
 - An evaluation's call (pinned: min = max = its step's version) is served by exactly that version even
   when the run has committed a newer one, and refused, naming it, by an engine already past it.
+- Version 0 of a run is the base model the trainer host staged in the store (trainer/base_model.py):
+  not the engine's own start-up weights, and not the folder the run names (on another host).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from grove.contracts import GenerateInput, PolicyRef, PromptSpec, PublishInput
 from grove.sampling import SamplingConfig
 from tests.inference.checkpoints import commit_checkpoint, perturbed_copy
 from tests.inference.reference import learner_logprobs
+from trainer.base_model import stage_base_model
 from trainer.staging_format import decode_call_tokens, staging_key
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
@@ -35,8 +38,10 @@ def prompt_of(engine) -> list[int]:
     return engine.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-async def call(acts, engine, run_id: str, call_id: str, min_version: int, max_version: int | None = None):
-    ref = PolicyRef(run_id=run_id, min_version=min_version, max_version=max_version)
+async def call(
+    acts, engine, run_id: str, call_id: str, min_version: int, max_version: int | None = None, **ref_fields
+):
+    ref = PolicyRef(run_id=run_id, min_version=min_version, max_version=max_version, **ref_fields)
     inp = GenerateInput(
         episode_id=f"{run_id}/s1/t0/g0", call_id=call_id, prompt=PromptSpec(ids=prompt_of(engine)),
         sampling=SAMPLING, policy=ref,
@@ -109,3 +114,19 @@ async def test_an_evaluation_call_is_served_by_exactly_the_version_it_names(poli
     assert err.value.type == "PolicyVersionPassedError" and err.value.non_retryable
     assert "follow-eval" in str(err.value) and "version <= 1" in str(err.value), err.value
     assert not store.exists(staging_key("follow-eval/s1/t0/g0", "e1"))  # nothing staged for it
+
+
+async def test_version_0_is_the_base_model_staged_in_the_store(policy_engine, store, tmp_path):
+    own = policy_engine.source_dir  # what this engine serves now (its start-up weights, or a later version)
+    staged = perturbed_copy(own, tmp_path / "trainer-host-model", seed=51, scale=0.05)
+    stage_base_model(store, "follow-base", staged, str(staged))
+    acts = InferenceActivities(policy_engine, store, weights_root=tmp_path / "weights")
+
+    # the run names its model by a folder of the trainer host's: not on this one
+    first = await call(
+        acts, policy_engine, "follow-base", "c0", 0, base_model=str(tmp_path / "on-another-host")
+    )
+    assert first.policy_version == 0 and policy_engine.run_id == "follow-base"
+    assert max_diff(store, first, staged, policy_engine) <= TOL
+    assert max_diff(store, first, own, policy_engine) > 1e-2  # not the engine's own weights
+    assert policy_engine.source_dir == tmp_path / "weights" / "follow-base" / "step-000000"  # its own disk
