@@ -10,17 +10,19 @@ server reached over HTTP (minio):
   orchestration  --queues episodes,io
   inference-1    --queues inference: an engine on its own model folder
   trainer        --queues trainer: the run's base model (RunConfig.model) is a folder on this host only
-  inference-2    --queues inference, its own model folder: joins once step 1 is committed
+  inference-2    --queues inference, its own model folder: joins once step 1 is committed, before step 2
 
 The inference hosts' model folders hold other weights (same architecture) than the trainer's: an engine
 that served version 0 from its own disk, not the base model the trainer host staged in the store, would
 give step 1's tokens behaviour logprobs of another policy, and the logprob check below fails on them.
 
-The moments are made, not waited for: the trainer host holds right after writing step 2's COMMIT (its
-`store_put` gate). With max_policy_lag 0 nothing else is in flight then (step 2's episodes all ended, step
-3's not started). The test SIGKILLs the trainer host, lets inference-1 leave (SIGTERM) and starts the
-trainer host again with the same environment: train_step 2 is retried there after its heartbeat timeout
-and must reuse the committed checkpoint; step 3 rolls out on inference-2 and trains on the new trainer.
+The moments are made, not waited for: the trainer host holds right after writing a step's COMMIT (its
+`store_put` gate), so with max_policy_lag 0 nothing else of the run is in flight (the step's episodes all
+ended, the next step's not started). At step 1's, inference-2 starts and polls, then the trainer goes on:
+step 2 rolls out with both engines polling (which one gets which call is Temporal's choice). At step 2's,
+the test SIGKILLs the trainer host, lets inference-1 leave (SIGTERM) and starts the trainer host again with
+the same environment: train_step 2 is retried there after its heartbeat timeout and must reuse the
+committed checkpoint; step 3 rolls out on inference-2 alone and trains on the new trainer.
 
 Checked at the end, from the store and the histories: the run completed; the base model in the store is
 the trainer host's folder byte for byte; each step committed once (manifests hashed here), trained once
@@ -94,7 +96,7 @@ pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.timeout(SERVICE_TE
 
 ORCHESTRATION, INFERENCE_1, TRAINER, INFERENCE_2 = "orchestration", "inference-1", "trainer", "inference-2"
 STEPS, TASKS_PER_STEP, GROUP_SIZE = 3, 1, 2
-JOIN_AFTER = 1  # inference-2 starts once this step's checkpoint is committed
+JOIN_AFTER = 1  # inference-2 joins while the trainer holds right after this step's COMMIT
 KILL_STEP = 2  # the trainer host dies right after writing this step's COMMIT
 BUCKET = "grove-hosts"
 SIDECARS = ("metrics.json", "episodes.json")  # train_step writes them beside the checkpoint
@@ -221,14 +223,9 @@ def check_span(row: Row, span: Span, receipt: GenerateResult, version: int, weig
     )
 
 
-async def committed(store: ObjectStore, run_id: str, step: int, fleet: Fleet) -> bool:
+async def held(gates: GateControl, keys: list[str], fleet: Fleet) -> bool:
     fleet.check_alive()
-    return await asyncio.to_thread(store.exists, commit_key(run_id, step))
-
-
-async def held(gates: GateControl, key: str, fleet: Fleet) -> bool:
-    fleet.check_alive()
-    return gates.held("store_put") == [key]
+    return gates.held("store_put") == keys
 
 
 def host_of(identity: str) -> str:
@@ -259,8 +256,8 @@ async def test_a_run_across_hosts_sharing_only_temporal_and_s3(fleet: Fleet, tin
     inference_1 = fleet.process(INFERENCE_1, [queues.INFERENCE], models[INFERENCE_1])
     trainer = fleet.process(TRAINER, [queues.TRAINER], base, gates=True)
     trainer_gates = GateControl(hosts[TRAINER].gates_dir)
-    kill_key = commit_key(cfg.run_id, KILL_STEP)
-    trainer_gates.arm("store_put", f"^{re.escape(kill_key)}$")
+    join_key, kill_key = commit_key(cfg.run_id, JOIN_AFTER), commit_key(cfg.run_id, KILL_STEP)
+    trainer_gates.arm("store_put", f"^({re.escape(join_key)}|{re.escape(kill_key)})$")
     for proc in (orchestration, inference_1, trainer):
         proc.start()
     for proc in (orchestration, inference_1, trainer):
@@ -271,17 +268,17 @@ async def test_a_run_across_hosts_sharing_only_temporal_and_s3(fleet: Fleet, tin
         result_type=RunResult,
     )  # fmt: skip
 
-    # inference-2 joins once step 1 is committed (while step 2 rolls out)
-    what = f"step {JOIN_AFTER}'s COMMIT in the store"
-    await wait_until(
-        lambda: committed(store, cfg.run_id, JOIN_AFTER, fleet), STATE_WAIT, what, logs=fleet.logs()
-    )
+    # inference-2 joins while the trainer holds right after step 1's COMMIT: step 2 rolls out on both
+    what = f"the trainer host held after writing {join_key}"
+    await wait_until(lambda: held(trainer_gates, [join_key], fleet), STATE_WAIT, what, logs=fleet.logs())
     inference_2 = fleet.process(INFERENCE_2, [queues.INFERENCE], models[INFERENCE_2]).start()
     await inference_2.wait_ready(client)
+    trainer_gates.release("store_put", join_key)
 
     # the trainer host holds right after writing step 2's COMMIT: nothing else of the run is in flight
     what = f"the trainer host held after writing {kill_key}"
-    await wait_until(lambda: held(trainer_gates, kill_key, fleet), STATE_WAIT, what, logs=fleet.logs())
+    keys = [join_key, kill_key]  # held, or released since
+    await wait_until(lambda: held(trainer_gates, keys, fleet), STATE_WAIT, what, logs=fleet.logs())
     for spec in step_specs(RunState(config=cfg), KILL_STEP):
         desc = await client.get_workflow_handle(spec.episode_id).describe()
         assert desc.status == WorkflowExecutionStatus.COMPLETED, (spec.episode_id, desc.status)
