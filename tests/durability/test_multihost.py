@@ -50,7 +50,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 import grove.base_model
 from grove import queues
@@ -232,6 +232,95 @@ def host_of(identity: str) -> str:
     return identity.split("@", 1)[1]  # Temporal's worker identity: pid@hostname
 
 
+async def check_trained_once(
+    client: Client,
+    handle: WorkflowHandle,
+    store: ObjectStore,
+    cfg: RunConfig,
+    base: Path,
+    trainers: list[int],
+) -> dict[str, str]:
+    """The base model staged once, by the first trainer, byte for byte its folder; each step committed
+    once and trained once, step 2's retry on the restarted trainer reusing its commit. The base manifest."""
+    first, restarted = (f"{pid}@{TRAINER}" for pid in trainers)
+    [staged] = await activity_results(client, handle, "stage_base_model", StageBaseModelResult)
+    assert staged.written and await activity_identities(handle, "stage_base_model") == [first]
+    manifest, prefix = folder_manifest(base), base_prefix(cfg.run_id)
+    assert base_manifest(store, cfg.run_id) == manifest
+    assert set(store.list(prefix)) == {prefix + n for n in [*manifest, "COMMIT"]}
+    for name, digest in manifest.items():
+        assert sha256(store.get(prefix + name)) == digest
+    results = await activity_results(client, handle, "train_step", TrainStepResult)
+    assert [(r.step, r.reused_checkpoint) for r in results] == [(1, False), (2, True), (3, False)]
+    assert await activity_attempts(handle, "train_step") == [1, 2, 1]
+    assert await activity_identities(handle, "train_step") == [first, restarted, restarted]
+    commits = [k for k in store.list(f"checkpoints/{cfg.run_id}/") if k.endswith("/COMMIT")]
+    assert commits == [commit_key(cfg.run_id, s) for s in (1, 2, 3)]
+    for step in (1, 2, 3):
+        check_committed(store, cfg.run_id, step)
+    return manifest
+
+
+async def check_rows(
+    client: Client,
+    cfg: RunConfig,
+    run: RunResult,
+    trained: list[TrainStepInput],
+    store: ObjectStore,
+    versions: dict[int, Path],
+) -> tuple[Counter[tuple[int, str]], tuple[Row, Span]]:
+    """Every step's rows exact and every token sampled by exactly the version its step rolled out on.
+    Returns generate calls per (step, host) and step 1's first span."""
+    served: Counter[tuple[int, str]] = Counter()
+    first_span = None
+    for t, record in zip(trained, run.history, strict=True):
+        specs = step_specs(RunState(config=cfg), t.step)
+        assert t.row_keys == sorted(f"rows/{s.episode_id}.parquet" for s in specs)
+        on_record = json.loads(store.get(step_prefix(cfg.run_id, t.step) + "episodes.json"))
+        assert sorted(on_record) == sorted(s.episode_id for s in specs)
+        loss_tokens = 0
+        for spec in specs:
+            child = client.get_workflow_handle(spec.episode_id, result_type=EpisodeResult)
+            result = await child.result()
+            generated = await activity_results(client, child, "generate", GenerateResult)
+            receipts = {g.call_id: g for g in generated}
+            # no host died with a call in flight, but a loaded machine may still lose an attempt (a missed
+            # heartbeat): it is then discarded and re-run once as <call>.r1, which takes its place
+            lost = {c for c in ALL_CALLS if c not in receipts}
+            assert set(receipts) == {renamed(c, lost) for c in ALL_CALLS} and len(generated) == len(ALL_CALLS)
+            assert result.status == "ok", result.failure
+            assert result.counts == {"selected": len(ALL_CALLS)} | ({"discarded": len(lost)} if lost else {})
+            served.update((t.step, host_of(i)) for i in await activity_identities(child, "generate"))
+            rows = rows_from_parquet(store.get(f"rows/{spec.episode_id}.parquet"))
+            spans = sorted([s.call_id for s in row.spans] for row in rows)
+            assert spans == sorted([renamed(c, lost) for c in row] for row in EXPECTED_ROWS), spans
+            for row in rows:
+                loss_tokens += row.num_loss_tokens
+                for span in row.spans:
+                    check_span(row, span, receipts[span.call_id], t.step - 1, versions[t.step - 1])
+                    first_span = first_span or (row, span)
+        assert loss_tokens == record.metrics["loss_tokens"], (t.step, loss_tokens, record.metrics)
+    all_keys = sorted(k for t in trained for k in t.row_keys)
+    assert sorted(store.list(f"rows/{cfg.run_id}/")) == all_keys
+    assert first_span is not None
+    return served, first_span
+
+
+def check_final_weights(
+    store: ObjectStore, cfg: RunConfig, trained: list[TrainStepInput], versions: dict[int, Path]
+) -> None:
+    """Nothing trained twice: the final weights are those of one uninterrupted learner on the same rows."""
+    learner = Learner(versions[0], cfg.learner, device="cpu")
+    for t in trained:
+        learner.step([row for key in t.row_keys for row in rows_from_parquet(store.get(key))], t.episodes)
+    expected = learner.model.state_dict()
+    saved = load_file(versions[3] / "model.safetensors")
+    base = load_file(versions[0] / "model.safetensors")
+    assert any(not torch.equal(saved[k], base[k]) for k in saved)  # it trained at all
+    worst = max((saved[k] - expected[k]).abs().max().item() for k in saved)
+    assert worst == 0.0, f"final weights differ from an uninterrupted run by up to {worst:.3g}"
+
+
 async def test_a_run_across_hosts_sharing_only_temporal_and_s3(fleet: Fleet, tiny_model_dir: Path):
     t0 = time.monotonic()
     hosts = fleet.hosts
@@ -298,79 +387,17 @@ async def test_a_run_across_hosts_sharing_only_temporal_and_s3(fleet: Fleet, tin
     desc = await handle.describe()
     assert desc.status == WorkflowExecutionStatus.COMPLETED
     assert desc.typed_search_attributes.get(STATUS) == "completed"
-
-    # the base model in the store is the trainer host's folder, byte for byte, staged there once
-    [staged] = await activity_results(client, handle, "stage_base_model", StageBaseModelResult)
-    assert staged.written and await activity_identities(handle, "stage_base_model") == [
-        f"{first_trainer}@{TRAINER}"
-    ]
-    manifest = folder_manifest(base)
-    assert base_manifest(store, cfg.run_id) == manifest
-    assert set(store.list(base_prefix(cfg.run_id))) == {
-        base_prefix(cfg.run_id) + n for n in [*manifest, "COMMIT"]
-    }
-    for name, digest in manifest.items():
-        assert sha256(store.get(base_prefix(cfg.run_id) + name)) == digest
-
-    # each step committed once and trained once; step 2's retry on the restarted trainer reused its commit
-    results = await activity_results(client, handle, "train_step", TrainStepResult)
-    assert [(r.step, r.reused_checkpoint) for r in results] == [(1, False), (2, True), (3, False)]
-    assert await activity_attempts(handle, "train_step") == [1, 2, 1]
-    restarted = f"{trainer.pid}@{TRAINER}"
-    assert await activity_identities(handle, "train_step") == [
-        f"{first_trainer}@{TRAINER}",
-        restarted,
-        restarted,
-    ]
-    commits = [k for k in store.list(f"checkpoints/{cfg.run_id}/") if k.endswith("/COMMIT")]
-    assert commits == [commit_key(cfg.run_id, s) for s in (1, 2, 3)]
-    for step in (1, 2, 3):
-        check_committed(store, cfg.run_id, step)
-
+    manifest = await check_trained_once(client, handle, store, cfg, base, [first_trainer, trainer.pid])
     # the weights of each version, read from the store here (version 0: the staged base model)
     versions = {0: download_base_model(store, cfg.run_id, manifest, fleet.check_dir / "v0")}
     for v in (1, 2, 3):
         versions[v] = download_model_folder(store, cfg.run_id, v, fleet.check_dir / f"v{v}")
-
-    # every step's rows exact, every token sampled by exactly the version the step rolled out on
     trained = await decoded_inputs(client, handle, "train_step", TrainStepInput)
     assert [t.step for t in trained] == [1, 2, 3]
-    served: Counter[tuple[int, str]] = Counter()
-    first_span = None
-    for t, record in zip(trained, run.history, strict=True):
-        specs = step_specs(RunState(config=cfg), t.step)
-        assert t.row_keys == sorted(f"rows/{s.episode_id}.parquet" for s in specs)
-        on_record = json.loads(store.get(step_prefix(cfg.run_id, t.step) + "episodes.json"))
-        assert sorted(on_record) == sorted(s.episode_id for s in specs)
-        loss_tokens = 0
-        for spec in specs:
-            child = client.get_workflow_handle(spec.episode_id, result_type=EpisodeResult)
-            result = await child.result()
-            generated = await activity_results(client, child, "generate", GenerateResult)
-            receipts = {g.call_id: g for g in generated}
-            # no host died with a call in flight, but a loaded machine may still lose an attempt (a missed
-            # heartbeat): it is then discarded and re-run once as <call>.r1, which takes its place
-            lost = {c for c in ALL_CALLS if c not in receipts}
-            assert set(receipts) == {renamed(c, lost) for c in ALL_CALLS} and len(generated) == len(ALL_CALLS)
-            assert result.status == "ok", result.failure
-            assert result.counts == {"selected": len(ALL_CALLS)} | ({"discarded": len(lost)} if lost else {})
-            served.update((t.step, host_of(i)) for i in await activity_identities(child, "generate"))
-            rows = rows_from_parquet(store.get(f"rows/{spec.episode_id}.parquet"))
-            spans = sorted([s.call_id for s in row.spans] for row in rows)
-            assert spans == sorted([renamed(c, lost) for c in row] for row in EXPECTED_ROWS), spans
-            for row in rows:
-                loss_tokens += row.num_loss_tokens
-                for span in row.spans:
-                    check_span(row, span, receipts[span.call_id], t.step - 1, versions[t.step - 1])
-                    first_span = first_span or (row, span)
-        assert loss_tokens == record.metrics["loss_tokens"], (t.step, loss_tokens, record.metrics)
-    all_keys = sorted(k for t in trained for k in t.row_keys)
-    assert sorted(store.list(f"rows/{cfg.run_id}/")) == all_keys
+    served, (row, span) = await check_rows(client, cfg, run, trained, store, versions)
     # the check tells the models apart: the inference hosts' own weights give step 1's tokens other logprobs
-    row, span = first_span
-    own = learner_logprobs(
-        models[INFERENCE_1], row.input_ids[: span.start], row.input_ids[span.start : span.end]
-    )
+    prompt, completion = row.input_ids[: span.start], row.input_ids[span.start : span.end]
+    own = learner_logprobs(models[INFERENCE_1], prompt, completion)
     assert np.abs(own - row.behavior_logprobs[span.start : span.end]).max() > 100 * LOGPROB_TOLERANCE
     # who served: step 1 only inference-1 (alone then), step 3 only inference-2 (inference-1 had left)
     print(f"\ngenerate calls per (step, host): {dict(sorted(served.items()))}")
@@ -379,16 +406,7 @@ async def test_a_run_across_hosts_sharing_only_temporal_and_s3(fleet: Fleet, tin
     # each host used its own disk: inference-2 downloaded the last version, the restarted trainer step 2
     assert list(hosts[INFERENCE_2].tmp.glob(f"grove-worker-*/weights/{cfg.run_id}/step-{STEPS:06d}"))
     assert list(hosts[TRAINER].tmp.glob(f"grove-worker-*/trainer/step-{KILL_STEP:06d}-*"))
-
-    # nothing trained twice: the final weights are those of one uninterrupted learner on the same rows
-    learner = Learner(versions[0], cfg.learner, device="cpu")
-    for t in trained:
-        learner.step([row for key in t.row_keys for row in rows_from_parquet(store.get(key))], t.episodes)
-    expected = learner.model.state_dict()
-    saved = load_file(versions[3] / "model.safetensors")
-    worst = max((saved[k] - expected[k]).abs().max().item() for k in saved)
-    assert any(not torch.equal(saved[k], load_file(versions[0] / "model.safetensors")[k]) for k in saved)
-    assert worst == 0.0, f"final weights differ from an uninterrupted run by up to {worst:.3g}"
+    check_final_weights(store, cfg, trained, versions)
     print(
         f"hosts polling {t_up - t0:.0f} s; run start -> trainer restarted {t_restarted - t_up:.0f} s, "
         f"-> run completed {t_done - t_up:.0f} s; checks {time.monotonic() - t_done:.0f} s"
