@@ -132,7 +132,8 @@ async def run_worker(
     if queues.TRAINER in names:
         workers.append(trainer_worker(client, store, work_dir, device))
     if queues.INFERENCE in names:
-        from activities.engine import EngineConfig, PolicyEngine
+        from activities.engine import PolicyEngine
+        from activities.engine_config import EngineConfig
         from activities.inference_worker import build_inference_worker
         from models.registry import ensure_model
 

@@ -13,7 +13,7 @@ from storage.config import default_store_url
 
 SECRET_VAR = "GROVE_GATEWAY_SECRET"
 MIN_SECRET_LEN = 16
-# = activities.engine.EngineConfig's max_model_len default (a unit test keeps them equal): the context
+# = activities.engine_config.EngineConfig's max_model_len default (a unit test keeps them equal): the context
 # `grove worker` engines serve unless told otherwise.
 DEFAULT_MAX_MODEL_LEN = 2048
 

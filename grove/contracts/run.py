@@ -55,7 +55,7 @@ DEFAULT_KV_CACHE_BYTES = 256 * 2**20
 class EngineLimits(BaseModel):
     """The context and memory limits of the inference engine that serves a run (`grove worker` flags
     --max-model-len, --max-num-batched-tokens, --kv-cache-bytes). Checked against the model when the
-    engine starts (activities/engine.py `check_engine_limits`): a context longer than the model's
+    engine starts (activities/engine_config.py `check_engine_limits`): a context longer than the model's
     positions is refused, never served with NaN logits."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

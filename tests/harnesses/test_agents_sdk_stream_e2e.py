@@ -23,7 +23,7 @@ import pytest
 from agents import ModelSettings, Runner
 from agents.stream_events import RawResponsesStreamEvent, RunItemStreamEvent
 
-from activities.engine import EngineConfig
+from activities.engine_config import EngineConfig
 from cli.worker import run_worker
 from gateway.app import create_app
 from gateway.records import delivered_key

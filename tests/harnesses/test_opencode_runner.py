@@ -21,7 +21,7 @@ import httpx
 import pytest
 from temporalio.api.enums.v1 import PendingActivityState
 
-from activities.engine import EngineConfig
+from activities.engine_config import EngineConfig
 from activities.harness import episode_folder
 from cli.worker import run_worker
 from gateway.auth import issue_token

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.engine import EngineConfig, PolicyEngine
+from activities.engine import PolicyEngine
+from activities.engine_config import EngineConfig
 from storage.local import LocalStore
 
 

@@ -16,13 +16,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from activities.engine import (
-    EngineConfig,
-    KVCacheTooSmallError,
-    PolicyEngine,
-    StepBudgetTooSmallError,
-    check_engine_limits,
-)
+from activities.engine import PolicyEngine
+from activities.engine_config import EngineConfig, check_engine_limits
+from activities.engine_errors import KVCacheTooSmallError, StepBudgetTooSmallError
 from cli.demo import engine_flags
 from cli.main import app
 from cli.run_commands import EXIT_INVALID_CONFIG

@@ -147,7 +147,7 @@ def test_malformed_overrides_are_override_errors(tmp_path, override, match):
 
 
 def test_the_documented_json_inputs_still_validate():
-    """docs/operations.md's `temporal workflow start --input` documents: extra='forbid' must not refuse them."""
+    """docs/operations.md's `temporal workflow start --input` examples: extra='forbid' accepts them."""
     doc = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
     blobs = re.findall(r"--input '(\{.*?\})'", doc, flags=re.S)
     run_inputs = [json.loads(b) for b in blobs if b.startswith('{"config"')]
