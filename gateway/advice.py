@@ -11,8 +11,8 @@ its embedded gateway) and sent to the harness as the response header `x-grove-wa
 - A compaction that does not end. OpenCode compacts a session after any step whose reported usage is at
   or over `limit.context - limit.output`; when the prompt right after a compaction is already over that
   line, it compacts again, forever (each time a summary call and a one-call context). Seen as a second
-  rewrite of an agent whose previous rewrite holds that one call only. Raise `limit.context` above the
-  post-compaction prompt plus `limit.output`.
+  rewrite of an OpenCode agent whose previous rewrite holds that one call only. Raise `limit.context`
+  above the post-compaction prompt plus `limit.output`.
 
 Each is said once per episode and agent by this gateway process (a loop would repeat it every turn).
 """
@@ -50,7 +50,10 @@ def tool_call_cut(record: ChatRecord) -> str | None:
 
 
 def compaction_loop(summary: LedgerSummary, record: ChatRecord) -> str | None:
-    """Advice when the record opens an agent's second rewrite in a row, the first holding one call."""
+    """Advice when the record opens an agent's second rewrite in a row, the first holding one call, in an
+    OpenCode session (whose compaction rule this is; a program's own filter may rewrite every turn)."""
+    if record.session_id is None:
+        return None
     contexts = {c.context_id: c for c in summary.contexts}
     ctx = contexts.get(record.context_id)
     if ctx is None or ctx.origin != ContextOrigin.REWRITE or record.extends is not None:
@@ -69,9 +72,9 @@ def compaction_loop(summary: LedgerSummary, record: ChatRecord) -> str | None:
 
 
 def may_loop(record: ChatRecord) -> bool:
-    """Whether `compaction_loop` could apply (a context's first call, not the agent's first context):
-    only then is the episode's summary worth reading."""
-    return record.extends is None and not record.context_id.endswith(".0")
+    """Whether `compaction_loop` could apply (an OpenCode context's first call, not the agent's first
+    context): only then is the episode's summary worth reading."""
+    return record.session_id is not None and record.extends is None and not record.context_id.endswith(".0")
 
 
 def say_once(record: ChatRecord, kind: str, advice: str | None) -> str | None:

@@ -15,12 +15,12 @@ TOOLS = [{"type": "function", "function": {"name": "task", "parameters": {"type"
 CUT = '<tool_call>{"name": "task", "arguments": {"description": "a", "prompt": "Say red", "subagent_'
 
 
-def record(call_id: str, content, *, finish: str = "length", tools=TOOLS, extends=None, **response):
+def record(call_id: str, content, *, finish="length", tools=TOOLS, extends=None, session="ses_a", **response):
     return ChatRecord(
         episode_id="ep", call_id=call_id, context_id=call_id.rsplit(".", 1)[0], agent=call_id.split(".")[0],
         kind=CallKind.ACTION, extends=extends, messages=[], tools=tools,
         response={"role": "assistant", "content": content, **response}, finish_reason=finish,
-        usage=Usage(prompt_tokens=1200, completion_tokens=96), policy_version=0,
+        usage=Usage(prompt_tokens=1200, completion_tokens=96), policy_version=0, session_id=session,
     )  # fmt: skip
 
 
@@ -44,7 +44,8 @@ def test_a_second_rewrite_right_after_a_one_call_rewrite_is_a_compaction_loop():
     ep.call("worker.1.c0", "worker.1", tokens([4, 5], [6], [-1.0]))
     ep.rewrite("worker.2", "worker", of="worker.1")  # compacted again after its one call
     again = record("worker.2.c0", "red", finish="stop")
-    said = compaction_loop(ep.ledger.summary(), again)
+    summary_before_worker_3 = ep.ledger.summary()
+    said = compaction_loop(summary_before_worker_3, again)
     assert said is not None and "'worker.1'" in said and "1200 tokens" in said and "limit.context" in said
     # a rewrite after real work (two calls in the rewritten context) is an ordinary compaction
     ep.call("worker.2.c0", "worker.2", tokens([7, 8], [9], [-1.0]))
@@ -52,6 +53,9 @@ def test_a_second_rewrite_right_after_a_one_call_rewrite_is_a_compaction_loop():
     ep.rewrite("worker.3", "worker", of="worker.2")
     assert compaction_loop(ep.ledger.summary(), record("worker.3.c0", "red", finish="stop")) is None
     assert not may_loop(record("worker.0.c1", "x", extends="worker.0.c0"))
+    # a program's rewrites (no OpenCode session) are its own filter's business: no advice
+    program = record("worker.2.c0", "red", finish="stop", session=None)
+    assert not may_loop(program) and compaction_loop(summary_before_worker_3, program) is None
 
 
 def test_advice_is_logged_once_per_episode_agent_and_kind(caplog, monkeypatch):
