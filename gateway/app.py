@@ -43,7 +43,7 @@ def create_app(settings: GatewaySettings, store: ObjectStore | None = None) -> F
         window = await asyncio.to_thread(
             ContextWindow.load, settings.policy_model, settings.max_model_len, store
         )
-        app.state.episodes = Episodes(client)
+        app.state.episodes = Episodes(client, settings.worker_wait_s)
         app.state.capture = Capture(app.state.episodes, store, window)
         yield
 

@@ -66,6 +66,7 @@ from gateway.identity import (
     Identity,
     aux_agent,
 )
+from gateway.opencode_names import session_names
 from gateway.records import ChatRecord, Usage, is_delivered, load_record, mark_delivered, save_record
 from gateway.replay import (
     SessionAlias,
@@ -328,7 +329,10 @@ class Capture:
             )
         relaunch = launch is not None and launch > 1
         aliases = await asyncio.to_thread(load_aliases, self.store, episode_id, launch) if relaunch else {}
-        names = {s: a.agent for s, a in aliases.items()}
+        names = await session_names(  # OpenCode's subagents by their agent type (gateway/opencode_names.py)
+            self.store, episode_id, headers, request.messages, lambda agent: _head_of(summary, agent),
+            lambda call_id: self._record(episode_id, call_id), {s: a.agent for s, a in aliases.items()},
+        )  # fmt: skip
         identity = identify(headers, request.messages, request.tools, summary, names)
         if relaunch and identity.root_session and identity.session_id:
             # A relaunch's root session is the episode's parent, even where nothing could be replayed.
@@ -591,6 +595,11 @@ class Capture:
                 f"call it extends ({head.extends!r}) is missing; the retry cannot be spliced onto it"
             )
         return parent
+
+
+def _head_of(summary: LedgerSummary, agent: str) -> str | None:
+    ctx = current_context(summary, agent)
+    return ctx.head if ctx is not None else None
 
 
 def _fresh(summary: LedgerSummary, agent: str) -> str:

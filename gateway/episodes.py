@@ -53,6 +53,7 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from gateway.worker_wait import WORKER_PATIENCE_S, when_served
 from grove.contracts import (
     CallRequest,
     CallResult,
@@ -110,6 +111,11 @@ class TemporalUnavailableError(EpisodeError):
     """Temporal did not answer (server down, RPC timeout)."""
 
 
+class NoWorkerError(TemporalUnavailableError):
+    """No grove worker polled the episode workflow's task queue within the gateway's patience
+    (gateway/worker_wait.py)."""
+
+
 class UpdateOutcomeTimeoutError(TemporalUnavailableError):
     """Temporal did not answer an Update in time; the Update itself may be admitted and still running."""
 
@@ -148,8 +154,9 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
 class Episodes:
     """Queries and Updates of episode workflows through one Temporal client (pydantic converter)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, worker_wait_s: float = WORKER_PATIENCE_S) -> None:
         self.client = client
+        self.worker_wait_s = worker_wait_s  # a query waits this long for a worker (gateway/worker_wait.py)
         self.outcome_waits = 0  # times an Update's answer timed out and was waited for again
 
     def _handle(self, episode_id: str) -> WorkflowHandle:
@@ -205,18 +212,27 @@ class Episodes:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
+    async def _query(self, episode_id: str, name: str, *args: object, result_type: type[T]) -> T:
+        """A query of the episode, waiting for a worker that is still starting (gateway/worker_wait.py)."""
+        what = f"the {name} query"
+
+        async def ask() -> T:
+            async with temporal_errors(episode_id, what):
+                return await self._handle(episode_id).query(name, *args, result_type=result_type)
+
+        return await when_served(
+            self.client, episode_id, what, ask, TemporalUnavailableError, NoWorkerError, self.worker_wait_s
+        )
+
     async def progress(self, episode_id: str) -> EpisodeProgress:
-        async with temporal_errors(episode_id, "the progress query"):
-            return await self._handle(episode_id).query("progress", result_type=EpisodeProgress)
+        return await self._query(episode_id, "progress", result_type=EpisodeProgress)
 
     async def summary(self, episode_id: str) -> LedgerSummary:
-        async with temporal_errors(episode_id, "the summary query"):
-            return await self._handle(episode_id).query("summary", result_type=LedgerSummary)
+        return await self._query(episode_id, "summary", result_type=LedgerSummary)
 
     async def call_states(self, episode_id: str, call_ids: list[str]) -> dict[str, str]:
         """The ledger state of each call id (absent: never admitted)."""
-        async with temporal_errors(episode_id, "the call_states query"):
-            return await self._handle(episode_id).query("call_states", call_ids, result_type=dict)
+        return await self._query(episode_id, "call_states", call_ids, result_type=dict)
 
     async def open_context(self, episode_id: str, record: ContextRecord) -> ContextRecord:
         # The update id makes concurrent openings of the same context one Update (Temporal dedups by id).

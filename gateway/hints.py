@@ -35,7 +35,7 @@ from gateway.identity import (
 from gateway.opencode import text_of
 from gateway.records import ChatRecord
 
-# LangChain's SummarizationMiddleware starts the rewritten history with this (shared/research/harnesses.md)
+# LangChain's SummarizationMiddleware starts the rewritten history with this (langchain 1.x's default prompt)
 LANGCHAIN_SUMMARY_PREFIX = "Here is a summary of the conversation to date"
 MIN_SUMMARY_CHARS = 16  # shorter auxiliary answers are too common to identify a summary by
 

