@@ -36,6 +36,7 @@ from typing import Any
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
 from harnesses import opencode_delegation, opencode_reader
 from harnesses.opencode_agents import subagent_names
+from harnesses.sandbox import SYSTEM_PATH, sandbox_env
 
 PROVIDER = "grove"
 MODEL = "grove"  # the gateway's served model id (GatewaySettings.model_name), unless told otherwise
@@ -232,19 +233,9 @@ def opencode_config(
     return config
 
 
-def opencode_env(home: str, path: str = "/usr/local/bin:/usr/bin:/bin") -> dict[str, str]:
+def opencode_env(home: str, path: str = SYSTEM_PATH) -> dict[str, str]:
     """The whole environment of an OpenCode process: its own HOME/XDG folders and offline switches."""
-    return {
-        "PATH": path,
-        "HOME": home,
-        "XDG_CONFIG_HOME": f"{home}/.config",
-        "XDG_DATA_HOME": f"{home}/.local/share",
-        "XDG_CACHE_HOME": f"{home}/.cache",
-        "XDG_STATE_HOME": f"{home}/.local/state",
-        "TMPDIR": f"{home}/tmp",
-        "LANG": "C.UTF-8",
-        **OFFLINE_ENV,
-    }
+    return sandbox_env(home, path, **OFFLINE_ENV)
 
 
 def opencode_argv(binary: str, message: str) -> list[str]:
