@@ -16,11 +16,11 @@ harnesses/opencode.py registers it in `TASK_SETUPS`, so the harness runner confi
 
 Reward, shaped as `delegation`'s: 0.5 x the workers' mean similarity to their words + 0.5 x how closely
 the lead's final answer reads the two words back (`read_back_score`: partial credit for a near-miss copy,
-extra words dilute it). The fraction of the two words present exactly, used before, paid the lead 0 in
-24 of 24 simulated episodes of tiny-copy and of tiny-resume (which copies ~79% of the final answer's
-tokens): half the reward had no spread, so GRPO had nothing to move the lead's final turn with. Any
-fixed answer, or another task's two words, earns 0.09-0.29 on average over the tasks (the words are
-made up afresh per task), a near-miss copy ~0.8.
+extra words dilute it). The fraction of the two words present exactly, used before, paid the lead
+nothing in simulated episodes of tiny-copy and tiny-resume (docs/results.md section 2.2): half the
+reward had no spread, so GRPO had nothing to move the lead's final turn with. A fixed answer, or another
+task's two words, earns little (the words are made up afresh per task); a near-miss copy most of the
+credit.
 
 Workers are the outcome's agents of the `worker` type: `worker`, `worker-2` (the runner and the gateway
 name OpenCode's subagents after their type, numbered in the lead's call order; harnesses/

@@ -95,7 +95,8 @@ class EpisodeSpec(BaseModel):
     # ledger; Temporal refuses more than 2,000 per run, and `close` must always fit after them.
     max_updates_per_run: int = Field(1000, ge=4, le=1900)
     # A ledger with more contexts + calls than this travels through the object store in pages of this
-    # size (hand-over, materialization) instead of inline in a payload (~0.5 KB per call; 2 MB limit).
+    # size (hand-over, materialization) instead of inline in a payload (a few hundred bytes per call;
+    # 2 MB limit).
     ledger_page_items: int = Field(1000, ge=1, le=2000)
     # A paged ledger hands over only its live calls: per context its last `branch_window` calls and
     # its head's last `branch_window` ancestors, and calls still generating (workflows/ledger.py

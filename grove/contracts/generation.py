@@ -65,9 +65,10 @@ class PromptSpec(BaseModel):
 
     A chat prompt travels as `chat_ref` (the ChatPrompt's JSON in the object store) rather than inline
     `chat`: a request's messages can be megabytes, and Temporal payloads and history must stay small
-    (DESIGN.md section 10). The gateway stores it (gateway/claims.py); the activity loads and verifies it.
-    The native harness, which cannot write the store (it is workflow code), sends a continuation as
-    `chat_delta` (its new messages and the parent's stored `Conversation`), its roots as `chat`.
+    (docs/design.md, "8. Durability"). The gateway stores it (gateway/claims.py); the activity loads and
+    verifies it. The native harness, which cannot write the store (it is workflow code), sends a
+    continuation as `chat_delta` (its new messages and the parent's stored `Conversation`), its roots as
+    `chat`.
     """
 
     ids: list[int] | None = None  # a context root given as tokens
@@ -81,9 +82,9 @@ class PromptSpec(BaseModel):
 
 # Completions whose inline form (ids + text + chat message, JSON) is larger than this many bytes travel
 # as a claim check (`completion_ref`): the generate activity stores the `Completion` and its result, the
-# `call` Update's result and the history carry a ~0.2 KB reference. Below it, storing would cost a write
-# and a read per call to save less history than the reference adds back; docs/reliability.md has the
-# measurement (the default max_tokens 256 stays inline).
+# `call` Update's result and the history carry a reference of a couple of hundred bytes. Below it, storing
+# would cost a write and a read per call to save less history than the reference adds back (measured:
+# docs/results.md section 3.9; the default max_tokens 256 stays inline).
 COMPLETION_INLINE_MAX = 4096
 
 

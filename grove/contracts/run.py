@@ -121,7 +121,7 @@ class RunConfig(BaseModel):
         ge=1,
         description="step records the run workflow keeps in its state (carried through continue-as-new, "
         "returned in its result); older ones are in the object store at runs/{run_id}/steps/ (bounds "
-        "the state at ~1 KB per record, under Temporal's 2 MB payload limit however many steps)",
+        "the state under Temporal's 2 MB payload limit however many steps)",
     )
     # Asynchronous GRPO (docs/rollout-scale.md): episodes of step S may start once version S - 1 - k is
     # committed, so later steps roll out while the learner trains; every trained token was sampled at
