@@ -193,6 +193,9 @@ class Ledger(BaseModel):
     settled: dict[str, SettledCalls] = Field(default_factory=dict)
     settled_totals: SettledTotals = Field(default_factory=SettledTotals)
     branch_window: int = 0
+    # Completed (or generating) calls whose response has not reached its harness yet: the gateway's calls
+    # until their `deliver` Update (workflows/delivery.py has the rules); never settled, frozen at close.
+    awaiting_delivery: list[str] = Field(default_factory=list)
 
     # ------------------------------------------------------------------------------------ error helper
 
@@ -451,6 +454,7 @@ class Ledger(BaseModel):
         """Open a context reservation; a REWRITE retires the context it replaces."""
         self.validate_open_context(record)
         self.contexts[record.context_id] = ContextState(record=record)
+        self._used(record.spawned_by_call)  # a response that spawned a worker reached its harness
         if record.origin == ContextOrigin.REWRITE:
             self.contexts[record.rewrite_of].retired_by = record.context_id
         return record
@@ -562,8 +566,10 @@ class Ledger(BaseModel):
         kind: CallKind = CallKind.ACTION,
         extends: str | None = None,
         branch: bool = False,
+        awaits_delivery: bool = False,
     ) -> CallReceipt:
-        """Admit a call about to be generated; returns its receipt (state ADMITTED)."""
+        """Admit a call about to be generated; returns its receipt (state ADMITTED). `awaits_delivery`: its
+        response counts only once delivered (workflows/delivery.py); else delivered on completion."""
         self.validate_admit(call_id, context_id, kind=kind, extends=extends, branch=branch)
         ctx = self.contexts[context_id]
         receipt = CallReceipt(
@@ -571,7 +577,14 @@ class Ledger(BaseModel):
         )
         self.calls[call_id] = receipt
         ctx.call_ids.append(call_id)
+        self._used(extends)  # a response the harness continues reached it
+        if awaits_delivery:
+            self.awaiting_delivery.append(call_id)
         return receipt
+
+    def _used(self, call_id: str | None) -> None:
+        if call_id in self.awaiting_delivery:
+            self.awaiting_delivery.remove(call_id)
 
     def admit_request(self, request: AdmitRequest) -> CallReceipt:
         return self.admit(**request.model_dump())
@@ -719,6 +732,7 @@ class Ledger(BaseModel):
         receipt = self.call(call_id)
         if self._expect_state(receipt, allowed, target):
             self.calls[call_id] = receipt.model_copy(update=dict(state=target, note=reason))
+            self._used(call_id)  # a dead call awaits nothing
         return self.calls[call_id]
 
     def fail(self, call_id: str, reason: str) -> CallReceipt:
@@ -842,8 +856,9 @@ class Ledger(BaseModel):
     def live_calls(self, window: int) -> set[str]:
         """Calls something may still change or name: outstanding calls, and per context its last `window`
         calls and its head's last `window` ancestors (the head included): what a harness continues,
-        retries (the head's parent), branches from or discards. Every other call is settled."""
-        live = set(self.pending())
+        retries (the head's parent), branches from or discards, and responses awaiting delivery. Every
+        other call is settled."""
+        live = set(self.pending()) | set(self.awaiting_delivery)
         for context_id, ctx in self.contexts.items():
             live.update(ctx.call_ids[-window:])
             call_id = self.head(context_id)
@@ -906,28 +921,11 @@ class Ledger(BaseModel):
         (spawned by which call, rewrite of which context, retired by which) (the Temporal query answer).
         Settled calls count in the state they were settled in (completed or dead: the close's SELECTED /
         AUXILIARY of a settled call is applied by the materialize activity, not here)."""
-        contexts = []
+        contexts = [self.context_summary(context_id) for context_id in self.contexts]
         totals = count_states(self.calls.values())
-        for context_id, state in self.contexts.items():
-            receipts = [self.calls[c] for c in state.call_ids]
-            counts = count_states(receipts)
-            tail = self.settled.get(context_id)
-            for call_state, n in (tail.counts if tail else {}).items():
-                counts[call_state] += n
+        for tail in self.settled.values():
+            for call_state, n in tail.counts.items():
                 totals[call_state] += n
-            contexts.append(
-                ContextSummary(
-                    context_id=context_id,
-                    agent=state.record.agent,
-                    origin=state.record.origin,
-                    spawned_by_call=state.record.spawned_by_call,
-                    rewrite_of=state.record.rewrite_of,
-                    retired_by=state.retired_by,
-                    head=self.head(context_id),
-                    counts=counts,
-                    pending=[r.call_id for r in receipts if r.state == CallState.ADMITTED],
-                )
-            )
         return LedgerSummary(
             episode_id=self.episode_id,
             group_id=self.group_id,
@@ -935,6 +933,27 @@ class Ledger(BaseModel):
             totals=totals,
             contexts=contexts,
             warnings=self.warnings(),
+        )
+
+    def context_summary(self, context_id: str) -> ContextSummary:
+        """One context as the queries show it: its links, head, counts (settled calls included), pending."""
+        state = self.contexts[context_id]
+        receipts = [self.calls[c] for c in state.call_ids]
+        counts = count_states(receipts)
+        tail = self.settled.get(context_id)
+        for call_state, n in (tail.counts if tail else {}).items():
+            counts[call_state] += n
+        return ContextSummary(
+            context_id=context_id,
+            agent=state.record.agent,
+            origin=state.record.origin,
+            spawned_by_call=state.record.spawned_by_call,
+            rewrite_of=state.record.rewrite_of,
+            retired_by=state.retired_by,
+            head=self.head(context_id),
+            counts=counts,
+            pending=[r.call_id for r in receipts if r.state == CallState.ADMITTED],
+            awaiting_delivery=[c for c in state.call_ids if c in self.awaiting_delivery],
         )
 
     def root_agents(self) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import httpx
@@ -55,7 +56,8 @@ from gateway.settings import GatewaySettings, GatewaySettingsError
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
 from storage.local import LocalStore
-from workflows.accounting import ContextSummary, LedgerSummary
+from workflows.accounting import ContextSummary
+from workflows.context_view import ContextView
 
 SECRET = "unit-test-secret-0123456789"
 SYSTEM = {"role": "system", "content": "You are an agent."}
@@ -222,10 +224,16 @@ def ctx_summary(context_id, agent, origin, head=None, calls=0, retired_by=None, 
     )  # fmt: skip
 
 
-def ledger_summary(contexts) -> LedgerSummary:
-    return LedgerSummary(
-        episode_id="ep/1", group_id="g", closed=False, totals=dict.fromkeys(CallState, 0), contexts=contexts
-    )
+def ledger_summary(contexts) -> ContextView:
+    """A context view as the workflow's `context_view` gives it for these contexts (every one of an agent:
+    its next context is numbered after them)."""
+    counts = Counter(c.agent for c in contexts)
+    roots = [c.agent for c in contexts if c.origin == ContextOrigin.ROOT and "~" not in c.agent]
+    return ContextView(
+        episode_id="ep/1", group_id="g", closed=False, totals={}, contexts=contexts,
+        context_counts=dict(counts), next_context={a: f"{a}.{n}" for a, n in counts.items()},
+        root_agents=list(dict.fromkeys(roots))[:2],
+    )  # fmt: skip
 
 
 PARENT = ctx_summary("parent.0", "parent", ContextOrigin.ROOT, head="parent.0.c1", calls=2)
