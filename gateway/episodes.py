@@ -49,6 +49,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import TypeVar
 
 from temporalio.client import (
@@ -63,7 +64,7 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from gateway.retry_policy import transient_retries
+from gateway.retry_policy import TRANSIENT_PATIENCE, transient_retries
 from grove.contracts import (
     CallRequest,
     CallResult,
@@ -86,6 +87,10 @@ RETRIED_REFUSALS = frozenset({HANDING_OVER, UNPROCESSED_UPDATE})  # nothing was 
 HANDOVER_PATIENCE = 300.0  # seconds a request waits for a hand-over (draining waits for running calls)
 ALREADY_CLOSED = "AlreadyClosed"
 SPEC_CACHE = 4096  # episodes whose spec a gateway keeps (a few KB each)
+# A query answers in milliseconds when a worker holds the episode; one that waits on a worker that just
+# died (its sticky queue) is cut here and asked again (gateway/retry_policy.py), instead of after the
+# server's 30 s.
+QUERY_TIMEOUT = timedelta(seconds=10)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -161,8 +166,10 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
 class Episodes:
     """Queries and Updates of episode workflows through one Temporal client (pydantic converter)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, query_timeout: timedelta = QUERY_TIMEOUT) -> None:
         self.client = client
+        self.query_timeout = query_timeout  # one query's wait; past it Temporal answers CANCELLED (retried)
+        self.transient_patience = TRANSIENT_PATIENCE  # how long transient answers are asked again
         self.outcome_waits = 0  # times an Update's answer timed out and was waited for again
         self.transient_retries = 0  # transient answers asked again (gateway/retry_policy.py)
         self._specs: OrderedDict[str, EpisodeSpec] = OrderedDict()
@@ -177,7 +184,7 @@ class Episodes:
     async def _ask(self, episode_id: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """A query or read, asked again on transient answers, with Temporal's errors translated."""
         async with temporal_errors(episode_id, what):
-            return await transient_retries(call, on_retry=self._retried)
+            return await transient_retries(call, patience=self.transient_patience, on_retry=self._retried)
 
     async def spec(self, episode_id: str) -> EpisodeSpec:
         """The episode's EpisodeSpec (its start input); NotExternalEpisodeError for a native harness.
@@ -223,7 +230,9 @@ class Episodes:
         while True:
             try:
                 async with temporal_errors(episode_id, what):
-                    return await transient_retries(update, on_retry=self._retried)
+                    return await transient_retries(
+                        update, patience=self.transient_patience, on_retry=self._retried
+                    )
             except UpdateOutcomeTimeoutError:
                 self.outcome_waits += 1
                 log.info(
@@ -245,14 +254,18 @@ class Episodes:
     async def progress(self, episode_id: str) -> EpisodeProgress:
         handle = self._handle(episode_id)
         return await self._ask(
-            episode_id, "the progress query", lambda: handle.query("progress", result_type=EpisodeProgress)
+            episode_id,
+            "the progress query",
+            lambda: handle.query("progress", result_type=EpisodeProgress, rpc_timeout=self.query_timeout),
         )
 
     async def summary(self, episode_id: str) -> LedgerSummary:
         """The whole ledger's summary (one entry per context: for people and tools, not per request)."""
         handle = self._handle(episode_id)
         return await self._ask(
-            episode_id, "the summary query", lambda: handle.query("summary", result_type=LedgerSummary)
+            episode_id,
+            "the summary query",
+            lambda: handle.query("summary", result_type=LedgerSummary, rpc_timeout=self.query_timeout),
         )
 
     async def context_view(self, episode_id: str, req: ViewRequest) -> ContextView:
@@ -261,7 +274,9 @@ class Episodes:
         return await self._ask(
             episode_id,
             "the context_view query",
-            lambda: handle.query("context_view", req, result_type=ContextView),
+            lambda: handle.query(
+                "context_view", req, result_type=ContextView, rpc_timeout=self.query_timeout
+            ),
         )
 
     async def call_states(self, episode_id: str, call_ids: list[str]) -> dict[str, str]:
@@ -270,7 +285,7 @@ class Episodes:
         return await self._ask(
             episode_id,
             "the call_states query",
-            lambda: handle.query("call_states", call_ids, result_type=dict),
+            lambda: handle.query("call_states", call_ids, result_type=dict, rpc_timeout=self.query_timeout),
         )
 
     async def open_context(self, episode_id: str, record: ContextRecord) -> ContextRecord:

@@ -39,6 +39,7 @@ import multiprocessing
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -129,7 +130,7 @@ def _bytes_per_token_holds(config: dict[str, Any]) -> bool:
 
 
 def _verbatim_roles(tokenizer: Any) -> frozenset[str]:
-    """Roles whose marked content appears unchanged in the template's text."""
+    """Roles whose marked content appears unchanged in the template's text, with tools and without."""
     call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": {}}}
     cases = {
         "system": [
@@ -143,15 +144,22 @@ def _verbatim_roles(tokenizer: Any) -> frozenset[str]:
             {"role": "tool", "tool_call_id": "c0", "content": PROBE.format(role="tool")},
         ],
     }
-    roles = set()
-    for role, messages in cases.items():
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception:  # noqa: BLE001 - a template that cannot render the probe: that role is not counted
-            continue
-        if isinstance(text, str) and text.count(PROBE.format(role=role)) == 1:
-            roles.add(role)
-    return frozenset(roles)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    return frozenset(
+        role
+        for role, messages in cases.items()
+        if all(_renders_once(tokenizer, messages, tools, PROBE.format(role=role)) for tools in (None, [tool]))
+    )
+
+
+def _renders_once(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, marker: str) -> bool:
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        )
+    except Exception:  # noqa: BLE001 - a template that cannot render the probe: that role is not counted
+        return False
+    return isinstance(text, str) and text.count(marker) == 1
 
 
 # ---------------------------------------------------------------------------------------------- exact
@@ -232,11 +240,15 @@ class Tokenization:
         self.limits = limits or TokenizationLimits()
         self.bound = PromptBound.of(window.tokenizer)
         self.measuring = 0  # prompt bytes being measured now
-        self._pool = ProcessPoolExecutor(
+        self.policy_model = policy_model
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
             max_workers=self.limits.processes,
             mp_context=multiprocessing.get_context("spawn"),  # the gateway has threads: never fork it
             initializer=_start_worker,
-            initargs=(policy_model, window.max_model_len),
+            initargs=(self.policy_model, self.window.max_model_len),
         )
 
     async def start(self) -> None:
@@ -262,15 +274,26 @@ class Tokenization:
             if size < self.limits.in_process_below:
                 n = await asyncio.to_thread(self.window.prompt_len, episode_id, prompt, sampling)
             else:
-                objects = await asyncio.to_thread(_parent_objects, self.window.store, prompt)
-                loop = asyncio.get_running_loop()
-                n = await loop.run_in_executor(
-                    self._pool, _worker_count, key, episode_id, prompt, sampling, objects
-                )
+                n = await self._in_pool(key, episode_id, prompt, sampling)
         finally:
             self.measuring -= size
         self.window.refuse(n, prompt)
         return n
+
+    async def _in_pool(self, key: str, episode_id: str, prompt: PromptSpec, sampling: SamplingConfig) -> int:
+        objects = await asyncio.to_thread(_parent_objects, self.window.store, prompt)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._pool, _worker_count, key, episode_id, prompt, sampling, objects
+            )
+        except BrokenProcessPool:  # a worker died (killed): a new pool serves the retry
+            self._pool = self._new_pool()
+            raise TokenizerBusyError(
+                f"the gateway's tokenization worker died while measuring this prompt; retry in "
+                f"{self.limits.retry_after} s",
+                retry_after=self.limits.retry_after,
+            ) from None
 
     def _reserve(self, size: int) -> None:
         cap = self.limits.max_bytes

@@ -745,6 +745,8 @@ class EpisodeWorkflow:
     @workflow.update(name="discard")
     async def discard_update(self, req: DiscardRequest) -> None:
         async def discard() -> None:
+            # again here: a close accepted in the same activation was validated before this ran
+            self._check_not_closing(f"the close decides {req.call_id}: a discard after it changes nothing")
             try:
                 self.ledger.discard(req.call_id, req.reason)
             except LedgerError as err:
@@ -764,6 +766,7 @@ class EpisodeWorkflow:
         """The gateway is about to send the call's last part to a connected client (workflows/delivery.py)."""
 
         async def deliver() -> None:
+            self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
             try:
                 record_delivery(self.ledger, call_id)
             except LedgerError as err:

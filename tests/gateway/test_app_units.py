@@ -473,6 +473,21 @@ def test_common_wiring_mistakes_get_errors_that_name_the_fixing_header():
     assert isinstance(_diagnosed(langchain, TOOLS, {}, head), UndeclaredRewriteError)
 
 
+def test_a_history_replaced_by_a_summary_is_an_undeclared_rewrite_whoever_wrote_it():
+    """The probe: the parent's history replaced by a summary the harness wrote itself (no auxiliary call of
+    the agent returned it), sent without `x-grove-rewrite` and without identity headers. Refused (right),
+    but the code named the identity headers; the cause is the missing rewrite declaration."""
+    head = record([SYSTEM, USER, OK, MORE], OK, TOOLS)
+    compacted = [SYSTEM, {"role": "user", "content": "Summary of the conversation so far: we read a.txt."}]
+    err = _diagnosed(compacted, TOOLS, {}, head)
+    assert isinstance(err, UndeclaredRewriteError) and "x-grove-rewrite: 1" in str(err)
+    assert (err.index, err.field) == (1, "content")
+    # another agent's first request (other tools) stays an identity-header mistake
+    count = [{"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}]
+    worker = [SYSTEM, {"role": "user", "content": "Summarise a.txt"}]
+    assert isinstance(_diagnosed(worker, count, {}, head), MissingIdentityHeadersError)
+
+
 # ---------------------------------------------------------------------------------------------- requests
 
 
