@@ -154,7 +154,7 @@ class DeliveryRefusedError(CaptureError):
 
 
 class UndeliveredHeadsError(CaptureError):
-    """Too many heads of one context without chat records in a row (HTTP 409)."""
+    """Too many undelivered heads of one context in a row (HTTP 409)."""
 
 
 class UnspawnedAgentError(CaptureError):
@@ -297,8 +297,9 @@ class Capture:
                     break
             else:
                 raise UndeliveredHeadsError(
-                    f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row had no chat record (responses "
-                    "the gateway never delivered); check the gateway's object store"
+                    f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row were never delivered (no chat "
+                    "record, or no delivery recorded in the ledger); check the gateway's object store and "
+                    "its log, then retry the request"
                 )
             call = await self._prepare(episode_id, request, plan, sampling, sampling or spec.sampling)
         return await self._admit(episode_id, request, plan, call, launch)
