@@ -86,6 +86,7 @@ UNPROCESSED_UPDATE = "UnprocessedUpdate"
 RETRIED_REFUSALS = frozenset({HANDING_OVER, UNPROCESSED_UPDATE})  # nothing was admitted: send it again
 HANDOVER_PATIENCE = 300.0  # seconds a request waits for a hand-over (draining waits for running calls)
 ALREADY_CLOSED = "AlreadyClosed"
+NO_DELIVER_HANDLER = "Update handler for 'deliver' expected but not found"  # the SDK's words, older workers
 SPEC_CACHE = 4096  # episodes whose spec a gateway keeps (a few KB each)
 # A query answers in milliseconds when a worker holds the episode; one that waits on a worker that just
 # died (its sticky queue) is cut here and asked again (gateway/retry_policy.py), instead of after the
@@ -319,12 +320,18 @@ class Episodes:
     async def deliver(self, episode_id: str, call_id: str) -> None:
         """The call's response is about to reach its harness whole: recorded in the ledger, or refused
         (EpisodeUpdateRejectedError: `Closing` after a close, `UndeliverableCallError`): then it must not
-        be sent as delivered."""
-        await self._through_handover(
-            episode_id,
-            f"deliver {call_id}",
-            lambda: self._handle(episode_id).execute_update("deliver", call_id, id=f"deliver/{call_id}"),
-        )
+        be sent as delivered. An episode worker of before delivery in the ledger (a rolling deploy) has no
+        `deliver` handler; its calls never await delivery (they count on completion): nothing to record."""
+        try:
+            await self._through_handover(
+                episode_id,
+                f"deliver {call_id}",
+                lambda: self._handle(episode_id).execute_update("deliver", call_id, id=f"deliver/{call_id}"),
+            )
+        except EpisodeUpdateRejectedError as err:
+            if err.error_type != "RuntimeError" or NO_DELIVER_HANDLER not in str(err):
+                raise
+            log.warning("episode %r: its worker has no deliver Update (an older worker): %s", episode_id, err)
 
     async def close(self, episode_id: str, request: CloseRequest) -> None:
         """Close (final): the same close again is a no-op, another one is refused (AlreadyClosed)."""

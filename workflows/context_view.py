@@ -15,7 +15,8 @@ on the episode's:
 - per returned context, the call that spawned its lineage (a rewrite's spawner is its first context's);
 - whether the ledger is closed, or a close was accepted (`closing`).
 
-The workflow scans its contexts once per query (no payload, microseconds per context); what crosses
+The workflow answers from its index of contexts by agent (`Ledger.contexts_of`) and never scans the
+episode's contexts (the first root agents are found at the start of the opening order); what crosses
 Temporal and what the gateway decodes is bounded by the request's own agents.
 
 Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandbox).
@@ -54,16 +55,14 @@ class ContextView(LedgerSummary):
 def context_view(ledger: Ledger, req: ViewRequest, *, closing: bool) -> ContextView:
     """The view of `req`'s agents and contexts (module docstring)."""
     named = {c for c in req.contexts if c in ledger.contexts}
-    agents = set(req.agents) | {ledger.contexts[c].record.agent for c in named}
-    counts = dict.fromkeys(sorted(agents), 0)
-    chosen: list[str] = []
-    for context_id, state in ledger.contexts.items():
-        agent = state.record.agent
-        if agent not in agents:
-            continue
-        counts[agent] += 1
-        if state.retired_by is None or context_id in named:
-            chosen.append(context_id)
+    agents = sorted(set(req.agents) | {ledger.contexts[c].record.agent for c in named})
+    counts = {agent: len(ledger.contexts_of(agent)) for agent in agents}
+    chosen = [
+        context_id
+        for agent in agents
+        for context_id in ledger.contexts_of(agent)
+        if ledger.contexts[context_id].retired_by is None or context_id in named
+    ]
     return ContextView(
         episode_id=ledger.episode_id,
         group_id=ledger.group_id,

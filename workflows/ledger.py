@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from grove.receipts import (
     CallKind,
@@ -179,6 +179,41 @@ class ContextState(BaseModel):
     retired_by: str | None = None  # the REWRITE context that replaced this one
 
 
+class AgentIndex:
+    """agent -> its context ids in opening order, for one `contexts` dict; rebuilt when the dict is not the
+    one it indexed (a restore, a copy: its id, size and last key differ). A cache, not state: any two
+    indexes are equal, so a Ledger's equality is its fields'."""
+
+    def __init__(self) -> None:
+        self.by_agent: dict[str, list[str]] = {}
+        self.key: tuple[int, int, str | None] = (0, -1, None)
+
+    @staticmethod
+    def _key(contexts: dict[str, ContextState]) -> tuple[int, int, str | None]:
+        return id(contexts), len(contexts), next(reversed(contexts), None)
+
+    def of(self, contexts: dict[str, ContextState], agent: str) -> list[str]:
+        if self.key != self._key(contexts):
+            self.by_agent = {}
+            for context_id, state in contexts.items():
+                self.by_agent.setdefault(state.record.agent, []).append(context_id)
+            self.key = self._key(contexts)
+        return self.by_agent.get(agent, [])
+
+    def add(self, contexts: dict[str, ContextState], record: ContextRecord, state: ContextState) -> None:
+        """Open `state` in `contexts`, keeping the index instead of rebuilding it."""
+        current = self.key == self._key(contexts)
+        contexts[record.context_id] = state
+        if current:
+            self.by_agent.setdefault(record.agent, []).append(record.context_id)
+            self.key = self._key(contexts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AgentIndex)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class Ledger(BaseModel):
     """Workflow state of one episode. See the module docstring for the rules."""
 
@@ -196,6 +231,9 @@ class Ledger(BaseModel):
     # Completed (or generating) calls whose response has not reached its harness yet: the gateway's calls
     # until their `deliver` Update (workflows/delivery.py has the rules); never settled, frozen at close.
     awaiting_delivery: list[str] = Field(default_factory=list)
+    # agent -> its context ids in opening order, kept beside `contexts` (not serialized, not compared), so
+    # an opening's checks and the gateway's `context_view` do not scan every context of a long episode
+    _agents: AgentIndex = PrivateAttr(default_factory=lambda: AgentIndex())
 
     # ------------------------------------------------------------------------------------ error helper
 
@@ -296,6 +334,10 @@ class Ledger(BaseModel):
                 return call_id
         return None
 
+    def contexts_of(self, agent: str) -> list[str]:
+        """The agent's context ids in opening order (an index: no scan of the other contexts)."""
+        return self._agents.of(self.contexts, agent)
+
     def agents(self) -> dict[str, list[str]]:
         """agent -> its context ids in opening order."""
         out: dict[str, list[str]] = {}
@@ -348,7 +390,7 @@ class Ledger(BaseModel):
         return self._error(InvalidReservationError, record.context_id, call_ids, problem, expected, action)
 
     def _check_first_context(self, record: ContextRecord) -> None:
-        existing = self.agents().get(record.agent)
+        existing = self.contexts_of(record.agent)
         if existing:
             raise self._invalid(
                 record,
@@ -404,7 +446,7 @@ class Ledger(BaseModel):
         LangGraph `Send` round): another SPAWN context of an agent whose first context was a SPAWN too.
         Its earlier contexts stay live (the invocations may run concurrently); the root agent, opened
         as ROOT, is never spawned."""
-        existing = self.agents().get(record.agent)
+        existing = self.contexts_of(record.agent)
         if existing and self.contexts[existing[0]].record.origin != ContextOrigin.SPAWN:
             raise self._invalid(
                 record,
@@ -445,7 +487,7 @@ class Ledger(BaseModel):
             )
 
     def _current_context(self, agent: str) -> str | None:
-        for context_id in self.agents().get(agent, []):
+        for context_id in self.contexts_of(agent):
             if self.contexts[context_id].retired_by is None:
                 return context_id
         return None
@@ -453,7 +495,7 @@ class Ledger(BaseModel):
     def open_context(self, record: ContextRecord) -> ContextRecord:
         """Open a context reservation; a REWRITE retires the context it replaces."""
         self.validate_open_context(record)
-        self.contexts[record.context_id] = ContextState(record=record)
+        self._agents.add(self.contexts, record, ContextState(record=record))
         self._used(record.spawned_by_call)  # a response that spawned a worker reached its harness
         if record.origin == ContextOrigin.REWRITE:
             self.contexts[record.rewrite_of].retired_by = record.context_id

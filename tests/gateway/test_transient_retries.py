@@ -112,3 +112,14 @@ async def test_a_query_no_worker_answers_yet_is_asked_again_until_one_does(tempo
     async with Worker(temporal_client, task_queue=queue, workflows=[QueriedWorkflow]):
         assert await asking == {"parent.0.c0": "completed"}
         await handle.terminate("test done")
+
+
+async def test_an_episode_worker_of_before_delivery_in_the_ledger_is_not_asked_twice(temporal_client):
+    """A rolling deploy: a newer gateway, an older episode worker without the `deliver` Update (its calls
+    count as delivered on completion). Its refusal ("handler not found") is not a refusal of the response:
+    the gateway sends it; any other refusal is raised."""
+    queue, wid = f"q-{uuid.uuid4().hex[:8]}", f"older-{uuid.uuid4().hex[:8]}"
+    handle = await temporal_client.start_workflow("QueriedWorkflow", id=wid, task_queue=queue)
+    async with Worker(temporal_client, task_queue=queue, workflows=[QueriedWorkflow]):
+        await Episodes(temporal_client).deliver(wid, "parent.0.c0")
+        await handle.terminate("test done")
