@@ -11,7 +11,8 @@ on the episode's:
   calls awaiting delivery (`ContextSummary`);
 - per agent: how many contexts it opened, and the id its next context gets (`{agent}.{n}`, the first
   free n: an id the agent named itself is skipped);
-- the first root agents of the episode (at most two: enough to tell whether a new root is the first);
+- the first root agents of the episode (agents opened as ROOT, at most two: enough to tell whether a new
+  root is the first);
 - per returned context, the call that spawned its lineage (a rewrite's spawner is its first context's);
 - whether the ledger is closed, or a close was accepted (`closing`).
 
@@ -24,9 +25,10 @@ Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandb
 
 from __future__ import annotations
 
+from itertools import islice
+
 from pydantic import BaseModel, Field
 
-from grove.receipts import ContextOrigin
 from workflows.accounting import LedgerSummary
 from workflows.ledger import Ledger
 
@@ -85,15 +87,8 @@ def _next_context(ledger: Ledger, agent: str, opened: int) -> str:
 
 
 def _root_agents(ledger: Ledger, exclude: str) -> list[str]:
-    roots: list[str] = []
-    for state in ledger.contexts.values():
-        agent = state.record.agent
-        if state.record.origin != ContextOrigin.ROOT or agent in roots or (exclude and exclude in agent):
-            continue
-        roots.append(agent)
-        if len(roots) == MAX_ROOT_AGENTS:
-            break
-    return roots
+    agents = (a for a in ledger.agents_opened_as_roots() if not (exclude and exclude in a))
+    return list(islice(agents, MAX_ROOT_AGENTS))
 
 
 def _lineage_spawner(ledger: Ledger, context_id: str) -> str | None:

@@ -186,26 +186,38 @@ class AgentIndex:
 
     def __init__(self) -> None:
         self.by_agent: dict[str, list[str]] = {}
+        self.roots: list[str] = []  # agents whose first context is a ROOT, in opening order
         self.key: tuple[int, int, str | None] = (0, -1, None)
 
     @staticmethod
     def _key(contexts: dict[str, ContextState]) -> tuple[int, int, str | None]:
         return id(contexts), len(contexts), next(reversed(contexts), None)
 
-    def of(self, contexts: dict[str, ContextState], agent: str) -> list[str]:
+    def _current(self, contexts: dict[str, ContextState]) -> AgentIndex:
         if self.key != self._key(contexts):
-            self.by_agent = {}
-            for context_id, state in contexts.items():
-                self.by_agent.setdefault(state.record.agent, []).append(context_id)
+            self.by_agent, self.roots = {}, []
+            for state in contexts.values():
+                self._note(state.record)
             self.key = self._key(contexts)
-        return self.by_agent.get(agent, [])
+        return self
+
+    def _note(self, record: ContextRecord) -> None:
+        if record.agent not in self.by_agent and record.origin == ContextOrigin.ROOT:
+            self.roots.append(record.agent)
+        self.by_agent.setdefault(record.agent, []).append(record.context_id)
+
+    def of(self, contexts: dict[str, ContextState], agent: str) -> list[str]:
+        return self._current(contexts).by_agent.get(agent, [])
+
+    def root_agents(self, contexts: dict[str, ContextState]) -> list[str]:
+        return self._current(contexts).roots
 
     def add(self, contexts: dict[str, ContextState], record: ContextRecord, state: ContextState) -> None:
         """Open `state` in `contexts`, keeping the index instead of rebuilding it."""
         current = self.key == self._key(contexts)
         contexts[record.context_id] = state
         if current:
-            self.by_agent.setdefault(record.agent, []).append(record.context_id)
+            self._note(record)
             self.key = self._key(contexts)
 
     def __eq__(self, other: object) -> bool:
@@ -337,6 +349,10 @@ class Ledger(BaseModel):
     def contexts_of(self, agent: str) -> list[str]:
         """The agent's context ids in opening order (an index: no scan of the other contexts)."""
         return self._agents.of(self.contexts, agent)
+
+    def agents_opened_as_roots(self) -> list[str]:
+        """Agents whose first context is a ROOT, in opening order (calls or not; see root_agents)."""
+        return self._agents.root_agents(self.contexts)
 
     def agents(self) -> dict[str, list[str]]:
         """agent -> its context ids in opening order."""
