@@ -8,7 +8,8 @@ calls slowed by at most 2x.
 Real services, each in its own process as deployed: a Temporal dev server (temporary SQLite), a grove
 worker (episodes, io, inference; vLLM on tiny-random) in this process, the gateway as `python -m gateway`
 (the tiny-random tokenizer measures every prompt), and the over-long load from `--senders` processes,
-each sending 3.9 MB over-long prompts to episode A in a loop. Episode B's client (this process) makes
+each sending 3.9 MB over-long prompts to episode A in a loop (niced, its body encoded once: it stands for
+a client on another machine). Episode B's client (this process) makes
 `--calls` sequential calls (a new agent each) alone, then again under the load; printed side by side:
 B's median and p90 latency, their ratio, the over-long refusals' latency, and the gateway process's
 peak RSS (VmHWM) before and after the load.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import socket
@@ -66,13 +68,20 @@ def _base(url: str, episode_id: str) -> str:
 
 
 def _sender(url: str, episode_id: str, chars: int, stop, latencies) -> None:
-    """A process sending over-long prompts to episode A until told to stop; records each refusal's time."""
+    """A process sending over-long prompts to episode A until told to stop; records each refusal's time.
+    It stands for a client on another machine: its body is encoded once and it runs niced, so what the
+    bench measures is the gateway's cost of the load, not the load generator's CPU on the same cores."""
+    os.nice(19)
     body = {"model": "grove", "messages": [{"role": "user", "content": "x" * chars}], "max_tokens": 1}
-    auth = {"authorization": f"Bearer {issue_token(SECRET, episode_id)}"}
-    with httpx.Client(base_url=_base(url, episode_id), headers=auth, timeout=600) as http:
+    data = json.dumps(body).encode()
+    headers = {
+        "authorization": f"Bearer {issue_token(SECRET, episode_id)}",
+        "content-type": "application/json",
+    }
+    with httpx.Client(base_url=_base(url, episode_id), headers=headers, timeout=600) as http:
         while not stop.is_set():
             t = time.monotonic()
-            r = http.post("/chat/completions", json=body)
+            r = http.post("/chat/completions", content=data)
             if r.status_code != 400 or r.json()["error"]["code"] != "context_length_exceeded":
                 raise RuntimeError(f"over-long prompt: {r.status_code} {r.text[:300]}")
             latencies.append(time.monotonic() - t)
