@@ -172,11 +172,9 @@ class _NotFound(Exception):
 async def _start(
     eid: str, family_name: str, index: int, sampling, idle_timeout_s: float, address: str | None
 ) -> None:
-    from temporalio.exceptions import WorkflowAlreadyStartedError
-
-    from grove import queues
     from grove.client import connect
     from grove.contracts import EpisodeSpec, HarnessSpec
+    from grove.episode_start import EpisodeIdReusedError, start_episode
     from harnesses.programs import family
 
     make_task, _ = family(family_name)
@@ -190,9 +188,9 @@ async def _start(
     except RuntimeError as err:
         raise _Unreachable(f"Temporal is unreachable: {err}") from None
     try:
-        await client.start_workflow("EpisodeWorkflow", spec, id=eid, task_queue=queues.EPISODES)
-    except WorkflowAlreadyStartedError:
-        raise _Conflict(f"episode {eid!r} exists already; pick another --id") from None
+        await start_episode(client, spec)
+    except EpisodeIdReusedError as err:  # running or ended: an id is never used twice (grove/episode_start.py)
+        raise _Conflict(f"{err}; pick another --id") from None
 
 
 async def _show(eid: str, address: str | None) -> list[str]:

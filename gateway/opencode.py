@@ -39,7 +39,7 @@ TITLE_PROMPT = "You are a title generator"
 SUMMARY_PROMPT = "You are a context summarization agent"
 COMPACTION_QUESTION = "What did we do so far?"
 COMPACTION_CONTINUE = "Continue if you have next steps"
-_SESSION = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+SESSION_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
 
 
 def text_of(content: Any) -> str:
@@ -106,8 +106,8 @@ def identify(
     known_agents: Collection[str],
     aliases: Mapping[str, str] | None = None,
 ) -> Identity:
-    session = header_value(headers, SESSION_HEADER, _SESSION)
-    parent_session = header_value(headers, PARENT_SESSION_HEADER, _SESSION)
+    session = header_value(headers, SESSION_HEADER, SESSION_PATTERN)
+    parent_session = header_value(headers, PARENT_SESSION_HEADER, SESSION_PATTERN)
     assert session is not None  # identity.identify dispatches here only when the header is present
     agent = session_agent(session, parent_session is not None, known_agents, aliases)
     purpose = auxiliary_purpose(messages, tools)

@@ -152,7 +152,7 @@ async def session_names(
     episode_id: str,
     headers: Mapping[str, str],
     messages: Sequence[Mapping[str, Any]],
-    spawning_head: Callable[[str], str | None],
+    spawning_head: Callable[[str], Awaitable[str | None]],
     load_record: Callable[[str], Awaitable[ChatRecord | None]],
     aliases: Mapping[str, str],
 ) -> dict[str, str]:
@@ -171,7 +171,7 @@ async def session_names(
             names[sid] = found.agent
     session, parent = sessions
     if session not in names and parent is not None:  # a new subagent session: name it once
-        head = spawning_head(names.get(parent, DEFAULT_AGENT))
+        head = await spawning_head(names.get(parent, DEFAULT_AGENT))
         spawning = await load_record(head) if head else None
         others = await asyncio.to_thread(load_names, store, episode_id)
         name = derive(session, messages, spawning, list(others.values()))

@@ -49,7 +49,7 @@ from trainer.staging_format import staging_prefix
 
 LAUNCH_HEADER = "x-grove-launch"
 MAX_LAUNCH = 1000
-# Alias keys of programs' agents; OpenCode session ids never contain '~' (gateway/opencode.py _SESSION).
+# Alias keys of programs' agents; OpenCode session ids never contain '~' (opencode.SESSION_PATTERN).
 PROGRAM_SESSION_PREFIX = "agent~"
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from gateway.limits import RequestLimits
+from gateway.tokenization import TokenizationLimits
 from gateway.worker_wait import WORKER_PATIENCE_S
 from grove.client import DEFAULT_ADDRESS
 from storage.config import default_store_url
@@ -41,6 +42,7 @@ class GatewaySettings(BaseModel):
     limits: RequestLimits = Field(default_factory=RequestLimits)
     # how long a request waits for a grove worker to poll its episode's queue (gateway/worker_wait.py)
     worker_wait_s: float = Field(WORKER_PATIENCE_S, ge=0)
+    tokenization: TokenizationLimits = Field(default_factory=TokenizationLimits)
 
     @field_validator("secret")
     @classmethod
@@ -56,7 +58,8 @@ class GatewaySettings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> GatewaySettings:
         """Settings from GROVE_TEMPORAL_ADDRESS, GROVE_TEMPORAL_NAMESPACE, GROVE_STORE,
         GROVE_GATEWAY_SECRET, GROVE_GATEWAY_MODEL, GROVE_GATEWAY_POLICY_MODEL,
-        GROVE_GATEWAY_MAX_MODEL_LEN, GROVE_GATEWAY_MAX_BODY_BYTES, GROVE_GATEWAY_WORKER_WAIT_S, plus
+        GROVE_GATEWAY_MAX_MODEL_LEN, GROVE_GATEWAY_MAX_BODY_BYTES, GROVE_GATEWAY_WORKER_WAIT_S,
+        GROVE_GATEWAY_TOKENIZER_PROCESSES, plus
         explicit overrides."""
         env = os.environ if environ is None else environ
         if SECRET_VAR not in env and "secret" not in overrides:
@@ -77,6 +80,8 @@ class GatewaySettings(BaseModel):
             values["worker_wait_s"] = env["GROVE_GATEWAY_WORKER_WAIT_S"]
         if "GROVE_GATEWAY_MAX_BODY_BYTES" in env:
             values["limits"] = {"max_body_bytes": env["GROVE_GATEWAY_MAX_BODY_BYTES"]}
+        if "GROVE_GATEWAY_TOKENIZER_PROCESSES" in env:
+            values["tokenization"] = {"processes": env["GROVE_GATEWAY_TOKENIZER_PROCESSES"]}
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(values)

@@ -1,7 +1,7 @@
 """A request that reaches the gateway before a grove worker serves its episode waits for one, within a
 bound, instead of failing.
 
-Deciding a request needs the episode workflow's ledger (its `summary` query), which only a worker polling
+Deciding a request needs the episode workflow's ledger (its `context_view` query), which only a worker polling
 the workflow's task queue can answer. A worker that is still starting (`grove worker` loads its vLLM
 engine before it polls any queue: cli/worker.py) is not polling yet, and Temporal holds a query to such a
 workflow until the client gives up (the query fails after ~30 s). Without this wait the harness got 503 and
@@ -9,7 +9,7 @@ retried or died (LangChain's two retries happened to outlast a warm-up). Now, wh
 Temporal lists no live worker on the workflow's queue (grove/queue_readiness.py), the request asks again
 until one polls, for `patience` seconds (GatewaySettings.worker_wait_s, default 600); past that it gets
 503 `NoWorkerError` naming the queue and what to start. A query that fails while a worker does poll is
-Temporal's own trouble and answers 503 at once, as before.
+Temporal's own trouble: asked again while the answer is transient (gateway/retry_policy.py), then 503.
 
 Updates need no such wait: Temporal keeps an Update until a worker takes it, and the gateway asks again
 whenever its answer times out (gateway/episodes.py).

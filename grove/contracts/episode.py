@@ -35,6 +35,9 @@ class CallRequest(BaseModel):
     # comes back inline whatever its size, so a gateway of an earlier version served by a newer episode
     # worker (a rolling deploy) still gets what it can decode.
     completion_by_ref: bool = False
+    # The response counts only once the caller records its delivery (the `deliver` Update; the gateway,
+    # workflows/delivery.py); False (native programs, callers of before it): delivered on completion.
+    await_delivery: bool = False
 
 
 class CallResult(_CompletionCarrier):
@@ -147,6 +150,7 @@ class EpisodeProgress(BaseModel):
     last_activity: str  # ISO time (workflow clock) of the last Update start or end
     closed_by: str | None = None  # "harness" or "idle timeout"
     restore: RestoreProgress | None = None  # this run's restore of a paged ledger (None: carried inline)
+    calls_admitted: int = 0  # calls the ledger admitted so far, settled ones included (all agents)
 
 
 class HarnessRunInput(BaseModel):

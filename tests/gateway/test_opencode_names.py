@@ -89,7 +89,7 @@ async def test_a_session_is_named_once_and_its_summary_call_keeps_the_name(tmp_p
     async def load(call_id: str):
         return records.get(call_id)
 
-    def head(agent: str):
+    async def head(agent: str):
         return ROUND.call_id if agent == "parent" else None
 
     child = {"x-session-id": "ses_c", "x-parent-session-id": "ses_root"}

@@ -21,10 +21,11 @@ from gateway.continuation import Move, decide
 from gateway.opencode_names import session_names
 from gateway.records import ChatRecord, Usage
 from gateway.replay import launch_of, prompt_digest
-from gateway.routing import current_context, identify, route
+from gateway.routing import current_context, identify, route, view_request
 from grove.receipts import CallKind, ContextOrigin
 from storage.local import LocalStore
 from tests.forest.kit import Episode, tokens
+from workflows.context_view import ViewRequest, context_view
 
 REQUESTS = Path(__file__).parent / "fixtures" / "opencode-run-two-tasks.requests.jsonl"
 
@@ -33,9 +34,15 @@ def load() -> list[dict]:
     return [json.loads(line) for line in REQUESTS.read_text().splitlines()]
 
 
-def head_of(summary):
-    """The call that spawns an agent's workers now: its current context's head (gateway/routing.py)."""
-    return lambda agent: getattr(current_context(summary, agent), "head", None)
+def head_of(ledger):
+    """The call that spawns an agent's workers now: its current context's head, as the gateway asks it
+    (gateway/capture.py `_head_of`)."""
+
+    async def head(agent: str) -> str | None:
+        view = context_view(ledger, ViewRequest(agents=[agent]), closing=False)
+        return getattr(current_context(view, agent), "head", None)
+
+    return head
 
 
 @pytest.mark.parametrize("subagents_swapped", [False, True])
@@ -58,12 +65,12 @@ async def test_two_concurrent_subagents_and_the_resumption_route_and_continue(tm
     for i, req in enumerate(reqs):
         body, headers = req["body"], {k.lower(): v for k, v in req["headers"].items()}
         assert launch_of(headers) == 1
-        summary = ep.ledger.summary()
         names = await session_names(
-            store, ep.episode_id, headers, body["messages"], head_of(summary), load_record, {}
+            store, ep.episode_id, headers, body["messages"], head_of(ep.ledger), load_record, {}
         )
-        identity = identify(headers, body["messages"], body.get("tools"), summary, names)
-        target = route(summary, identity)
+        view = context_view(ep.ledger, view_request(headers, names), closing=False)
+        identity = identify(headers, body["messages"], body.get("tools"), view, names)
+        target = route(view, identity)
         head = records.get(target.current.head) if target.current and target.current.head else None
         decision = decide(body["messages"], body.get("tools"), head, identity.rewrite)
         moves.append(decision.move)
