@@ -189,7 +189,7 @@ async def _start(
         raise _Unreachable(f"Temporal is unreachable: {err}") from None
     try:
         await start_episode(client, spec)
-    except EpisodeIdReusedError as err:  # running or ended: an id is never used twice (grove/episode_start.py)
+    except EpisodeIdReusedError as err:  # running or ended: an id is used once (grove/episode_start.py)
         raise _Conflict(f"{err}; pick another --id") from None
 
 

@@ -203,13 +203,16 @@ def demo(
     ),
     family: str = typer.Option(
         None,
-        help="opencode only: opencode-delegation (default) or opencode-reader (each worker reads "
-        "notes.txt with OpenCode's read tool and compacts mid-way; default model tiny-reader).",
+        help="opencode only: opencode-delegation (default), opencode-reader (each worker reads "
+        "notes.txt with OpenCode's read tool and compacts mid-way; default model tiny-reader) or "
+        "opencode-report (the same episodes, rewarded for the shape of the workers' reports and the lead's "
+        "answer; default model tiny-report).",
     ),
     model: str = typer.Option(
         None,
-        help="tiny | tiny-tools | tiny-copy | tiny-resume | tiny-reader | smollm2 | a HF causal-LM folder "
-        "(default tiny; opencode: tiny-copy, opencode-reader: tiny-reader).",
+        help="tiny | tiny-tools | tiny-copy | tiny-resume | tiny-reader | tiny-report | smollm2 | a HF "
+        "causal-LM folder (default tiny; opencode: tiny-copy, opencode-reader: tiny-reader, "
+        "opencode-report: tiny-report).",
     ),
     steps: int = typer.Option(20, help="Optimizer steps per run."),
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),

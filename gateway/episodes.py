@@ -273,12 +273,14 @@ class Episodes:
         async def no_worker() -> bool:
             return await unserved(self.client, episode_id) is not None
 
+        def once() -> Awaitable[T]:
+            return handle.query(name, *args, result_type=result_type, rpc_timeout=self.query_timeout)
+
         async def ask() -> T:
             async with temporal_errors(episode_id, what):
                 return await transient_retries(
-                    lambda: handle.query(name, *args, result_type=result_type, rpc_timeout=self.query_timeout),
-                    patience=self.transient_patience, on_retry=self._retried, stop_if=no_worker,
-                )  # fmt: skip
+                    once, patience=self.transient_patience, on_retry=self._retried, stop_if=no_worker
+                )
 
         return await when_served(
             self.client, episode_id, what, ask, TemporalUnavailableError, NoWorkerError, self.worker_wait_s

@@ -70,13 +70,20 @@ async def when_served(
     docstring: gateway/episodes.py's NoWorkerError, HTTP 503)."""
     deadline = time.monotonic() + patience
     gates = Gates.from_env()
+    # A failure found served is asked once more: the worker may have come between the failure and the
+    # check (the query's own transient retries stop as soon as no worker polls: gateway/episodes.py)
+    again = True
     while True:
         try:
             return await query()
         except unavailable:
             queue = await unserved(client, episode_id)
             if queue is None:
-                raise  # a worker polls (or Temporal cannot tell): not a worker still starting
+                if not again:
+                    raise  # a worker polls (or Temporal cannot tell): not a worker still starting
+                again = False
+                continue
+            again = True
             if time.monotonic() > deadline:
                 raise no_worker(
                     f"episode {episode_id!r}: {what}: no grove worker has polled the workflow task queue "

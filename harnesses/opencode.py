@@ -34,7 +34,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
-from harnesses import opencode_delegation, opencode_reader
+from harnesses import opencode_delegation, opencode_reader, opencode_report
 from harnesses.opencode_agents import subagent_names
 from harnesses.sandbox import SYSTEM_PATH, sandbox_env
 
@@ -117,7 +117,8 @@ def opencode_delegation_setup(task: TaskSpec) -> OpenCodeSetup:
 
 def opencode_reader_setup(task: TaskSpec) -> OpenCodeSetup:
     """The `opencode-reader` family (harnesses/opencode_reader.py): the lead of `opencode-delegation`,
-    workers that read notes.txt and compact."""
+    workers that read notes.txt and compact. `opencode-report` (harnesses/opencode_report.py) runs the same
+    episodes under another reward."""
     return OpenCodeSetup(
         message=opencode_reader.user_message(task),
         agents=opencode_reader.OPENCODE_AGENTS,
@@ -131,6 +132,7 @@ TASK_SETUPS: dict[str, Callable[[TaskSpec], OpenCodeSetup]] = {
     "delegation": delegation_setup,
     opencode_delegation.FAMILY: opencode_delegation_setup,
     opencode_reader.FAMILY: opencode_reader_setup,
+    opencode_report.FAMILY: opencode_reader_setup,
 }
 
 

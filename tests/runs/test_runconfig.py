@@ -49,12 +49,14 @@ def test_the_examples_cover_both_native_delegation_runs():
         assert len(set(values)) == len(values)
 
 
-@pytest.mark.parametrize("example", ["opencode-delegation.yaml", "opencode-reader.yaml"])
+@pytest.mark.parametrize(
+    "example", ["opencode-delegation.yaml", "opencode-reader.yaml", "opencode-report.yaml"]
+)
 def test_the_opencode_examples_are_opencode_runs_their_models_and_engines_can_serve(example):
-    """examples/opencode-delegation.yaml (and -reader) through `grove run validate` (the same load and
-    engine-limit check `grove run start` does): every episode is launched with OpenCode on a family the
-    harness runner can set up, and the context OpenCode is told fits the engine's, which fits the
-    model's."""
+    """examples/opencode-delegation.yaml (and -reader, -report) through `grove run validate` (the same
+    load and engine-limit check `grove run start` does): every episode is launched with OpenCode on a
+    family the harness runner can set up, and the context OpenCode is told fits the engine's, which fits
+    the model's."""
     from harnesses.opencode import TASK_SETUPS, setup_for
     from models.registry import known_positions
     from workflows.training_run import step_specs
