@@ -8,7 +8,14 @@ folder, and its host name. Before grove starts, inside the namespaces:
   and what this host writes there is seen by no other;
 - its own root is bind-mounted back at the same path (the test's tmp folder is under /tmp);
 - every other path the test names (the other hosts' roots, the services' data folders, the machine's
-  shared grove cache) is covered by an empty read-only tmpfs, in case it lies outside /tmp.
+  grove home and model cache) is covered by an empty read-only tmpfs, in case it lies outside /tmp.
+
+Each host also has a model cache of its own ($GROVE_MODELS under its root, set whatever the caller's
+environment says, and XDG_CACHE_HOME for vLLM's and torch's caches): the model cache is a build cache
+that machines of one site could share, but a host that finds a model another host built is exactly the
+shortcut the rehearsal must not take (version 0 served from a host's own copy of the model instead of
+the bytes the trainer host staged). No host builds a model here: each one's is provisioned as a folder
+on its own disk (`provision_model`).
 
 So a host that reads a path another host wrote (a model folder, a checkpoint, downloaded weights) gets
 "no such file" exactly as on another machine. What the hosts share is what machines on a network share:
@@ -75,16 +82,18 @@ class Host:
     def __init__(self, name: str, root: Path) -> None:
         self.name = name
         self.root = Path(root)
-        self.home, self.grove_home, self.tmp, self.work, self.gates_dir = (
-            self.root / sub for sub in ("home", "grove-home", "tmp", "work", "gates")
+        self.home, self.grove_home, self.models, self.tmp, self.work, self.gates_dir = (
+            self.root / sub for sub in ("home", "grove-home", "models", "tmp", "work", "gates")
         )
-        for folder in (self.home, self.grove_home, self.tmp, self.work, self.gates_dir):
+        for folder in (self.home, self.grove_home, self.models, self.tmp, self.work, self.gates_dir):
             folder.mkdir(parents=True, exist_ok=True)
 
     def env(self, hide: Iterable[Path]) -> dict[str, str]:
         return {
             "HOME": str(self.home),
             "GROVE_HOME": str(self.grove_home),
+            "GROVE_MODELS": str(self.models),
+            "XDG_CACHE_HOME": str(self.home / ".cache"),
             "TMPDIR": HOST_TMP,  # = self.tmp (bound there by WRAPPER)
             "HOST_TMP": HOST_TMP,
             "GROVE_HOST_NAME": self.name,
@@ -138,9 +147,9 @@ class HostProcess(WorkerProcess):
 
 
 def provision_model(host: Host, source: Path, *, perturb_seed: int | None = None) -> Path:
-    """A copy of model folder `source` on the host's own disk (under its GROVE_HOME), as a machine that
-    built or downloaded it has; `perturb_seed`: the same architecture with other weights (seeded noise)."""
-    dest = host.grove_home / "models" / source.name
+    """A copy of model folder `source` on the host's own disk (in its own model cache, $GROVE_MODELS), as a
+    machine that built or downloaded it has; `perturb_seed`: the same architecture with other weights."""
+    dest = host.models / source.name
     if perturb_seed is None:
         return Path(shutil.copytree(source, dest))
     return perturbed_copy(source, dest, seed=perturb_seed)

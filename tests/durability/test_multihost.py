@@ -3,9 +3,9 @@ nothing but the Temporal address and the S3 bucket; a second inference host join
 one leaves, and the trainer host is SIGKILLed right after a step's COMMIT and restarted.
 
 Each host is a `grove worker` in namespaces of its own (tests/durability/hosts.py): its own HOME,
-GROVE_HOME, TMPDIR, working directory, /tmp and /dev/shm, and every other host's folder, the services'
-data folders and the machine's grove model cache hidden from it. The only store is a `localbucket` S3
-server reached over HTTP (minio):
+GROVE_HOME, GROVE_MODELS, TMPDIR, working directory, /tmp and /dev/shm, and every other host's folder,
+the services' data folders and the machine's grove home and model cache hidden from it. The only store
+is a `localbucket` S3 server reached over HTTP (minio):
 
   orchestration  --queues episodes,io
   inference-1    --queues inference: an engine on its own model folder
@@ -68,7 +68,7 @@ from grove.contracts import (
 )
 from grove.gates import GateControl
 from grove.learner_config import LearnerConfig
-from grove.paths import grove_home
+from grove.paths import grove_home, models_home
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from infra.s3server import ACCESS_KEY, SECRET_KEY, LocalBucketServer
@@ -123,7 +123,8 @@ class Fleet:
 
     def hidden_from(self, name: str) -> list[Path]:
         others = [h.root for n, h in self.hosts.items() if n != name]
-        return [*others, self.root / "services", self.check_dir, grove_home().resolve()]
+        machine = {grove_home().resolve(), models_home().resolve()}  # this machine's grove state and models
+        return [*others, self.root / "services", self.check_dir, *sorted(machine)]
 
     def process(
         self, name: str, queue_names: list[str], model: Path | str, *, gates: bool = False
@@ -165,8 +166,8 @@ def fleet(tmp_path):
 
 def check_isolation(fleet: Fleet, models: dict[str, Path], shared_model: Path) -> None:
     """Each host sees its own root and model, and no other host's folder, model or service data, nor the
-    machine's grove cache; and it runs the code under test (probe processes in the host's namespaces, as
-    its worker will run)."""
+    machine's grove home or model cache; and it runs the code under test (probe processes in the host's
+    namespaces, as its worker will run)."""
     probes = [
         *(h.root for h in fleet.hosts.values()),
         *models.values(),
