@@ -35,7 +35,8 @@ FLOP/s and MFU against the matmul peak measured in the same run (bench/learner_s
 each vocabulary of `--memory-vocabs`, with the chunked LM head, the chunked head plus activation
 checkpointing, and whole [tokens, vocab] logits (the learner before issue 32); each point in a fresh
 process (CPU: step peak RSS over the RSS before it; CUDA: max_memory_allocated over the allocation
-before it). "B/token" = (step peak at L2 - at L1) / (scored tokens at L2 - at L1).
+before it). "B/token" = (step peak at L2 - at L1) / (L2 - L1): memory per forwarded token (half of
+them scored), which must not grow with the vocabulary (the chunk buffers are a constant).
 
 `--ranks N`: the learner on 1 process vs N gloo ranks (trainer/distributed.py, FSDP2, each rank
 `--threads` threads) on the same (a) and (b) batches, CPU only (bench/learner_ranks.py).
@@ -300,7 +301,7 @@ def run_memory(a, lengths: list[int], vocabs: list[int]) -> None:
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 points.append(json.loads(out.stdout.strip().splitlines()[-1]))
             d_bytes = (points[-1]["step_mb"] - points[0]["step_mb"]) * 2**20
-            per_token = d_bytes / (points[-1]["scored"] - points[0]["scored"])
+            per_token = d_bytes / (points[-1]["length"] - points[0]["length"])
             row = " ".join(f"{p['step_mb']:9.0f}" for p in points)
             print(f"{vocab:7d} {head:13s} {row} {per_token:9.0f}", flush=True)
 

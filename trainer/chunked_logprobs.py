@@ -95,6 +95,40 @@ def _log_softmax(h: Tensor, w: Tensor, b: Tensor | None, temperature: Tensor, cu
     return scaled.log_softmax(dim=-1)
 
 
+def _chunk_logprobs(hidden, w, b, tokens, temperature, top_p, ch: _Chunking) -> tuple[Tensor, Tensor]:
+    """One chunk's (logprob of its tokens [rows], top-p cut [rows]); its [rows, V] buffers die on return,
+    so the next chunk's never coexist with them."""
+    cut = torch.full(tokens.shape, float("-inf"), dtype=ch.out_dtype, device=hidden.device)
+    rows = torch.nonzero(top_p < 1.0).squeeze(-1)
+    if rows.numel():
+        scaled = F.linear(hidden[rows].to(ch.compute_dtype), w, b).to(ch.out_dtype)
+        cut[rows] = top_p_cut(scaled.div_(temperature[rows].unsqueeze(-1)), top_p[rows])
+        del scaled
+    logp = _log_softmax(hidden, w, b, temperature, cut, ch)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), cut
+
+
+def _chunk_grad(hidden, w, b, tokens, temperature, cut, grad, ch: _Chunking) -> Tensor:
+    """d loss / d logits of one chunk [rows, V] in the head's compute dtype."""
+    logp = _log_softmax(hidden, w, b, temperature, cut, ch)
+    # d logp[token] / d scaled = onehot(token) - softmax (0 outside the kept set, and no onehot for a
+    # token outside it: its -inf logprob is constant there)
+    g = grad.to(ch.out_dtype).unsqueeze(-1)
+    tok = tokens.unsqueeze(-1)
+    kept = torch.isfinite(logp.gather(-1, tok))
+    d = logp.exp_().mul_(-g)
+    d.scatter_add_(-1, tok, torch.where(kept, g, torch.zeros_like(g)))
+    return d.div_(temperature.unsqueeze(-1)).to(ch.compute_dtype)
+
+
+def _add_product(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc += a @ b, in place when the dtypes allow (no [V, H] temporary)."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    else:
+        acc += (a @ b).to(acc.dtype)
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
     """logp[i] = log_softmax(top_p(h[i] W^T / T[i]))[token[i]], chunk by chunk (module docstring)."""
 
@@ -104,17 +138,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
         b = None if bias is None else bias.to(chunking.compute_dtype)
         n = hidden.shape[0]
         out = torch.empty(n, dtype=chunking.out_dtype, device=hidden.device)
-        cut = torch.full_like(out, float("-inf"))
+        cut = torch.empty_like(out)
         for s in range(0, n, chunking.rows):
             e = min(n, s + chunking.rows)
-            rows = torch.nonzero(top_p[s:e] < 1.0).squeeze(-1)
-            if rows.numel():
-                h = hidden[s + rows].to(chunking.compute_dtype)
-                scaled = F.linear(h, w, b).to(chunking.out_dtype).div_(temperature[s + rows].unsqueeze(-1))
-                cut[s + rows] = top_p_cut(scaled, top_p[s + rows])
-                del scaled
-            logp = _log_softmax(hidden[s:e], w, b, temperature[s:e], cut[s:e], chunking)
-            out[s:e] = logp.gather(-1, tokens[s:e].unsqueeze(-1)).squeeze(-1)
+            out[s:e], cut[s:e] = _chunk_logprobs(
+                hidden[s:e], w, b, tokens[s:e], temperature[s:e], top_p[s:e], chunking
+            )
         ctx.save_for_backward(hidden, weight, bias, tokens, temperature, cut)
         ctx.chunking = chunking
         return out
@@ -133,21 +162,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for s in range(0, n, ch.rows):
             e = min(n, s + ch.rows)
             h = hidden[s:e].to(ch.compute_dtype)
-            logp = _log_softmax(h, w, b, temperature[s:e], cut[s:e], ch)
-            # d logp[token] / d scaled = onehot(token) - softmax (0 outside the kept set, and no onehot
-            # for a token outside it: its -inf logprob is constant there)
-            g = grad[s:e].to(ch.out_dtype).unsqueeze(-1)
-            tok = tokens[s:e].unsqueeze(-1)
-            kept = torch.isfinite(logp.gather(-1, tok))
-            d = logp.exp_().mul_(-g)
-            d.scatter_add_(-1, tok, torch.where(kept, g, torch.zeros_like(g)))
-            d = d.div_(temperature[s:e].unsqueeze(-1)).to(ch.compute_dtype)  # d loss / d logits
+            d = _chunk_grad(h, w, b, tokens[s:e], temperature[s:e], cut[s:e], grad[s:e], ch)
             if need_h:
                 dh[s:e] = (d @ w).to(hidden.dtype)
             if need_w:
-                dw += (d.t() @ h).to(weight.dtype)
+                _add_product(dw, d.t(), h)
             if need_b:
                 db += d.sum(0).to(bias.dtype)
+            del d
         return dh, dw, db, None, None, None, None
 
 

@@ -5,7 +5,7 @@ materialises [N, N] scores: SDPA's fused kernels, segment buckets of trainer/att
 memory limit gives a token budget: limit / bytes per token. Bytes per token are estimated from the
 model's shape, counting what autograd keeps for backward in a Qwen/Llama-style decoder layer (norm
 inputs, q/k/v and their rotated copies, attention output, MLP gate/up/activation). A scored token
-adds no [vocab] logits: trainer/chunked_logprobs.py keeps its hidden state and three floats, and its
+adds no [vocab] logits: trainer/chunked_logprobs.py keeps its hidden state and a few numbers, and its
 chunk buffer is a fixed size, not per token (`full_logits=True` counts the float32 logits and
 log-softmax a model without a plain LM head still keeps). With activation checkpointing only each
 layer's input is kept, plus one layer's activations while it is recomputed. The estimate is an
@@ -35,7 +35,9 @@ def activation_bytes_per_token(
     per_layer = (6 * h + 3 * q + 4 * kv + 4 * inter) * dtype_bytes
     layers = model_config.num_hidden_layers
     kept = layers * h * dtype_bytes + per_layer if checkpointing else layers * per_layer
-    scored = 2 * model_config.vocab_size * 4 if full_logits else (h + 3) * 4  # per scored token
+    # per scored token: float32 logits + log-softmax, or (chunked head) its hidden state, temperature,
+    # top-p cut and int64 token id
+    scored = 2 * model_config.vocab_size * 4 if full_logits else (h + 4) * 4
     return kept + scored
 
 
