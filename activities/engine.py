@@ -50,148 +50,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
-from safetensors import safe_open
 
+from activities.engine_config import EngineConfig, check_engine_limits, scheduling_args
+from activities.engine_errors import (
+    EmptyPromptError,
+    EngineBrokenError,
+    EngineDiedError,
+    EngineOutputError,
+    GenerationAbortedError,
+    NonFiniteLogprobError,
+    PromptTooLongError,
+    PublishFailedError,
+    StaleVersionError,
+    TokenIdOutOfRangeError,
+    VersionConflictError,
+    VersionStraddleError,
+)
+from activities.engine_gate import BatchStats, VersionGate, stats_logger_factory
+from activities.engine_weights import check_same_tensors, weight_shapes, weights_fingerprint
 from chat.tool_parsers import HermesParser, ToolCallParser, tool_parser
-from grove.contracts import DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN, EngineLimits
 from grove.gates import Gates
 from grove.sampling import LOGPROBS_MODE, SamplingConfig
-from models.limits import EngineLimitsError, check_positions, kv_bytes_per_token, model_positions
 
 log = logging.getLogger(__name__)
 
+
 WORKER_EXTENSION = "activities.vllm_worker_ext.GroveWorkerExtension"
+
+
 OWNER_PID_ENV = "GROVE_ENGINE_OWNER_PID"  # read by activities/vllm_worker_ext.py in the engine's processes
-
-
-class EngineError(Exception):
-    """Base of the policy engine's errors."""
-
-
-class EmptyPromptError(EngineError, ValueError):
-    """A generation was asked for with no prompt tokens."""
-
-
-class PromptTooLongError(EngineError, ValueError):
-    """The prompt leaves no room for one generated token within the engine's max_model_len."""
-
-
-class TokenIdOutOfRangeError(EngineError, ValueError):
-    """A prompt token id is outside the model's vocabulary."""
-
-
-class GenerationAbortedError(EngineError):
-    """vLLM aborted the request (engine shutdown or abort); no completion is reported."""
-
-
-class EngineOutputError(EngineError):
-    """vLLM returned an output that breaks the capture contract (e.g. a logprob count mismatch)."""
-
-
-class VersionStraddleError(EngineError):
-    """A call's tokens were not all sampled under the version it was admitted under."""
-
-
-class StaleVersionError(EngineError, ValueError):
-    """A publication of a version older than the engine's current one."""
-
-
-class VersionConflictError(EngineError, ValueError):
-    """A publication of the current version number with different weights."""
-
-
-class WeightsMismatchError(EngineError, ValueError):
-    """A weights folder does not hold exactly the tensors (names, shapes) of the served model."""
-
-
-class PublishFailedError(EngineError):
-    """The weight reload failed and was rolled back: the engine still serves the previous version."""
-
-
-class EngineBrokenError(EngineError):
-    """A failed reload could not be rolled back; the worker must be restarted."""
-
-
-class EngineDiedError(EngineError):
-    """vLLM's engine core died (a crash inside the model step, its process killed). Unrecoverable in
-    this process: the call is retryable elsewhere, and the worker exits (cli/worker.py) so Temporal
-    sends its calls to a live worker instead of to an engine that answers every call with an error."""
-
-
-class NonFiniteLogprobError(EngineError):
-    """The engine returned a NaN or infinite behaviour logprob (non-finite logits: corrupt or diverged
-    weights). The call fails here, at generation, instead of poisoning a training step later."""
-
-
-class StepBudgetTooSmallError(EngineLimitsError):
-    """max_num_batched_tokens < max_model_len on CPU, where prompts are never split over steps."""
-
-
-class KVCacheTooSmallError(EngineLimitsError):
-    """The KV cache cannot hold one context of max_model_len tokens."""
-
-
-class EngineConfig(BaseModel):
-    """How a worker starts its engine."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model_dir: Path
-    initial_version: int = Field(default=0, ge=0)
-    dtype: str = "float32"
-    max_model_len: int = Field(default=DEFAULT_MAX_MODEL_LEN, ge=16)
-    kv_cache_bytes: int = Field(default=DEFAULT_KV_CACHE_BYTES, ge=16 * 2**20)
-    max_num_batched_tokens: int | None = Field(default=None, ge=16)  # None: step_token_budget's default
-    max_num_seqs: int = Field(default=64, ge=1)
-    enforce_eager: bool = True  # torch.compile costs ~75 s of startup on CPU for no gain at this size
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    # The model family's tool-call format (chat/tool_parsers.py): grove's "hermes" or the name of a
-    # vLLM parser (`--tool-call-parser`), e.g. "qwen3_coder", "llama3_json", "mistral", "pythonic".
-    # Checked against the model's tokenizer when the engine starts.
-    tool_call_parser: str = "hermes"
-
-    @classmethod
-    def from_limits(cls, model_dir: Path, limits: EngineLimits | None, **fields: Any) -> EngineConfig:
-        """The config of an engine for `model_dir` under a run's (or a worker's flags') limits."""
-        return cls(model_dir=model_dir, **(limits or EngineLimits()).model_dump(), **fields)
-
-    @property
-    def step_token_budget(self) -> int:
-        """Tokens one engine step may schedule: at least one whole prompt (chunked prefill is off)."""
-        return self.max_num_batched_tokens or max(self.max_model_len, 2048)
-
-
-def check_engine_limits(config: EngineConfig, *, chunked_prefill: bool = False) -> None:
-    """Refuse limits the model or the engine cannot honour, with what to change (before vLLM starts)."""
-    where = f"engine for model {str(config.model_dir)!r}"
-    check_positions(config.max_model_len, model_positions(config.model_dir), where)
-    if not chunked_prefill and config.step_token_budget < config.max_model_len:
-        raise StepBudgetTooSmallError(
-            f"{where}: max_num_batched_tokens={config.step_token_budget} < max_model_len="
-            f"{config.max_model_len}; without chunked prefill (CPU) a prompt is scheduled whole, so a long "
-            "one would never run: raise --max-num-batched-tokens / engine.max_num_batched_tokens or leave "
-            "it unset"
-        )
-    need = kv_bytes_per_token(config.model_dir, config.dtype) * config.max_model_len
-    if config.kv_cache_bytes < need:
-        raise KVCacheTooSmallError(
-            f"{where}: kv_cache_bytes={config.kv_cache_bytes} cannot hold one context of max_model_len="
-            f"{config.max_model_len} tokens ({need} bytes at {config.dtype}); raise --kv-cache-bytes / "
-            f"engine.kv_cache_bytes to at least {need} or lower max_model_len"
-        )
 
 
 @dataclass(frozen=True)
@@ -217,166 +112,10 @@ class PublishReport:
     already_current: bool = False
 
 
-@dataclass
-class BatchStats:
-    """What vLLM's scheduler reported: proof that concurrent calls were batched, and prefix-cache use."""
-
-    steps: int = 0  # engine steps with at least one running request
-    max_running: int = 0
-    running_hist: dict[int, int] = field(default_factory=dict)
-    prefix_cache_hits: int = 0  # prompt tokens served from the prefix cache
-
-    def record(self, running: int, cache_hits: int) -> None:
-        self.prefix_cache_hits += cache_hits
-        if running > 0:
-            self.steps += 1
-            self.max_running = max(self.max_running, running)
-            self.running_hist[running] = self.running_hist.get(running, 0) + 1
-
-    def reset(self) -> None:
-        self.steps, self.max_running, self.running_hist, self.prefix_cache_hits = 0, 0, {}, 0
-
-
-def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape over all *.safetensors files of an HF model folder."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise WeightsMismatchError(
-            f"weights folder {folder} holds no *.safetensors file; expected an HF model folder "
-            "written with save_pretrained(safe_serialization=True)"
-        )
-    shapes: dict[str, tuple[int, ...]] = {}
-    for path in files:
-        try:
-            with safe_open(str(path), framework="np") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    shapes[name] = tuple(f.get_slice(name).get_shape())
-        except Exception as exc:  # safetensors raises its own error type on a corrupt header
-            raise WeightsMismatchError(
-                f"weights file {path} is not a readable safetensors file: {exc}"
-            ) from exc
-    return shapes
-
-
-def weights_fingerprint(folder: Path) -> str:
-    """sha256 over (file name, file sha256) of the folder's *.safetensors files, in name order."""
-    h = hashlib.sha256()
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        h.update(path.name.encode())
-        h.update(hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()
-
-
-Shapes = dict[str, tuple[int, ...]]
-
-
-def check_same_tensors(expected: Shapes, got: Shapes, folder: Path) -> None:
-    """Fail unless `got` has exactly the names and shapes of `expected` (vLLM would silently keep
-    the old values of a missing tensor, so a partial checkpoint must never reach it)."""
-    missing = sorted(set(expected) - set(got))
-    extra = sorted(set(got) - set(expected))
-    if missing or extra:
-        raise WeightsMismatchError(
-            f"weights folder {folder} does not match the served model: missing {missing[:5]} "
-            f"({len(missing)}), unexpected {extra[:5]} ({len(extra)}); publish a checkpoint of the same "
-            "architecture"
-        )
-    for name, shape in expected.items():
-        if got[name] != shape:
-            raise WeightsMismatchError(
-                f"weights folder {folder}: tensor {name} has shape {got[name]}, the served model has "
-                f"{shape}; publish a checkpoint of the same architecture"
-            )
-
-
-class _VersionGate:
-    """Admits generations under one version; a publication closes it and waits for admitted ones."""
-
-    def __init__(self, version: int) -> None:
-        self.version = version
-        self.admitted_total = 0  # generations admitted since start
-        self._busy_s = 0.0  # seconds with at least one generation admitted (engine utilisation)
-        self._busy_since: float | None = None
-        self._active = 0
-        self._open = asyncio.Event()
-        self._open.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    @asynccontextmanager
-    async def admitted(self) -> AsyncIterator[int]:
-        while not self._open.is_set():
-            await self._open.wait()
-        self._active += 1
-        self.admitted_total += 1
-        if self._active == 1:
-            self._busy_since = time.monotonic()
-        self._idle.clear()
-        try:
-            yield self.version
-        finally:
-            self._active -= 1
-            if self._active == 0:
-                self._busy_s += time.monotonic() - (self._busy_since or time.monotonic())
-                self._busy_since = None
-                self._idle.set()
-
-    @property
-    def busy_seconds(self) -> float:
-        """Seconds during which at least one generation was admitted (so far, including now)."""
-        open_s = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
-        return self._busy_s + open_s
-
-    @property
-    def active(self) -> int:
-        return self._active
-
-    @property
-    def is_open(self) -> bool:
-        return self._open.is_set()
-
-    async def close_and_drain(self) -> None:
-        self._open.clear()
-        await self._idle.wait()
-
-    def reopen(self, version: int) -> None:
-        self.version = version
-        self._open.set()
-
-
-def _stats_logger_factory(stats: BatchStats):
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _SchedulerStatsRecorder(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if scheduler_stats is not None:
-                cache = scheduler_stats.prefix_cache_stats
-                stats.record(scheduler_stats.num_running_reqs, cache.hits if cache is not None else 0)
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _SchedulerStatsRecorder
-
-
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
-
-
-def _scheduling(config: EngineConfig, on_cpu: bool) -> dict[str, Any]:
-    if on_cpu:
-        return {"enable_chunked_prefill": False, "max_num_batched_tokens": config.step_token_budget}
-    # GPUs keep chunked prefill; an explicit budget still applies
-    return (
-        {}
-        if config.max_num_batched_tokens is None
-        else {"max_num_batched_tokens": config.max_num_batched_tokens}
-    )
 
 
 class PolicyEngine:
@@ -388,7 +127,7 @@ class PolicyEngine:
         self._tokenizer = llm.get_tokenizer()
         self._vocab_size = int(llm.model_config.get_vocab_size())
         self._stop_ids = self._model_stop_ids(llm)
-        self._gate = _VersionGate(config.initial_version)
+        self._gate = VersionGate(config.initial_version)
         self._publish_lock = asyncio.Lock()
         self._shapes = weight_shapes(config.model_dir)
         self._source = Path(config.model_dir)
@@ -431,7 +170,7 @@ class PolicyEngine:
             # the next step, every seeded request is sampled from an untouched generator (per-call
             # determinism holds) and logprobs are unchanged. CUDA generators have offsets: GPUs keep
             # vLLM's default (chunked prefill, its own token budget).
-            **_scheduling(config, on_cpu),
+            **scheduling_args(config, on_cpu),
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
@@ -442,7 +181,7 @@ class PolicyEngine:
         os.environ[OWNER_PID_ENV] = str(os.getpid())
         # No local reference to the AsyncLLM outlives this call (see shutdown): only the engine holds it.
         engine = cls(
-            config, AsyncLLM.from_engine_args(args, stat_loggers=[_stats_logger_factory(stats)]), stats
+            config, AsyncLLM.from_engine_args(args, stat_loggers=[stats_logger_factory(stats)]), stats
         )
         engine.tool_parser = parser
         await engine._llm.update_weight_version(str(config.initial_version))

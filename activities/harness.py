@@ -7,7 +7,7 @@
              heartbeat HarnessHeartbeat {launch, pid, elapsed_s, calls, last_request, last_event},
              wait (deadline: HarnessSpec.deadline_s), read its events
         -> POST {gateway}/episodes/{ref}/close  (final answer, each agent's last output, or the failure
-             with the last stderr lines); the gateway settles undelivered responses and closes the ledger
+             with the last stderr lines); the ledger discards responses never delivered, and closes
         <- HarnessRunResult (launch, exit code, wall time, events)
 
 Two kinds of process, one supervision (a `LaunchPlan` says what to run and how its events read):
@@ -311,12 +311,9 @@ class HarnessRunner:
             await self._gates.hold("heartbeat_query", episode_id)
         if self.client is None:
             return 0, None
-        from workflows.accounting import LedgerSummary
-
-        handle = self.client.get_workflow_handle(episode_id)
-        summary = await handle.query("summary", result_type=LedgerSummary)
-        progress = await handle.query("progress", result_type=dict)
-        return sum(summary.totals.values()), progress.get("last_activity")
+        # the progress query only: the summary (one entry per context) grows with the episode
+        progress = await self.client.get_workflow_handle(episode_id).query("progress", result_type=dict)
+        return int(progress.get("calls_admitted", 0)), progress.get("last_activity")
 
     def _close_request(self, run: _Launch, exit_code: int | None, deadline_s: float) -> CloseRequest:
         outcome = run.plan.outcome(run.events)

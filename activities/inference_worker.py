@@ -24,7 +24,9 @@ from temporalio.contrib.pydantic import PydanticPayloadConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities import engine as eng
+from activities import engine_errors as errors
+from activities.engine import PolicyEngine
+from activities.engine_config import EngineConfig
 from activities.follow import PolicyNotCommittedError, PolicyVersionPassedError, RunFollower
 from activities.generate import StagedCallConflictError, run_generate
 from chat.render import ChatRenderError
@@ -46,16 +48,16 @@ NON_RETRYABLE: tuple[type[Exception], ...] = (
     CheckpointError,
     PolicyNotCommittedError,
     PolicyVersionPassedError,
-    eng.EmptyPromptError,
-    eng.PromptTooLongError,
-    eng.TokenIdOutOfRangeError,
-    eng.StaleVersionError,
-    eng.VersionConflictError,
-    eng.WeightsMismatchError,
-    eng.EngineBrokenError,
-    eng.NonFiniteLogprobError,  # the served weights give NaN/inf: the same call would again
+    errors.EmptyPromptError,
+    errors.PromptTooLongError,
+    errors.TokenIdOutOfRangeError,
+    errors.StaleVersionError,
+    errors.VersionConflictError,
+    errors.WeightsMismatchError,
+    errors.EngineBrokenError,
+    errors.NonFiniteLogprobError,  # the served weights give NaN/inf: the same call would again
 )
-# eng.EngineDiedError stays retryable: the episode treats it as a lost attempt and re-runs the call on
+# errors.EngineDiedError stays retryable: the episode treats it as a lost attempt and re-runs the call on
 # a live worker, while cli/worker.py takes this worker (and its dead engine) down.
 
 
@@ -73,9 +75,7 @@ def _non_retryable(exc: Exception, what: str) -> ApplicationError:
 class InferenceActivities:
     """The activities of the `inference` task queue, bound to one engine and one store."""
 
-    def __init__(
-        self, engine: eng.PolicyEngine, store: ObjectStore, weights_root: Path | None = None
-    ) -> None:
+    def __init__(self, engine: PolicyEngine, store: ObjectStore, weights_root: Path | None = None) -> None:
         self.engine = engine
         self.store = store
         self.weights_root = Path(weights_root or tempfile.mkdtemp(prefix="grove-weights-"))
@@ -106,7 +106,7 @@ class InferenceActivities:
 
 def build_inference_worker(
     client: Client,
-    engine: eng.PolicyEngine,
+    engine: PolicyEngine,
     store: ObjectStore,
     *,
     weights_root: Path | None = None,
@@ -139,7 +139,7 @@ async def _main(args: argparse.Namespace) -> None:
     from models.registry import ensure_model
     from storage.config import store_from_env
 
-    engine = await eng.PolicyEngine.start(eng.EngineConfig(model_dir=ensure_model(args.model)))
+    engine = await PolicyEngine.start(EngineConfig(model_dir=ensure_model(args.model)))
     try:
         worker = build_inference_worker(await connect(), engine, store_from_env())
         await worker.run()

@@ -35,9 +35,8 @@ log = logging.getLogger(__name__)
 PROBLEMS = "TemporalReportedProblems"
 # consecutive attempts after which an episode counts as wedged, per kind of problem the server reports.
 # Failed tasks only: a task that fails fails again (the same history, the same code). Tasks that time out
-# are left to the run's bound: a worker too loaded to finish one in 10 s may recover (seen: an episode
-# whose every attempt timed out under load ~40, at attempt 10 after seven minutes), and a test of such an
-# episode on the dev server was not flagged as timed out within 15 min (not understood yet).
+# are left to the run's bound: a worker too loaded to finish one in time may recover, and the dev server's
+# flag for timed-out tasks could not be made to appear in a test (docs/reliability.md).
 MIN_ATTEMPTS_BY_PROBLEM = {"category=WorkflowTaskFailed": 3}
 SWEEP_EVERY_S = 60.0
 

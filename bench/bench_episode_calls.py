@@ -13,37 +13,51 @@ and bytes, so history per run and per call can be read off directly.
 
     .venv/bin/python bench/bench_episode_calls.py                 # 20,000 calls (~20 min on 2 cores)
     .venv/bin/python bench/bench_episode_calls.py --quick         # 600 calls, 200 per run: a smoke run
+
+`--pattern contexts` drives the other shape of a long episode: every call opens a new context (an agent
+`a{i}` per call, as a harness that starts a fresh conversation each turn), through the real gateway over
+HTTP (uvicorn on a loopback port, the tiny-random model's tokenizer measuring each prompt, the chat record
+and the `deliver` Update of each response). It prints calls/s at `--marks` contexts (the rate of the
+`--window` calls ending at each mark; the gateway's work per call must not grow with the episode), the
+bytes one request's `context_view` answer and the whole `summary` take at each mark, and per run the
+largest history event and how many pass Temporal's 512 KiB payload warning size.
+
+    .venv/bin/python bench/bench_episode_calls.py --pattern contexts --marks 100,1000,5000
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.worker import run_worker  # noqa: E402
-from gateway.episodes import HANDING_OVER, Episodes  # noqa: E402
+
+from bench.services_kit import (  # noqa: E402
+    MAX_MODEL_LEN,
+    Services,
+    agent_call,
+    episode_spec,
+    gateway_client,
+    services,
+)
+from gateway.embedded import serve_gateway  # noqa: E402
+from gateway.episodes import HANDING_OVER, EpisodeQueryError, Episodes  # noqa: E402
+from gateway.routing import view_request  # noqa: E402
+from gateway.settings import GatewaySettings  # noqa: E402
 from grove import queues  # noqa: E402
-from grove.client import connect, workflow_runs  # noqa: E402
+from grove.client import workflow_runs  # noqa: E402
 from grove.contracts import (  # noqa: E402
     CallRequest,
     CloseRequest,
-    EpisodeSpec,
-    HarnessSpec,
     PromptSpec,
 )
+from grove.episode_start import start_episode  # noqa: E402
 from grove.receipts import ContextOrigin, ContextRecord  # noqa: E402
-from grove.sampling import SamplingConfig  # noqa: E402
-from harnesses import scenario  # noqa: E402
-from infra.temporal import TemporalDevServer  # noqa: E402
-from storage.local import LocalStore  # noqa: E402
 from trainer.rows import rows_from_parquet  # noqa: E402
 from trainer.staging_format import staging_key  # noqa: E402
 
@@ -138,6 +152,9 @@ async def run_histories(client, episode_id: str) -> list[dict[str, int]]:
     return [_run_figures(history) for history in await workflow_runs(client, episode_id)]
 
 
+PAYLOAD_WARN = 512 * 1024  # Temporal's limit.blobSize.warn, the SDK's payloads_warn_size
+
+
 def _run_figures(history) -> dict[str, int]:
     updates = sum(
         1 for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")
@@ -151,85 +168,151 @@ def _run_figures(history) -> dict[str, int]:
         "loaded": _activity_bytes(history, "load_ledger_page", "completed"),
         "written": _activity_bytes(history, "store_ledger_page", "scheduled"),
         "materialize_s": _activity_seconds(history, "materialize_episode"),
+        "largest_event": max(e.ByteSize() for e in history.events),
+        "over_warn": sum(e.ByteSize() > PAYLOAD_WARN for e in history.events),
     }
+
+
+SECRET = "bench-episode-calls-secret-0123456789"
+
+
+async def answer_bytes(client, episode_id: str, agent: str) -> tuple[int, str]:
+    """Bytes of one request's `context_view` answer and of the whole `summary` (their JSON); the summary
+    of a long enough episode is refused by Temporal (its payload limit, 2 MB)."""
+    episodes = Episodes(client)
+    view = await episodes.context_view(episode_id, view_request({"x-grove-agent": agent}))
+    try:
+        summary = f"{len((await episodes.summary(episode_id)).model_dump_json())} B"
+    except EpisodeQueryError as err:
+        summary = f"refused ({err})"
+    return len(view.model_dump_json()), summary
+
+
+async def drive_contexts(url: str, eid: str, start: int, stop: int, concurrency: int) -> list[float]:
+    """Calls start..stop-1, call i from agent `a{i}` (a new context each), `concurrency` at a time; the
+    monotonic time each one returned, in completion order."""
+    done: list[float] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(start, stop):
+        queue.put_nowait(i)
+
+    async def worker(http) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            await agent_call(http, f"a{i}", f"Task {i}.")
+            done.append(time.monotonic())
+
+    async with gateway_client(url, SECRET, eid) as http:
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+    return done
+
+
+async def main_contexts(args: argparse.Namespace, up: Services) -> None:
+    marks = sorted(int(m) for m in args.marks.split(","))
+    settings = GatewaySettings(
+        temporal_address=up.address, store=str(up.store.root), secret=SECRET, policy_model="tiny-random",
+        max_model_len=MAX_MODEL_LEN,
+    )  # fmt: skip
+    spec = episode_spec("bench-ctx", max_updates_per_run=args.per_run, ledger_page_items=args.page_items)
+    eid = spec.episode_id
+    await start_episode(up.client, spec)
+    async with serve_gateway(settings, up.store) as url:
+        await drive_contexts(url, eid, 0, 1, 1)  # also waits for the engine to be up
+        print(
+            f"episode {eid}: a new context per call, {args.concurrency} at a time, up to {marks[-1]} contexts"
+        )
+        t0 = time.monotonic()
+        times, previous = [], 1
+        for mark in marks:
+            times += await drive_contexts(url, eid, previous, mark, args.concurrency)
+            previous = mark
+            w = min(args.window, len(times) - 1)
+            rate = w / (times[-1] - times[-1 - w])
+            view_b, summary_b = await answer_bytes(up.client, eid, f"a{mark - 1}")
+            print(
+                f"  {mark:>6} contexts: {rate:6.2f} calls/s (the last {w} calls); one request's context_view "
+                f"{view_b} B, the whole summary {summary_b}",
+                flush=True,
+            )
+        calls_s = time.monotonic() - t0
+    t1 = time.monotonic()
+    episodes = Episodes(up.client)
+    await episodes.close(eid, CloseRequest(final_answer="done"))
+    result = await episodes.result(eid)
+    rows = rows_from_parquet(up.store.get(result.rows_key))
+    print(
+        f"{marks[-1] - 1} calls in {calls_s:.1f} s; close -> result {time.monotonic() - t1:.1f} s: status "
+        f"{result.status}, {result.counts}, {len(rows)} rows"
+    )
+    runs = await run_histories(up.client, eid)
+    print(f"{len(runs)} workflow runs: updates  events  bytes  largest-event  events>512KiB")
+    for k, r in enumerate(runs):
+        print(
+            f"  run {k:>3} {r['updates']:>8} {r['events']:>7} {r['bytes']:>10} {r['largest_event']:>10} "
+            f"{r['over_warn']:>4}"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
     wall0 = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-episode-"))
-    server = TemporalDevServer(tmp / "temporal").start()
-    worker = None
-    try:
-        client = await connect(server.address)
-        store = LocalStore(tmp / "store")
-        worker = asyncio.create_task(
-            run_worker(client, [queues.EPISODES, queues.IO, queues.INFERENCE], store=store,
-                       model="tiny-random", work_dir=tmp / "worker", device="cpu",
-                       engine_config={"max_model_len": 256})
-        )  # fmt: skip
-        run = f"bench-{uuid.uuid4().hex[:6]}"
-        spec = EpisodeSpec(
-            run_id=run, step=1, group_id=f"{run}/t0", episode_id=f"{run}/s000001/t0/g0",
-            task=scenario.make_task(0), harness=HarnessSpec(kind="external"),
-            sampling=SamplingConfig(max_tokens=1), max_updates_per_run=args.per_run,
-            ledger_page_items=args.page_items,
-        )  # fmt: skip
-        eid = spec.episode_id
-        await client.start_workflow("EpisodeWorkflow", spec, id=eid, task_queue=queues.EPISODES)
-        episodes = CountingEpisodes(client)
-        await episodes.open_context(
-            eid, ContextRecord(context_id="parent", agent="parent", origin=ContextOrigin.ROOT)
-        )
-        await episodes.call(eid, call_request(eid, 0))  # also waits for the engine to be up
+    async with services(Path(tempfile.mkdtemp(prefix="bench-episode-"))) as up:
+        if args.pattern == "contexts":
+            await main_contexts(args, up)
+        else:
+            await main_branches(args, up, wall0)
+
+
+async def main_branches(args: argparse.Namespace, up: Services, wall0: float) -> None:
+    client, store = up.client, up.store
+    spec = episode_spec("bench", max_updates_per_run=args.per_run, ledger_page_items=args.page_items)
+    eid = spec.episode_id
+    await client.start_workflow("EpisodeWorkflow", spec, id=eid, task_queue=queues.EPISODES)
+    episodes = CountingEpisodes(client)
+    await episodes.open_context(
+        eid, ContextRecord(context_id="parent", agent="parent", origin=ContextOrigin.ROOT)
+    )
+    await episodes.call(eid, call_request(eid, 0))  # also waits for the engine to be up
+    print(f"episode {eid}: {args.calls} calls, {args.concurrency} at a time, {args.per_run} Updates per run")
+    t0 = time.monotonic()
+    rates = await drive(episodes, eid, args.calls, args.concurrency, args.per_run)
+    calls_s = time.monotonic() - t0
+    t1 = time.monotonic()
+    await episodes.close(eid, CloseRequest(final_answer="done"))
+    result = await episodes.result(eid)
+    close_s = time.monotonic() - t1
+    rows = rows_from_parquet(store.get(result.rows_key))
+    print(
+        f"{args.calls - 1} calls in {calls_s:.1f} s = {(args.calls - 1) / calls_s:.1f} calls/s overall; "
+        f"first/last segment {rates[0]:.1f}/{rates[-1]:.1f} calls/s; HandingOver retries "
+        f"{episodes.handover_retries}"
+    )
+    print(
+        f"close -> result {close_s:.1f} s: status {result.status}, {result.counts}, "
+        f"{len(rows)} rows ({result.num_rows} reported)"
+    )
+    runs = await run_histories(client, eid)
+    print(
+        f"{len(runs)} workflow runs ({len(runs) - 1} hand-overs): updates  events  bytes  bytes/update"
+        "  start-input  ledger-loaded  ledger-written"
+    )
+    for k, r in enumerate(runs):
         print(
-            f"episode {eid}: {args.calls} calls, {args.concurrency} at a time, {args.per_run} Updates per run"
+            f"  run {k:>3} {r['updates']:>8} {r['events']:>7} {r['bytes']:>10} "
+            f"{r['bytes'] / max(r['updates'], 1):>8.0f} {r['start_input']:>10} {r['loaded']:>12} "
+            f"{r['written']:>12}"
         )
-        t0 = time.monotonic()
-        rates = await drive(episodes, eid, args.calls, args.concurrency, args.per_run)
-        calls_s = time.monotonic() - t0
-        t1 = time.monotonic()
-        await episodes.close(eid, CloseRequest(final_answer="done"))
-        result = await episodes.result(eid)
-        close_s = time.monotonic() - t1
-        rows = rows_from_parquet(store.get(result.rows_key))
-        print(
-            f"{args.calls - 1} calls in {calls_s:.1f} s = {(args.calls - 1) / calls_s:.1f} calls/s overall; "
-            f"first/last segment {rates[0]:.1f}/{rates[-1]:.1f} calls/s; HandingOver retries "
-            f"{episodes.handover_retries}"
-        )
-        print(
-            f"close -> result {close_s:.1f} s: status {result.status}, {result.counts}, "
-            f"{len(rows)} rows ({result.num_rows} reported)"
-        )
-        runs = await run_histories(client, eid)
-        print(
-            f"{len(runs)} workflow runs ({len(runs) - 1} hand-overs): updates  events  bytes  bytes/update"
-            "  start-input  ledger-loaded  ledger-written"
-        )
-        for k, r in enumerate(runs):
-            print(
-                f"  run {k:>3} {r['updates']:>8} {r['events']:>7} {r['bytes']:>10} "
-                f"{r['bytes'] / max(r['updates'], 1):>8.0f} {r['start_input']:>10} {r['loaded']:>12} "
-                f"{r['written']:>12}"
-            )
-        total_events = sum(r["events"] for r in runs)
-        total_bytes = sum(r["bytes"] for r in runs)
-        biggest = max(runs, key=lambda r: r["bytes"])
-        print(
-            f"max run: {max(r['events'] for r in runs)} events, {biggest['bytes'] / 1e6:.2f} MB (of which "
-            f"ledger loaded {biggest['loaded'] / 1e6:.2f} MB, written {biggest['written'] / 1e6:.2f} MB); "
-            f"per call {total_events / args.calls:.1f} events, {total_bytes / args.calls / 1e3:.2f} KB"
-        )
-        print(
-            f"materialize_episode (scheduled -> completed) {runs[-1]['materialize_s']:.1f} s; "
-            f"total wall {time.monotonic() - wall0:.0f} s (services up, calls, close, histories read)"
-        )
-    finally:
-        if worker is not None:
-            worker.cancel()
-            with contextlib.suppress(BaseException):
-                await worker
-        server.stop()
+    total_events = sum(r["events"] for r in runs)
+    total_bytes = sum(r["bytes"] for r in runs)
+    biggest = max(runs, key=lambda r: r["bytes"])
+    print(
+        f"max run: {max(r['events'] for r in runs)} events, {biggest['bytes'] / 1e6:.2f} MB (of which "
+        f"ledger loaded {biggest['loaded'] / 1e6:.2f} MB, written {biggest['written'] / 1e6:.2f} MB); "
+        f"per call {total_events / args.calls:.1f} events, {total_bytes / args.calls / 1e3:.2f} KB"
+    )
+    print(
+        f"materialize_episode (scheduled -> completed) {runs[-1]['materialize_s']:.1f} s; "
+        f"total wall {time.monotonic() - wall0:.0f} s (services up, calls, close, histories read)"
+    )
 
 
 if __name__ == "__main__":
@@ -245,6 +328,12 @@ if __name__ == "__main__":
     parser.add_argument(
         "--quick", action="store_true", help="600 calls, 200 per run, pages of 128: a smoke run"
     )
+    parser.add_argument(
+        "--pattern", choices=["branches", "contexts"], default="branches",
+        help="branches: calls of one context (default); contexts: a new context per call, via the gateway",
+    )  # fmt: skip
+    parser.add_argument("--marks", default="100,1000,5000", help="contexts: where calls/s are printed")
+    parser.add_argument("--window", type=int, default=100, help="contexts: calls per printed rate")
     ns = parser.parse_args()
     if ns.quick:
         ns.calls, ns.per_run, ns.page_items = 600, 200, 128

@@ -34,7 +34,8 @@ from temporalio.common import RetryPolicy  # noqa: E402
 from temporalio.testing import ActivityEnvironment  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
-from activities.engine import EngineConfig, PolicyEngine  # noqa: E402
+from activities.engine import PolicyEngine  # noqa: E402
+from activities.engine_config import EngineConfig  # noqa: E402
 from activities.generate import call_seed  # noqa: E402
 from activities.inference_worker import InferenceActivities, build_inference_worker  # noqa: E402
 from grove import queues  # noqa: E402

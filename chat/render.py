@@ -62,6 +62,13 @@ class UndeclaredDiscontinuityError(ChatRenderError):
         self.index = index  # first differing message index (None: the tools differ)
         self.field = field
 
+    def __reduce__(self):  # picklable with its fields: the gateway builds prompts in worker processes
+        return _discontinuity_of, (type(self), str(self), self.index, self.field)
+
+
+def _discontinuity_of(cls: type, message: str, index: int | None, field: str) -> UndeclaredDiscontinuityError:
+    return cls(message, index=index, field=field)
+
 
 class TemplateNotPrefixStableError(ChatRenderError):
     """The chat template renders earlier messages differently once later ones are added."""

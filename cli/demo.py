@@ -88,9 +88,10 @@ class DemoConfig(BaseModel):
     # langgraph / agents-sdk: a Python harness program launched per episode the same way, on the
     # `langgraph-delegation` / `agents-sdk-delegation` family (harnesses/framework_delegation.py)
     harness: Literal["native", "opencode", "langgraph", "agents-sdk"] = "native"
-    # opencode only: `opencode-delegation` (None) or `opencode-reader` (its workers read notes.txt and
-    # compact mid-way; harnesses/opencode_reader.py)
-    family: Literal["opencode-delegation", "opencode-reader"] | None = None
+    # opencode only: `opencode-delegation` (None), `opencode-reader` (its workers read notes.txt and
+    # compact mid-way; harnesses/opencode_reader.py) or `opencode-report` (the same episodes, rewarded for
+    # the shape of the workers' reports and the lead's answer; harnesses/opencode_report.py)
+    family: Literal["opencode-delegation", "opencode-reader", "opencode-report"] | None = None
     # None: tiny (native) or tiny-copy (opencode: tiny-tools, drilled on OpenCode's calls, fine-tuned to copy
     # made-up words into them; tiny-tools writes the calls but copies no word, so its groups give no signal)
     model: str | None = None
@@ -142,7 +143,11 @@ def learning_rate(cfg: DemoConfig) -> float:
     return cfg.lr or (OPENCODE_LR if cfg.harness == "opencode" else 5e-4)
 
 
-OPENCODE_MODELS = {"opencode-delegation": "tiny-copy", "opencode-reader": "tiny-reader"}
+OPENCODE_MODELS = {
+    "opencode-delegation": "tiny-copy",
+    "opencode-reader": "tiny-reader",
+    "opencode-report": "tiny-report",
+}
 
 
 def opencode_family(cfg: DemoConfig) -> str:
@@ -436,14 +441,35 @@ async def follow(client: Client, runs: list[RunConfig], out: Path, workers: list
     return histories
 
 
+def prepare_model(name: str) -> Path:
+    """The model's folder, building whatever it needs first and saying so: on a fresh machine an OpenCode
+    family's model is a chain of builds and fine-tunes (tiny-tools, tiny-copy, ...), each trained on the
+    CPU once and cached under $GROVE_HOME/models."""
+    from models.registry import ensure_model, uncached_builds
+
+    builds = uncached_builds(name)
+    if builds:
+        print(
+            f"[demo] model {name!r} is not in the model cache: building {', '.join(builds)} first (trained "
+            "here on the CPU, once; README says how long)",
+            flush=True,
+        )
+    for build in builds:
+        print(f"[demo] building model {build!r} ...", flush=True)
+        started = time.monotonic()
+        ensure_model(build)
+        print(f"[demo] built {build!r} in {(time.monotonic() - started) / 60:.1f} min", flush=True)
+    model_dir = ensure_model(name)
+    print(f"[demo] model {name!r}: {model_dir}", flush=True)
+    return model_dir
+
+
 def main(cfg: DemoConfig) -> int:
     from infra import stack
-    from models.registry import ensure_model
 
     out = cfg.out_dir / cfg.name
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[demo] model {model_name(cfg)!r}: building or loading from the cache ...", flush=True)
-    model_dir = ensure_model(model_name(cfg))
+    model_dir = prepare_model(model_name(cfg))
     if cfg.harness == "opencode":
         from harnesses.opencode_install import opencode_binary
 

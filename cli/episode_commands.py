@@ -1,15 +1,26 @@
 """`grove episode ...`: one episode by hand, outside a run — for a harness you run yourself.
 
     grove episode start --external [--task 3] [--gateway-url http://127.0.0.1:8400] [--max-tokens 64]
+                        [--temperature 0.7] [--top-p 0.95] [--run-config examples/opencode-delegation.yaml]
 
 starts an `EpisodeWorkflow` driven by an external harness and prints what the harness needs: the
 OpenAI base URL of the episode on the gateway and its bearer token (the OpenAI client's api_key),
-signed with $GROVE_GATEWAY_SECRET (the gateway's own secret), plus the close URL. Point any OpenAI
-client (OpenCode's provider `baseURL`/`apiKey`) at them, then close the episode:
+signed with $GROVE_GATEWAY_SECRET (the gateway's own secret), plus the close URL and the episode's
+sampling. Point any OpenAI client (OpenCode's provider `baseURL`/`apiKey`) at them, then close the
+episode.
+
+Sampling is explicit: a request that names no `temperature` / `top_p` is sampled, and recorded for the
+learner, with the episode's (gateway/chat_request.py `sampling_for`; OpenCode sends a temperature only
+when its model entry says `"temperature": true` and the agent names one). The episode's sampling is
+`--temperature` / `--top-p` / `--max-tokens`, else the run config's `sampling` (`--run-config`), else
+grove's defaults (temperature 1.0, top_p 1.0, 256 tokens); it is printed either way:
 
     curl -X POST -H "authorization: Bearer $TOKEN" "$CLOSE_URL?wait=true" -d '{"final_answer": "..."}'
 
-Exit codes: 0 ok, 2 usage, 5 Temporal unreachable, 6 the episode id exists already.
+    grove episode show <episode id>      # its contexts while it runs; its result and rows once closed
+
+Exit codes: 0 ok, 2 usage, 4 no such episode (show), 5 Temporal unreachable, 6 the episode id exists
+already (start).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ episode_app = typer.Typer(
     help="Start episodes by hand (for a harness you run yourself).", no_args_is_help=True
 )
 
+EXIT_NOT_FOUND = 4
 EXIT_UNREACHABLE = 5
 EXIT_CONFLICT = 6
 
@@ -41,7 +53,18 @@ def start(
     gateway_url: str = typer.Option(
         "http://127.0.0.1:8400", help="The gateway the harness talks to (`grove gateway`)."
     ),
-    max_tokens: int = typer.Option(256, help="Default max_tokens of the episode's calls."),
+    max_tokens: int = typer.Option(
+        None, help="max_tokens of calls that name none (default: the run config's, else 256)."
+    ),
+    temperature: float = typer.Option(
+        None, help="Temperature of calls that name none (default: the run config's, else 1.0)."
+    ),
+    top_p: float = typer.Option(
+        None, help="top_p of calls that name none (default: the run config's, else 1.0)."
+    ),
+    run_config: str = typer.Option(
+        None, help="A run config (YAML) whose `sampling` the episode takes, like the run's episodes."
+    ),
     idle_timeout_s: float = typer.Option(1800.0, help="Close as failed after this long without a call."),
     address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
@@ -58,9 +81,14 @@ def start(
     if not secret:
         typer.echo(f"{SECRET_VAR} is not set: use the secret the gateway was started with", err=True)
         raise typer.Exit(2)
+    try:
+        sampling = episode_sampling(run_config, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+    except (ValueError, OSError) as err:  # pydantic's ValidationError and RunConfigError are ValueErrors
+        typer.echo(f"episode start: {err}", err=True)
+        raise typer.Exit(2) from None
     eid = episode_id or f"adhoc/{uuid.uuid4().hex[:12]}"
     try:
-        asyncio.run(_start(eid, task_family, task, max_tokens, idle_timeout_s, address))
+        asyncio.run(_start(eid, task_family, task, sampling, idle_timeout_s, address))
     except _Conflict as err:
         typer.echo(str(err), err=True)
         _exit_now(EXIT_CONFLICT)
@@ -73,12 +101,51 @@ def start(
         "base_url": f"{base}/episodes/{episode_ref(eid)}/v1",
         "token": issue_token(secret, eid),
         "close_url": f"{base}/episodes/{episode_ref(eid)}/close",
+        "sampling": sampling.model_dump(include={"temperature", "top_p", "max_tokens"}),
     }
     if as_json:
         typer.echo(json.dumps(out, indent=2))
     else:
         for key, value in out.items():
+            if key == "sampling":
+                value = " ".join(f"{k}={v}" for k, v in value.items())
+                value += "  (requests naming no temperature/top_p/max_tokens get these)"
             typer.echo(f"{key:11} {value}")
+    _exit_now(0)
+
+
+def episode_sampling(
+    run_config: str | None, *, temperature: float | None, top_p: float | None, max_tokens: int | None
+):
+    """The episode's SamplingConfig: the flags given, over the run config's sampling (or grove's
+    defaults). Raises ValueError (pydantic's, naming the field) for values grove cannot sample with."""
+    from grove.runconfig import load_run_config
+    from grove.sampling import SamplingConfig
+
+    base = load_run_config(run_config).sampling if run_config else SamplingConfig()
+    flags = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+    return SamplingConfig.model_validate(
+        {**base.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+    )
+
+
+@episode_app.command("show")
+def show(
+    episode_id: str = typer.Argument(..., help="The episode (workflow) id `grove episode start` printed."),
+    address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS)."),
+) -> None:
+    """What grove recorded of an episode: its contexts (agents, spawns, rewrites) while it runs; its
+    result and rows once it is closed (rows from $GROVE_STORE)."""
+    try:
+        lines = asyncio.run(_show(episode_id, address))
+    except _Unreachable as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_UNREACHABLE)
+    except _NotFound as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_NOT_FOUND)
+    for line in lines:
+        typer.echo(line)
     _exit_now(0)
 
 
@@ -98,21 +165,22 @@ class _Unreachable(Exception):
     pass
 
 
-async def _start(
-    eid: str, family_name: str, index: int, max_tokens: int, idle_timeout_s: float, address: str | None
-) -> None:
-    from temporalio.exceptions import WorkflowAlreadyStartedError
+class _NotFound(Exception):
+    pass
 
-    from grove import queues
+
+async def _start(
+    eid: str, family_name: str, index: int, sampling, idle_timeout_s: float, address: str | None
+) -> None:
     from grove.client import connect
     from grove.contracts import EpisodeSpec, HarnessSpec
-    from grove.sampling import SamplingConfig
+    from grove.episode_start import EpisodeIdReusedError, start_episode
     from harnesses.programs import family
 
     make_task, _ = family(family_name)
     spec = EpisodeSpec(
         run_id="adhoc", step=0, group_id=f"{eid}/group", episode_id=eid, task=make_task(index),
-        harness=HarnessSpec(kind="external"), sampling=SamplingConfig(max_tokens=max_tokens),
+        harness=HarnessSpec(kind="external"), sampling=sampling,
         idle_timeout_s=idle_timeout_s,
     )  # fmt: skip
     try:
@@ -120,6 +188,37 @@ async def _start(
     except RuntimeError as err:
         raise _Unreachable(f"Temporal is unreachable: {err}") from None
     try:
-        await client.start_workflow("EpisodeWorkflow", spec, id=eid, task_queue=queues.EPISODES)
-    except WorkflowAlreadyStartedError:
-        raise _Conflict(f"episode {eid!r} exists already; pick another --id") from None
+        await start_episode(client, spec)
+    except EpisodeIdReusedError as err:  # running or ended: an id is used once (grove/episode_start.py)
+        raise _Conflict(f"{err}; pick another --id") from None
+
+
+async def _show(eid: str, address: str | None) -> list[str]:
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from cli.episode_show import result_lines, summary_lines
+    from grove.client import connect
+    from grove.contracts import EpisodeResult
+    from storage.config import store_from_env
+    from trainer.rows import rows_from_parquet
+    from workflows.accounting import LedgerSummary
+
+    try:
+        client = await connect(address)
+    except RuntimeError as err:
+        raise _Unreachable(f"Temporal is unreachable: {err}") from None
+    handle = client.get_workflow_handle(eid, result_type=EpisodeResult)
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise _NotFound(f"no episode {eid!r} on {client.service_client.config.target_host}") from None
+        raise
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        return summary_lines(eid, await handle.query("summary", result_type=LedgerSummary))
+    if desc.status == WorkflowExecutionStatus.COMPLETED:
+        result = await handle.result()
+        rows = rows_from_parquet(store_from_env().get(result.rows_key)) if result.num_rows else []
+        return result_lines(result, rows)
+    return [f"episode   {eid}  {desc.status.name if desc.status else 'unknown'}"]

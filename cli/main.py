@@ -58,8 +58,16 @@ def infra_down() -> None:
 
 
 @infra_app.command("status")
-def infra_status() -> None:
-    """Show the recorded services and whether each is alive."""
+def infra_status(
+    queue: Annotated[
+        list[str] | None,
+        typer.Option(help="Another task queue to report (a run's own inference queue); repeatable."),
+    ] = None,
+) -> None:
+    """Show the recorded services, whether each is alive, and which task queues a worker polls."""
+    import asyncio
+
+    from cli.queue_status import queue_lines
     from infra import stack
 
     services = stack.status()
@@ -67,13 +75,21 @@ def infra_status() -> None:
         typer.echo("no services recorded (run `grove infra up`)")
     for name, (rec, alive) in services.items():
         typer.echo(f"{name:9} {'up  ' if alive else 'DOWN'} pid {rec.pid}  {rec.address}  {rec.ui_url or ''}")
+    temporal = services.get("temporal")
+    if temporal is not None and temporal[1]:
+        from cli.run_commands import _exit_now
+
+        for line in asyncio.run(queue_lines(temporal[0].address, queue or [])):
+            typer.echo(line)
+        _exit_now(0)  # the Temporal client's threads can abort a finalizing interpreter (run_commands.py)
 
 
 @model_app.command("init")
 def model_init(
     name: str = typer.Argument("tiny", help="tiny | tiny-random | smollm2 | a path to a HF model folder"),
 ) -> None:
-    """Build (or convert) a model folder and print its path; cached under $GROVE_HOME/models."""
+    """Build (or convert) a model folder and print its path; cached under $GROVE_MODELS (default
+    ~/.cache/grove/models, shared by every stack whatever its $GROVE_HOME)."""
     from models.registry import ensure_model
 
     path: Path = ensure_model(name)
@@ -159,7 +175,7 @@ def worker(
 
         await run_worker(
             client, names, store=store_from_env(), model=model, device=device,
-            inference_queue=inference_queue, wedge_sweep_s=wedge_sweep_s or None,
+            inference_queue=inference_queue, wedge_sweep_s=wedge_sweep_s or None, say=typer.echo,
             engine_config={"tool_call_parser": tool_call_parser, **limits.model_dump()},
             harness=HarnessWorkerOptions(
                 gateway_url=gateway_url, policy_model=model, keep_dirs=keep_harness_dirs,
@@ -187,13 +203,16 @@ def demo(
     ),
     family: str = typer.Option(
         None,
-        help="opencode only: opencode-delegation (default) or opencode-reader (each worker reads "
-        "notes.txt with OpenCode's read tool and compacts mid-way; default model tiny-reader).",
+        help="opencode only: opencode-delegation (default), opencode-reader (each worker reads "
+        "notes.txt with OpenCode's read tool and compacts mid-way; default model tiny-reader) or "
+        "opencode-report (the same episodes, rewarded for the shape of the workers' reports and the lead's "
+        "answer; default model tiny-report).",
     ),
     model: str = typer.Option(
         None,
-        help="tiny | tiny-tools | tiny-copy | tiny-resume | tiny-reader | smollm2 | a HF causal-LM folder "
-        "(default tiny; opencode: tiny-copy, opencode-reader: tiny-reader).",
+        help="tiny | tiny-tools | tiny-copy | tiny-resume | tiny-reader | tiny-report | smollm2 | a HF "
+        "causal-LM folder (default tiny; opencode: tiny-copy, opencode-reader: tiny-reader, "
+        "opencode-report: tiny-report).",
     ),
     steps: int = typer.Option(20, help="Optimizer steps per run."),
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),

@@ -6,25 +6,38 @@ At scale each queue is its own pool: `episodes` and `io` are cheap CPU workers, 
 vLLM engine per process, `trainer` owns the GPU(s) of the learner. Any number of inference workers may
 serve a run's inference queue: each loads the run's latest committed policy before it serves a call
 (activities/follow.py, docs/rollout-scale.md).
+
+Readiness: a worker polls its queues only once it can serve them, so Temporal's list of a queue's
+pollers says which queues are served (grove/queue_readiness.py: what the gateway's `/readyz` and `grove
+infra status` read). A worker with the inference queue loads its engine first (10-30 s on CPU, minutes on
+a loaded machine; vLLM's start blocks this process's event loop) and polls every queue after; a request
+that reaches the gateway meanwhile waits for it (gateway/worker_wait.py) and a generation scheduled
+meanwhile waits in the inference queue. `say` gets one line when the engine starts loading and one when
+every queue is polled ("worker ready: ...").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import tempfile
+import time
 from asyncio import FIRST_COMPLETED
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from grove import queues
 from grove.contracts import EngineLimits
 from grove.gates import GatedStore, Gates
+
+log = logging.getLogger("grove.worker")
 
 # A dead worker's sticky queue would otherwise hold the next workflow task for 10 s (infra_probe.md).
 STICKY_TIMEOUT = timedelta(seconds=2)
@@ -115,6 +128,7 @@ async def run_worker(
     inference_queue: str = queues.INFERENCE,
     harness=None,
     wedge_sweep_s: float | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> None:
     """Serve `queue_names` until cancelled; the inference queue starts a vLLM engine first
     (or uses `engine`, a started PolicyEngine the caller owns and shuts down); the harness queue runs
@@ -132,13 +146,20 @@ async def run_worker(
     if queues.TRAINER in names:
         workers.append(trainer_worker(client, store, work_dir, device))
     if queues.INFERENCE in names:
-        from activities.engine import EngineConfig, PolicyEngine
+        from activities.engine import PolicyEngine
+        from activities.engine_config import EngineConfig
         from activities.inference_worker import build_inference_worker
         from models.registry import ensure_model
 
         if engine is None:
             config = EngineConfig(model_dir=ensure_model(model), **(engine_config or {}))
+            say(f"worker: loading the inference engine ({model}) for queue {inference_queue!r} ...")
+            started = time.monotonic()
+            gates = Gates.from_env()
+            if gates is not None:  # tests: a worker whose engine has not started yet
+                await gates.hold("engine_start", inference_queue)
             engine = owned_engine = await PolicyEngine.start(config)
+            say(f"worker: engine loaded in {time.monotonic() - started:.0f} s")
         workers.append(
             build_inference_worker(
                 client, engine, store, weights_root=work_dir / "weights", task_queue=inference_queue
@@ -161,7 +182,7 @@ async def run_worker(
                 options = harness or HarnessWorkerOptions(policy_model=model)
                 runner = await stack.enter_async_context(harness_runner(client, store, options, work_dir))
                 workers.append(build_harness_worker(client, runner))
-            await _serve(workers, engine)
+            await _serve(workers, engine, lambda: say(f"worker ready: polling {names}"))
     finally:
         for task in background:
             task.cancel()
@@ -169,12 +190,13 @@ async def run_worker(
             await owned_engine.shutdown()
 
 
-async def _serve(workers: list[Worker], engine) -> None:
+async def _serve(workers: list[Worker], engine, on_polling: Callable[[], None] = lambda: None) -> None:
     """Run the workers until one fails or is cancelled, or until the engine dies: then raise its
     EngineDiedError, so the process exits instead of answering every inference call with an error
-    (Temporal retries those calls on a live worker)."""
+    (Temporal retries those calls on a live worker). `on_polling`: called once every worker polls."""
     tasks = [asyncio.create_task(w.run()) for w in workers]
     watch = asyncio.create_task(engine.wait_died()) if engine is not None else None
+    polling = asyncio.create_task(_until_polling(workers, on_polling))
     try:
         done, _ = await asyncio.wait([*tasks, *([watch] if watch else [])], return_when=FIRST_COMPLETED)
         if watch is not None and watch in done:
@@ -182,7 +204,25 @@ async def _serve(workers: list[Worker], engine) -> None:
         for task in done:
             task.result()  # a worker that stopped by itself: surface its error
     finally:
-        for task in [*tasks, *([watch] if watch else [])]:
+        for task in [*tasks, *([watch] if watch else []), polling]:
             task.cancel()
         # let the Temporal workers shut down (report what their activities raised) before we return
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _until_polling(workers: list[Worker], then: Callable[[], None]) -> None:
+    """Call `then` once Temporal lists this process among the live pollers of each worker's queue
+    (grove/queue_readiness.py): ready means polled, not merely started."""
+    from grove.queue_readiness import queue_state
+
+    try:
+        for w in workers:
+            config = w.config()
+            identity = config.get("identity") or w.client.identity
+            kind = "workflow" if config.get("workflows") else "activity"
+            while identity not in (await queue_state(w.client, w.task_queue, kind)).workers:
+                await asyncio.sleep(0.2)  # a worker's first poll reaches the server within moments
+    except RPCError as err:  # Temporal did not answer: the workers say so themselves
+        log.warning("worker: could not confirm the queues are polled: %s", err)
+        return
+    then()

@@ -1,8 +1,12 @@
 """A LangGraph supervisor with two concurrent `Send` workers; the second worker compacts its history with
 LangChain's SummarizationMiddleware. Only the two lines marked `grove` know about grove: identity, spawn
 links, the summary call (auxiliary) and the rewritten history are inferred (harnesses/clients/langgraph.py).
+When the graph is done, the program closes the episode and prints what grove recorded (accounting, rows,
+agents).
 
-    GROVE_BASE_URL=http://HOST/episodes/<ref>/v1 GROVE_API_KEY=<token> python examples/langgraph_supervisor.py
+    grove episode start --external --json          # prints base_url and token of a new episode
+    export GROVE_BASE_URL=<base_url> GROVE_API_KEY=<token>
+    python examples/langgraph_supervisor.py
 """
 
 from __future__ import annotations
@@ -82,9 +86,13 @@ async def run(grove: GroveGraphs, task: str = "Fix the failing build.", max_toke
 
 
 async def main() -> None:
+    from harnesses.clients.report import episode_report
+
     grove = GroveGraphs.from_env()
     answer = await run(grove)
-    await grove.aclose(final_answer=answer)
+    closed = await grove.aclose(final_answer=answer, wait=True)
+    print(f"answer    {answer!r}")
+    print(episode_report(grove.episode, closed))
 
 
 if __name__ == "__main__":

@@ -2,4 +2,5 @@
 
 from gateway.cli import main
 
-main()
+if __name__ == "__main__":  # a spawned tokenization worker imports this module too (gateway/tokenization.py)
+    main()

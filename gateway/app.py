@@ -7,7 +7,8 @@ converter) and the object store. Routers: OpenAI-compatible `/episodes/{ref}/v1/
 
 Limits (gateway/limits.py): header count/bytes by middleware before any route; every body read by a
 dependency after the bearer token was checked, capped; the served model's tokenizer and context
-(gateway/context_window.py) loaded at startup so over-long prompts are refused before admission.
+(gateway/context_window.py) loaded at startup so over-long prompts are refused before admission,
+measured off the event loop in a bounded worker pool (gateway/tokenization.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gateway.limits import HeaderLimitMiddleware
 from gateway.routes import health, manage, openai
 from gateway.routes.errors import install_error_handlers
 from gateway.settings import GatewaySettings
+from gateway.tokenization import Tokenization
 from grove.client import connect
 from storage.base import ObjectStore
 from storage.config import open_store
@@ -43,9 +45,13 @@ def create_app(settings: GatewaySettings, store: ObjectStore | None = None) -> F
         window = await asyncio.to_thread(
             ContextWindow.load, settings.policy_model, settings.max_model_len, store
         )
-        app.state.episodes = Episodes(client)
-        app.state.capture = Capture(app.state.episodes, store, window)
-        yield
+        tokens = Tokenization(window, settings.policy_model, settings.tokenization)
+        app.state.episodes = Episodes(client, settings.worker_wait_s)
+        app.state.capture = Capture(app.state.episodes, store, window, tokens)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(tokens.shutdown)
 
     app = FastAPI(title="grove capture gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings

@@ -2,15 +2,19 @@
 the context's head, admit it through the episode's Updates, and record what the harness got.
 
     spec      -> sampling (the episode's, with the request's overrides; 400 before anything runs)
-    summary   -> identity (headers) -> target context (gateway/routing.py); a new agent without a
+    view      -> the `context_view` of the agents the headers may name (gateway/routing.py
+                 view_request; workflows/context_view.py): what routing needs, never the whole summary
+              -> identity (headers) -> target context (gateway/routing.py); a new agent without a
                  spawner is refused (400 UnspawnedAgentError) when the episode's spec says
-                 `unspawned_agents="refuse"`, else accepted (the summary query warns)
+                 `unspawned_agents="refuse"`, else accepted (the summary query warns); another agent's
+                 context is refused (403 ContextOwnershipError)
     spawn     -> a request that names its spawner (identity.respawn) goes to the live context of its
                  agent that it extends or repeats, else opens a new SPAWN context (a worker invoked
                  again with a fresh history); contexts still generating are never candidates
     head      -> still generating: 409 HeadPendingError; still being delivered by a request of this
                  gateway: 409 ResponsePendingError (Retry-After); else its chat record (a completed
-                 head without one, whose request is gone, was never delivered: discard it, redo)
+                 head without one, or awaiting delivery in the ledger, whose request is gone, was never
+                 delivered: discard it, redo)
     decision  -> ROOT / CONTINUE / RETRY / SKIP_EMPTY / REWRITE or 400 (gateway/continuation.py); nothing is
                  admitted for a refused request, and the error names the header that fixes the common
                  mistakes (gateway/hints.py)
@@ -20,18 +24,19 @@ the context's head, admit it through the episode's Updates, and record what the 
     act       -> open_context (new agent, or a rewrite), discard (retry), call -> CallResult (a large
                  completion by reference: read from the store and verified, gateway/claims.py)
     record    -> written before the response leaves (gateway/records.py)
-    delivery  -> `Delivery`: the route sends the response and settles it (gateway/delivery.py):
-                 delivered whole -> delivery mark; not -> the call is discarded, never trained
+    delivery  -> `Delivery`: the route records the delivery in the ledger (the `deliver` Update) just
+                 before the response's last part, and settles it (gateway/delivery.py): not delivered ->
+                 the call is discarded, never trained; a close freezes the rest (workflows/delivery.py)
 
 Delivery and its races. A call's response is "being delivered" from its call Update until the route has
 sent its last byte or given up; this gateway process knows which of its own requests are in that window
 (`Capture._delivering`, liveness, not state: nothing there outlives the request). Another request of the
 same context in that window gets a retryable 409 instead of a decision on a head that may be about to be
 delivered (it must not discard it). Several gateway replicas do not share that knowledge: route all
-requests of an episode to one replica (the episode reference is in the path). At close,
-`settle_undelivered` discards every completed head without a delivery mark that nothing builds on.
+requests of an episode to one replica (the episode reference is in the path). At close the ledger
+itself discards every completed call whose delivery it has not recorded (workflows/delivery.py).
 
-Planning is serialised per episode within this gateway process (`_planning`): from the summary query
+Planning is serialised per episode within this gateway process (`_planning`): from the view query
 to the registration of the new call id, so two concurrent first requests of a worker spawned twice see
 each other's new context and open two, never one twice. Generation runs outside it.
 
@@ -54,7 +59,7 @@ from gateway.chat_request import ChatCompletionRequest, sampling_for
 from gateway.claims import completion_of, stash_prompt
 from gateway.context_window import ContextWindow
 from gateway.continuation import Decision, Move, UndeclaredDiscontinuityError, decide
-from gateway.episodes import EpisodeError, Episodes
+from gateway.episodes import EpisodeError, Episodes, EpisodeUpdateRejectedError
 from gateway.hints import UndeclaredAuxiliaryCallError, diagnose, rewrite_error, summary_message
 from gateway.identity import (
     AGENT_HEADER,
@@ -66,7 +71,8 @@ from gateway.identity import (
     Identity,
     aux_agent,
 )
-from gateway.records import ChatRecord, Usage, is_delivered, load_record, mark_delivered, save_record
+from gateway.opencode_names import session_names
+from gateway.records import ChatRecord, Usage, load_record, save_record
 from gateway.replay import (
     SessionAlias,
     claimed_agents,
@@ -83,19 +89,23 @@ from gateway.replay import (
 from gateway.routing import (
     Target,
     current_context,
+    fresh_context,
     identify,
     live_contexts,
     route,
     spawn_target,
     spawning_call,
+    view_request,
 )
+from gateway.tokenization import Tokenization
 from grove.contracts import CallRequest, CallResult, ChatPrompt, Completion, EpisodeSpec, PromptSpec
 from grove.gates import Gates
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
 from storage.base import ObjectStore
 from trainer.staging_format import staging_key
-from workflows.accounting import ContextSummary, LedgerSummary
+from workflows.accounting import ContextSummary
+from workflows.context_view import ContextView, ViewRequest
 
 log = logging.getLogger("grove.gateway")
 
@@ -139,8 +149,13 @@ class ContextConflictError(CaptureError):
     """A concurrent request opened the same context id with another reservation (HTTP 409)."""
 
 
+class DeliveryRefusedError(CaptureError):
+    """A completed call whose delivery the ledger refused (the episode was closed first): its response is
+    not sent and does not count (HTTP 409)."""
+
+
 class UndeliveredHeadsError(CaptureError):
-    """Too many heads of one context without chat records in a row (HTTP 409)."""
+    """Too many undelivered heads of one context in a row (HTTP 409)."""
 
 
 class UnspawnedAgentError(CaptureError):
@@ -168,10 +183,18 @@ class Delivery:
     _settled: bool = field(default=False, repr=False)
 
     async def commit(self) -> None:
-        """The response's last part is about to go to a connected client: mark the call delivered."""
-        await asyncio.to_thread(
-            mark_delivered, self.capture.store, self.record.episode_id, self.record.call_id
-        )
+        """The response's last part is about to go to a connected client: record the delivery in the
+        ledger (a replayed call's too: its first launch may never have got it). DeliveryRefusedError when
+        the ledger refuses it (a close came first): the response must not be sent as delivered."""
+        episode_id, call_id = self.record.episode_id, self.record.call_id
+        try:
+            await self.capture.episodes.deliver(episode_id, call_id)
+        except EpisodeUpdateRejectedError as err:
+            raise DeliveryRefusedError(
+                f"episode {episode_id!r}: call {call_id!r} completed, but its delivery was refused "
+                f"({err.error_type}: {err}); the response is not sent and is not trained. Start a new "
+                "episode for a new attempt"
+            ) from None
 
     async def settle(self, delivered: bool) -> None:
         """Delivered: nothing more to do. Not delivered: discard the call (never trained as an action);
@@ -196,14 +219,21 @@ class Capture:
     """Captures chat requests into episode workflows; stateless (Temporal + object store), apart from
     knowing which of its own requests are still delivering a response."""
 
-    def __init__(self, episodes: Episodes, store: ObjectStore, window: ContextWindow | None = None) -> None:
+    def __init__(
+        self,
+        episodes: Episodes,
+        store: ObjectStore,
+        window: ContextWindow | None = None,
+        tokens: Tokenization | None = None,
+    ) -> None:
         self.episodes = episodes
         self.store = store
         self.window = window  # None: prompt lengths are not checked here (the engine refuses, 502)
+        self.tokens = tokens  # measures off the event loop, bounded (gateway/tokenization.py)
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
         self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
         self._plan_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # episode -> (lock, requests using it)
-        self._gates = Gates.from_env()  # tests only (grove/gates.py): hold a request as it arrives
+        self.gates = Gates.from_env()  # tests only (grove/gates.py): hold a request, a delivery
 
     def release(self, episode_id: str, requested: str) -> None:
         key = (episode_id, requested)
@@ -226,30 +256,6 @@ class Capture:
             await self.episodes.discard(episode_id, call_id, reason)
         except EpisodeError as err:
             log.warning("episode %r: call %r not discarded (%s): %s", episode_id, call_id, reason, err)
-
-    async def settle_undelivered(self, episode_id: str) -> list[str]:
-        """Before close: discard every completed context head without a delivery mark (its response was
-        never sent whole) that nothing builds on and that no request of this gateway still delivers.
-        Returns the discarded call ids."""
-        summary = await self.episodes.summary(episode_id)
-        if summary.closed:
-            return []
-        spawners = {c.spawned_by_call for c in summary.contexts if c.spawned_by_call}
-        heads = [
-            c.head
-            for c in summary.contexts
-            if c.head is not None and c.head not in c.pending and c.head not in spawners
-        ]
-        discarded = []
-        for head in heads:
-            if self.delivering(episode_id, head):
-                continue
-            if not await asyncio.to_thread(is_delivered, self.store, episode_id, head):
-                await self.discard_quietly(
-                    episode_id, head, "response never delivered whole (no delivery mark)"
-                )
-                discarded.append(head)
-        return discarded
 
     async def _record(self, episode_id: str, call_id: str) -> ChatRecord | None:
         return await asyncio.to_thread(load_record, self.store, episode_id, call_id)
@@ -274,8 +280,10 @@ class Capture:
         """Capture one request; returns its delivery, which the caller must `settle` once the response
         was sent (or not)."""
         launch = launch_of(headers)
-        if self._gates is not None:  # tests: a harness's request arrived, nothing is decided yet
-            await self._gates.hold("chat_request", request_gate_key(episode_id, launch, headers, request))
+        if self.tokens is not None:  # a prompt whose text alone cannot fit: refused before anything else
+            await asyncio.to_thread(self.tokens.refuse_unfit, request.messages)
+        if self.gates is not None:  # tests: a harness's request arrived, nothing is decided yet
+            await self.gates.hold("chat_request", request_gate_key(episode_id, launch, headers, request))
         spec = await self.episodes.spec(episode_id)
         sampling = sampling_for(request, spec.sampling)
         if launch is not None and launch > 1:
@@ -290,8 +298,9 @@ class Capture:
                     break
             else:
                 raise UndeliveredHeadsError(
-                    f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row had no chat record (responses "
-                    "the gateway never delivered); check the gateway's object store"
+                    f"episode {episode_id!r}: {MAX_RECOVERIES} heads in a row were never delivered (no chat "
+                    "record, or no delivery recorded in the ledger); check the gateway's object store and "
+                    "its log, then retry the request"
                 )
             call = await self._prepare(episode_id, request, plan, sampling, sampling or spec.sampling)
         return await self._admit(episode_id, request, plan, call, launch)
@@ -320,27 +329,31 @@ class Capture:
         spec: EpisodeSpec,
     ) -> Plan | None:
         """The plan for this request; None after discarding an undelivered head (plan again)."""
-        summary = await self.episodes.summary(episode_id)
-        if summary.closed:
+        relaunch = launch is not None and launch > 1
+        aliases = await asyncio.to_thread(load_aliases, self.store, episode_id, launch) if relaunch else {}
+        names = await session_names(  # OpenCode's subagents by their agent type (gateway/opencode_names.py)
+            self.store, episode_id, headers, request.messages,
+            lambda agent: self._head_of(episode_id, agent), lambda call_id: self._record(episode_id, call_id),
+            {s: a.agent for s, a in aliases.items()},
+        )  # fmt: skip
+        view = await self.episodes.context_view(episode_id, view_request(headers, names))
+        if view.closed or view.closing:
             raise EpisodeClosedError(
                 f"episode {episode_id!r} is closed (its ledger is settled); no more calls. Start a new "
                 "episode for a new attempt"
             )
-        relaunch = launch is not None and launch > 1
-        aliases = await asyncio.to_thread(load_aliases, self.store, episode_id, launch) if relaunch else {}
-        names = {s: a.agent for s, a in aliases.items()}
-        identity = identify(headers, request.messages, request.tools, summary, names)
+        identity = identify(headers, request.messages, request.tools, view, names)
         if relaunch and identity.root_session and identity.session_id:
             # A relaunch's root session is the episode's parent, even where nothing could be replayed.
             alias = SessionAlias(agent=identity.agent or DEFAULT_AGENT)
             await asyncio.to_thread(save_alias, self.store, episode_id, launch, identity.session_id, alias)
             aliases[identity.session_id] = alias
             identity = replace(identity, root_session=False)
-        target = route(summary, identity)
+        target = route(view, identity)
         if identity.respawn and identity.context_id is None and target.current is not None:
-            return await self._spawn_plan(episode_id, request, identity, summary, target.agent)
-        _check_unspawned(spec, summary, identity, target)
-        head = await self._head(episode_id, target)
+            return await self._spawn_plan(episode_id, request, identity, view, target.agent)
+        _check_unspawned(spec, view, identity, target)
+        head = await self._head(episode_id, target, relaunch)
         if head is _REPLAN:
             return None
         alias = aliases.get(_session_of(identity))
@@ -352,11 +365,11 @@ class Capture:
         try:
             decision = decide(request.messages, request.tools, head, identity.rewrite)
         except UndeclaredDiscontinuityError as err:
-            summaries = await self._summaries(episode_id, summary, target.agent)
+            summaries = await self._summaries(episode_id, view, target.agent)
             raise diagnose(err, request.messages, request.tools, identity, head, summaries) from None
         return Plan(target, identity, decision)
 
-    async def _summaries(self, episode_id: str, summary: LedgerSummary, agent: str) -> list[ChatRecord]:
+    async def _summaries(self, episode_id: str, summary: ContextView, agent: str) -> list[ChatRecord]:
         """The records of the heads of the agent's auxiliary contexts (its possible summary calls)."""
         records = []
         for purpose in ("aux", "summary"):
@@ -372,7 +385,7 @@ class Capture:
         episode_id: str,
         request: ChatCompletionRequest,
         identity: Identity,
-        summary: LedgerSummary,
+        summary: ContextView,
         agent: str,
     ) -> Plan:
         """A request naming its spawner, of an agent with live contexts: the live context whose head it
@@ -392,7 +405,8 @@ class Capture:
                 continue  # a repeat of another spawn's request is a new invocation, not a retry
             if self.delivering(episode_id, ctx.head):
                 raise self._pending_delivery(episode_id, ctx)
-            return Plan(Target(agent, ctx.context_id, ctx, None, _fresh(summary, agent)), identity, decision)
+            target = Target(agent, ctx.context_id, ctx, None, fresh_context(summary, agent))
+            return Plan(target, identity, decision)
         _check_fresh_spawn(request, heads, await self._summaries(episode_id, summary, agent))
         return Plan(spawn_target(summary, identity, agent), identity, Decision(Move.ROOT, None))
 
@@ -468,7 +482,7 @@ class Capture:
             current = await self._record(episode_id, current.extends) if current.extends else None
         return current, None
 
-    async def _head(self, episode_id: str, target: Target) -> ChatRecord | None | object:
+    async def _head(self, episode_id: str, target: Target, relaunch: bool) -> ChatRecord | None | object:
         """The head's record (None: no head); _REPLAN after discarding an undelivered head."""
         ctx = target.current
         if ctx is None or ctx.head is None:
@@ -481,11 +495,14 @@ class Capture:
         if self.delivering(episode_id, ctx.head):
             raise self._pending_delivery(episode_id, ctx)
         record = await self._record(episode_id, ctx.head)
-        if record is not None:
+        # Records are written before responses leave, and a response is recorded delivered before its last
+        # part: a head without a record, or still awaiting delivery, that no request of this gateway is
+        # delivering never reached anyone (the gateway that made it stopped). A relaunch may still be
+        # answered from it (gateway/replay.py): there the head stays.
+        if record is not None and (relaunch or ctx.head not in ctx.awaiting_delivery):
             return record
-        # Records are written before responses leave and no request of this gateway is delivering it:
-        # the gateway that made this call stopped before answering; the response never reached anyone.
-        reason = "response never delivered (the gateway stopped before answering)"
+        why = "no chat record" if record is None else "its delivery was never recorded"
+        reason = f"response never delivered ({why}: the gateway stopped before answering)"
         await self.episodes.discard(episode_id, ctx.head, reason)
         return _REPLAN
 
@@ -502,7 +519,7 @@ class Capture:
         target, decision = plan.target, plan.decision
         base = await self._base(episode_id, decision)
         # Measured before anything is opened, discarded or admitted: a prompt that cannot fit is a 400.
-        await self._check_fits(episode_id, request, base, effective)
+        await self._check_fits(episode_id, target.context_id, request, base, effective)
         context_id, calls = target.context_id, _calls(target)
         if decision.move == Move.ROOT and target.opening is not None:
             await self._open(episode_id, target.opening)
@@ -547,7 +564,7 @@ class Capture:
             completion = await asyncio.to_thread(completion_of, self.store, episode_id, result)
             record = _record_of(episode_id, call, result, completion, request, plan, launch)
             await asyncio.to_thread(save_record, self.store, record)
-            digest = prompt_digest(request.messages, request.tools)
+            digest = await asyncio.to_thread(prompt_digest, request.messages, request.tools)
             await asyncio.to_thread(index_call, self.store, episode_id, digest, record.call_id)
         except BaseException:
             self.release(episode_id, call.call_id)
@@ -566,14 +583,16 @@ class Capture:
     async def _check_fits(
         self,
         episode_id: str,
+        context_id: str,
         request: ChatCompletionRequest,
         base: ChatRecord | None,
         sampling: SamplingConfig,
     ) -> None:
-        if self.window is None:
-            return
         prompt = _prompt_spec(episode_id, request, base)
-        await asyncio.to_thread(self.window.check, episode_id, prompt, sampling)
+        if self.tokens is not None:
+            await self.tokens.check(f"{episode_id}/{context_id}", episode_id, prompt, sampling)
+        elif self.window is not None:
+            await asyncio.to_thread(self.window.check, episode_id, prompt, sampling)
 
     async def _open(self, episode_id: str, record: ContextRecord) -> None:
         opened = await self.episodes.open_context(episode_id, record)
@@ -582,6 +601,13 @@ class Capture:
                 f"episode {episode_id!r}: context {record.context_id!r} was opened concurrently as {opened}, "
                 f"not {record}; retry the request"
             )
+
+    async def _head_of(self, episode_id: str, agent: str) -> str | None:
+        """The head of the agent's current context (the call that spawns its workers now), or None: asked
+        only at a new OpenCode subagent session's first request (gateway/opencode_names.py)."""
+        view = await self.episodes.context_view(episode_id, ViewRequest(agents=[agent]))
+        ctx = current_context(view, agent)
+        return ctx.head if ctx is not None else None
 
     async def _parent(self, episode_id: str, head: ChatRecord) -> ChatRecord:
         parent = await self._record(episode_id, head.extends)
@@ -593,10 +619,6 @@ class Capture:
         return parent
 
 
-def _fresh(summary: LedgerSummary, agent: str) -> str:
-    return f"{agent}.{sum(c.agent == agent for c in summary.contexts)}"
-
-
 def _try_decide(request: ChatCompletionRequest, head: ChatRecord, identity: Identity) -> Decision | None:
     try:
         return decide(request.messages, request.tools, head, identity.rewrite)
@@ -604,12 +626,9 @@ def _try_decide(request: ChatCompletionRequest, head: ChatRecord, identity: Iden
         return None
 
 
-def _spawner_of(summary: LedgerSummary, ctx: ContextSummary) -> str | None:
+def _spawner_of(summary: ContextView, ctx: ContextSummary) -> str | None:
     """The call that spawned the context's lineage (a rewrite's spawner is its first context's)."""
-    by_id = {c.context_id: c for c in summary.contexts}
-    while ctx.rewrite_of is not None and ctx.rewrite_of in by_id:
-        ctx = by_id[ctx.rewrite_of]
-    return ctx.spawned_by_call
+    return summary.lineage_spawners.get(ctx.context_id, ctx.spawned_by_call)
 
 
 def _check_fresh_spawn(
@@ -637,7 +656,7 @@ def _check_fresh_spawn(
         )
 
 
-def _check_unspawned(spec: EpisodeSpec, summary: LedgerSummary, identity: Identity, target: Target) -> None:
+def _check_unspawned(spec: EpisodeSpec, summary: ContextView, identity: Identity, target: Target) -> None:
     """Strict episodes refuse a new agent that names no spawner while another agent is the root."""
     opening = target.opening
     if (
@@ -648,9 +667,7 @@ def _check_unspawned(spec: EpisodeSpec, summary: LedgerSummary, identity: Identi
         or AUX_SEPARATOR in target.agent
     ):
         return
-    roots = sorted(
-        {c.agent for c in summary.contexts if c.origin == ContextOrigin.ROOT and AUX_SEPARATOR not in c.agent}
-    )
+    roots = sorted(summary.root_agents)  # the view leaves out auxiliary agents (`~`)
     if roots:
         raise UnspawnedAgentError(
             f"episode {summary.episode_id!r}: agent {target.agent!r} is new and names no spawner, and the "
@@ -706,6 +723,7 @@ def _call_request(
         prompt=prompt,
         sampling=sampling,
         completion_by_ref=True,  # _admit reads it with completion_of
+        await_delivery=True,  # trained only once the route records its delivery (gateway/delivery.py)
     )
 
 

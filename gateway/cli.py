@@ -26,6 +26,11 @@ def gateway(
     max_model_len: int = typer.Option(
         None, help="The engines' context in tokens (default $GROVE_GATEWAY_MAX_MODEL_LEN or 2048)."
     ),
+    worker_wait_s: float = typer.Option(
+        None,
+        help="How long a request waits for a grove worker to poll its episode's queue before a 503 "
+        "(default $GROVE_GATEWAY_WORKER_WAIT_S or 600).",
+    ),
 ) -> None:
     """Serve the OpenAI-compatible capture gateway (secret from $GROVE_GATEWAY_SECRET)."""
     import uvicorn
@@ -43,6 +48,7 @@ def gateway(
         port=port,
         policy_model=policy_model,
         max_model_len=max_model_len,
+        worker_wait_s=worker_wait_s,
     )
     try:  # refuse a context past the model's positions before serving (the app checks the folder again)
         where = f"gateway for model {settings.policy_model!r}"

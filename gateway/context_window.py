@@ -105,6 +105,11 @@ class ContextWindow:
     def check(self, episode_id: str, prompt: PromptSpec, sampling: SamplingConfig) -> int:
         """The prompt's length; ContextLengthExceededError when not even one token fits after it."""
         n = self.prompt_len(episode_id, prompt, sampling)
+        self.refuse(n, prompt)
+        return n
+
+    def refuse(self, n: int, prompt: PromptSpec) -> None:
+        """ContextLengthExceededError when a prompt of `n` tokens leaves no room for one generated token."""
         if n >= self.max_model_len:
             where = "continuing its context" if prompt.parent_call_id else "rendered"
             raise ContextLengthExceededError(
@@ -113,4 +118,3 @@ class ContextWindow:
                 "Please reduce the length of the messages (compact the history)",
                 param="messages",
             )
-        return n

@@ -1,19 +1,31 @@
-"""HTTP responses that know whether they were delivered, and settle the call accordingly.
+"""HTTP responses that record their delivery in the ledger, and settle the call accordingly.
 
-What "delivered" means (docs/gateway.md): the response's last part (the JSON body, or the stream's
-`data: [DONE]` event) was handed to a client connection that was still open, after the call's delivery
-mark was written (gateway/records.py). A response is *undelivered* when the client left before that
-(a dropped stream, a client that timed out while the call generated), or when the mark could not be
-written; an undelivered call is discarded: accounted, never trained as an accepted action. A harness that
-re-sends the request then gets a fresh call that extends what the undelivered one extended.
+What "delivered" means (docs/gateway.md, workflows/delivery.py): the response's last part (the JSON
+body, or the stream's `data: [DONE]` event) goes to a client connection that is still open, and the
+ledger accepted the call's `deliver` Update just before it. Before that Update the route checks, as
+strictly as the transport allows (gateway/transport_probe.py):
 
-The server cannot know more than that: bytes handed to an open connection may still be lost if the client
-dies right after; such a response is marked delivered, and a harness retry of it is recognised as a retry
-(gateway/continuation.py), which discards it then.
+- a stream: every earlier part has left the server and was acknowledged by the client's TCP (the kernel's
+  send queue is empty), and the connection has not been closed by the client since;
+- a JSON body (one part): the connection has not been closed by the client while the call generated.
 
-Disconnects are seen through the ASGI `receive` channel: a streamed response runs beside Starlette's
-disconnect listener (which cancels the stream when the client leaves), and before the last part both
-kinds probe the channel without waiting (Starlette's `Request.is_disconnected`).
+If the client has gone, nothing more is sent and the call is discarded at once (accounted, never
+trained); a harness that re-sends the request gets a fresh call that extends what this one extended. If
+the ledger refuses the delivery (the episode was closed first: a close freezes delivery), the client gets
+the refusal instead of the response (a JSON error, or an error event ending the stream: the OpenAI
+clients raise it), and the call does not count.
+
+What the server cannot know: whether the client's program read what its kernel acknowledged, and whether
+the last part, sent right after the Update, arrived before the connection died. Such a response counts as
+delivered; a harness that re-sends it anyway is recognised as a retry (gateway/continuation.py) and
+discards it then.
+
+Disconnects are seen through uvicorn's request cycle and the ASGI `receive` channel: a streamed response
+runs beside Starlette's disconnect listener (which cancels the stream when the client leaves).
+
+Test gates (grove/gates.py): `delivery_commit` holds a response just before its last-part checks (its
+earlier parts sent and acknowledged), `delivery_settle` holds an undelivered call before its discard;
+key `{episode id}/{call id}`.
 """
 
 from __future__ import annotations
@@ -26,24 +38,33 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.capture import Delivery
+from gateway.capture import CaptureError, Delivery
+from gateway.episodes import EpisodeError
+from gateway.routes.errors import error_response
+from gateway.transport_probe import Connection
+
+REFUSALS = (CaptureError, EpisodeError)  # what a refused or failed delivery raises
 
 
-async def _commit(delivery: Delivery, scope: Scope, receive: Receive) -> bool:
-    """Just before the last part: False if the client has already left; else mark the call delivered."""
-    if await Request(scope, receive).is_disconnected():
-        return False
-    await delivery.commit()
-    return True
+async def _client_left(connection: Connection, scope: Scope, receive: Receive) -> bool:
+    return connection.closed() or await Request(scope, receive).is_disconnected()
+
+
+async def _hold(delivery: Delivery, point: str) -> None:
+    gates = delivery.capture.gates
+    if gates is not None:  # tests only
+        await gates.hold(point, f"{delivery.record.episode_id}/{delivery.record.call_id}")
 
 
 async def _settle(delivery: Delivery, delivered: bool) -> None:
     with anyio.CancelScope(shield=True):  # settle even when the response itself was cancelled
+        if not delivered and not delivery.replayed:
+            await _hold(delivery, "delivery_settle")
         await delivery.settle(delivered)
 
 
 class DeliveredJSONResponse(JSONResponse):
-    """A `chat.completion` body whose delivery settles its call."""
+    """A `chat.completion` body whose delivery is recorded before it is sent."""
 
     def __init__(self, content: Any, delivery: Delivery, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(content, headers=headers)
@@ -51,13 +72,21 @@ class DeliveredJSONResponse(JSONResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         delivered = False
+        connection = Connection.of(receive)
         try:
+            await _hold(self.delivery, "delivery_commit")
+            if await _client_left(connection, scope, receive):
+                return  # the client gave up while the call generated: nothing to send it
+            try:
+                await self.delivery.commit()
+            except REFUSALS as err:
+                await error_response(err)(scope, receive, send)
+                return
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
-            if await _commit(self.delivery, scope, receive):
-                await send({"type": "http.response.body", "body": self.body})
-                delivered = True
+            await send({"type": "http.response.body", "body": self.body})
+            delivered = True
         finally:
             await _settle(self.delivery, delivered)
         if self.background is not None:
@@ -65,7 +94,8 @@ class DeliveredJSONResponse(JSONResponse):
 
 
 class DeliveredStreamingResponse(StreamingResponse):
-    """Server-sent events of a finished call whose delivery settles it."""
+    """Server-sent events of a finished call; its delivery is recorded before the last event, once every
+    earlier one was acknowledged by the client."""
 
     def __init__(
         self,
@@ -80,15 +110,29 @@ class DeliveredStreamingResponse(StreamingResponse):
         self._receive: Receive | None = None
         super().__init__(iter(()), media_type="text/event-stream", headers=headers)
 
+    async def _body(self, send: Send, data: bytes) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
     async def stream_response(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         assert self._receive is not None
-        for i, event in enumerate(self.events):
-            if i == len(self.events) - 1 and not await _commit(self.delivery, self._scope, self._receive):
-                return
-            await send({"type": "http.response.body", "body": event, "more_body": True})
+        connection = Connection.of(self._receive)
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        *earlier, last = self.events
+        for event in earlier:
+            await self._body(send, event)
+        if not await connection.drained():
+            return  # the client left, or stopped reading: the last event is not sent
+        await _hold(self.delivery, "delivery_commit")
+        if await _client_left(connection, self._scope, self._receive):
+            return
+        try:
+            await self.delivery.commit()
+        except REFUSALS as err:
+            await self._body(send, _error_event(err))
+        else:
+            await self._body(send, last)
+            self.delivered = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self.delivered = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._scope, self._receive = scope, receive
@@ -96,3 +140,8 @@ class DeliveredStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)  # cancelled by the listener if the client leaves
         finally:
             await _settle(self.delivery, self.delivered)
+
+
+def _error_event(err: Exception) -> bytes:
+    """The refusal as a server-sent event the OpenAI clients raise (`{"error": {...}}`)."""
+    return b"data: " + bytes(error_response(err).body) + b"\n\n"

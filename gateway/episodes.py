@@ -29,6 +29,15 @@ DuplicateCallError; hand-overs drain running calls first, so only a timeout at t
 Close: the Update id is the close's digest, so the same close sent twice is one Update (idempotent)
 and a different one reaches the workflow, which refuses it (`AlreadyClosed`, HTTP 409). After the
 workflow has ended, the close digest in its memo decides the same way.
+
+Delivery: `deliver/<call>` records that a call's response is about to reach its harness whole
+(workflows/delivery.py); the workflow refuses it after a close, and the response then does not count.
+
+Transient answers (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED) of any query, read or
+Update are asked again within a bound (gateway/retry_policy.py). Per request the gateway asks only what
+the request needs: the episode's spec once per episode (cached: a workflow id's start input never
+changes, and `grove.episode_start` refuses to start a second episode under an id), and the
+`context_view` of its own agents, never the whole `summary`.
 """
 
 from __future__ import annotations
@@ -37,8 +46,10 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import TypeVar
 
 from temporalio.client import (
@@ -53,6 +64,8 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from gateway.retry_policy import TRANSIENT_PATIENCE, transient_retries
+from gateway.worker_wait import WORKER_PATIENCE_S, unserved, when_served
 from grove.contracts import (
     CallRequest,
     CallResult,
@@ -65,6 +78,7 @@ from grove.contracts import (
 )
 from grove.receipts import ContextRecord
 from workflows.accounting import LedgerSummary
+from workflows.context_view import ContextView, ViewRequest
 
 EPISODE_WORKFLOW = "EpisodeWorkflow"
 HANDING_OVER = "HandingOver"  # the workflow's retryable refusal while it continues-as-new
@@ -73,6 +87,12 @@ UNPROCESSED_UPDATE = "UnprocessedUpdate"
 RETRIED_REFUSALS = frozenset({HANDING_OVER, UNPROCESSED_UPDATE})  # nothing was admitted: send it again
 HANDOVER_PATIENCE = 300.0  # seconds a request waits for a hand-over (draining waits for running calls)
 ALREADY_CLOSED = "AlreadyClosed"
+NO_DELIVER_HANDLER = "Update handler for 'deliver' expected but not found"  # the SDK's words, older workers
+SPEC_CACHE = 4096  # episodes whose spec a gateway keeps (a few KB each)
+# A query answers in milliseconds when a worker holds the episode; one that waits on a worker that just
+# died (its sticky queue) is cut here and asked again (gateway/retry_policy.py), instead of after the
+# server's 30 s.
+QUERY_TIMEOUT = timedelta(seconds=10)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -108,6 +128,11 @@ class EpisodeFailedError(EpisodeError):
 
 class TemporalUnavailableError(EpisodeError):
     """Temporal did not answer (server down, RPC timeout)."""
+
+
+class NoWorkerError(TemporalUnavailableError):
+    """No grove worker polled the episode workflow's task queue within the gateway's patience
+    (gateway/worker_wait.py)."""
 
 
 class UpdateOutcomeTimeoutError(TemporalUnavailableError):
@@ -148,20 +173,52 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
 class Episodes:
     """Queries and Updates of episode workflows through one Temporal client (pydantic converter)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(
+        self,
+        client: Client,
+        worker_wait_s: float = WORKER_PATIENCE_S,
+        query_timeout: timedelta = QUERY_TIMEOUT,
+    ) -> None:
         self.client = client
+        self.worker_wait_s = worker_wait_s  # a query waits this long for a worker (gateway/worker_wait.py)
+        self.query_timeout = query_timeout  # one query's wait; past it Temporal answers CANCELLED (retried)
+        self.transient_patience = TRANSIENT_PATIENCE  # how long transient answers are asked again
         self.outcome_waits = 0  # times an Update's answer timed out and was waited for again
+        self.transient_retries = 0  # transient answers asked again (gateway/retry_policy.py)
+        self._specs: OrderedDict[str, EpisodeSpec] = OrderedDict()
 
     def _handle(self, episode_id: str) -> WorkflowHandle:
         return self.client.get_workflow_handle(episode_id)
 
+    def _retried(self, err: RPCError) -> None:
+        self.transient_retries += 1
+        log.info("Temporal answered %s (%s); asking again", err.status.name, err.message)
+
+    async def _ask(self, episode_id: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """A query or read, asked again on transient answers, with Temporal's errors translated."""
+        async with temporal_errors(episode_id, what):
+            return await transient_retries(call, patience=self.transient_patience, on_retry=self._retried)
+
     async def spec(self, episode_id: str) -> EpisodeSpec:
-        """The episode's EpisodeSpec (its start input); NotExternalEpisodeError for a native harness."""
-        started = None
-        async with temporal_errors(episode_id, "reading the start event"):
+        """The episode's EpisodeSpec (its start input); NotExternalEpisodeError for a native harness.
+        Read once per episode: the start input of a workflow id never changes."""
+        cached = self._specs.get(episode_id)
+        if cached is not None:
+            self._specs.move_to_end(episode_id)
+            return cached
+        spec = await self._read_spec(episode_id)
+        self._specs[episode_id] = spec
+        while len(self._specs) > SPEC_CACHE:
+            self._specs.popitem(last=False)
+        return spec
+
+    async def _read_spec(self, episode_id: str) -> EpisodeSpec:
+        async def first_event():
             async for event in self._handle(episode_id).fetch_history_events(page_size=1):
-                started = event.workflow_execution_started_event_attributes
-                break
+                return event.workflow_execution_started_event_attributes
+            return None
+
+        started = await self._ask(episode_id, "reading the start event", first_event)
         if started is None:
             raise EpisodeNotFoundError(f"workflow {episode_id!r} has no history; it was never started")
         kind = started.workflow_type.name
@@ -186,7 +243,9 @@ class Episodes:
         while True:
             try:
                 async with temporal_errors(episode_id, what):
-                    return await update()
+                    return await transient_retries(
+                        update, patience=self.transient_patience, on_retry=self._retried
+                    )
             except UpdateOutcomeTimeoutError:
                 self.outcome_waits += 1
                 log.info(
@@ -205,18 +264,42 @@ class Episodes:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
+    async def _query(self, episode_id: str, name: str, *args: object, result_type: type[T]) -> T:
+        """A query of the episode: transient answers asked again while a worker polls its queue
+        (gateway/retry_policy.py); while none does, it waits for one (gateway/worker_wait.py)."""
+        what = f"the {name} query"
+        handle = self._handle(episode_id)
+
+        async def no_worker() -> bool:
+            return await unserved(self.client, episode_id) is not None
+
+        def once() -> Awaitable[T]:
+            return handle.query(name, *args, result_type=result_type, rpc_timeout=self.query_timeout)
+
+        async def ask() -> T:
+            async with temporal_errors(episode_id, what):
+                return await transient_retries(
+                    once, patience=self.transient_patience, on_retry=self._retried, stop_if=no_worker
+                )
+
+        return await when_served(
+            self.client, episode_id, what, ask, TemporalUnavailableError, NoWorkerError, self.worker_wait_s
+        )
+
     async def progress(self, episode_id: str) -> EpisodeProgress:
-        async with temporal_errors(episode_id, "the progress query"):
-            return await self._handle(episode_id).query("progress", result_type=EpisodeProgress)
+        return await self._query(episode_id, "progress", result_type=EpisodeProgress)
 
     async def summary(self, episode_id: str) -> LedgerSummary:
-        async with temporal_errors(episode_id, "the summary query"):
-            return await self._handle(episode_id).query("summary", result_type=LedgerSummary)
+        """The whole ledger's summary (one entry per context: for people and tools, not per request)."""
+        return await self._query(episode_id, "summary", result_type=LedgerSummary)
+
+    async def context_view(self, episode_id: str, req: ViewRequest) -> ContextView:
+        """The contexts of the agents one request may involve (workflows/context_view.py)."""
+        return await self._query(episode_id, "context_view", req, result_type=ContextView)
 
     async def call_states(self, episode_id: str, call_ids: list[str]) -> dict[str, str]:
         """The ledger state of each call id (absent: never admitted)."""
-        async with temporal_errors(episode_id, "the call_states query"):
-            return await self._handle(episode_id).query("call_states", call_ids, result_type=dict)
+        return await self._query(episode_id, "call_states", call_ids, result_type=dict)
 
     async def open_context(self, episode_id: str, record: ContextRecord) -> ContextRecord:
         # The update id makes concurrent openings of the same context one Update (Temporal dedups by id).
@@ -246,6 +329,22 @@ class Episodes:
             lambda: self._handle(episode_id).execute_update("discard", req, id=f"discard/{call_id}"),
         )
 
+    async def deliver(self, episode_id: str, call_id: str) -> None:
+        """The call's response is about to reach its harness whole: recorded in the ledger, or refused
+        (EpisodeUpdateRejectedError: `Closing` after a close, `UndeliverableCallError`): then it must not
+        be sent as delivered. An episode worker of before delivery in the ledger (a rolling deploy) has no
+        `deliver` handler; its calls never await delivery (they count on completion): nothing to record."""
+        try:
+            await self._through_handover(
+                episode_id,
+                f"deliver {call_id}",
+                lambda: self._handle(episode_id).execute_update("deliver", call_id, id=f"deliver/{call_id}"),
+            )
+        except EpisodeUpdateRejectedError as err:
+            if err.error_type != "RuntimeError" or NO_DELIVER_HANDLER not in str(err):
+                raise
+            log.warning("episode %r: its worker has no deliver Update (an older worker): %s", episode_id, err)
+
     async def close(self, episode_id: str, request: CloseRequest) -> None:
         """Close (final): the same close again is a no-op, another one is refused (AlreadyClosed)."""
         digest = close_digest(request)
@@ -260,8 +359,8 @@ class Episodes:
 
     async def _closed_before(self, episode_id: str, digest: str) -> None:
         """The workflow has ended: fine if it was closed by this very close, else AlreadyClosed."""
+        desc = await self._ask(episode_id, "close", self._handle(episode_id).describe)
         async with temporal_errors(episode_id, "close"):
-            desc = await self._handle(episode_id).describe()
             memo = await desc.memo()
         closed = memo.get("close") or {}
         if closed.get("sha256") == digest:
@@ -274,5 +373,5 @@ class Episodes:
         )
 
     async def result(self, episode_id: str) -> EpisodeResult:
-        async with temporal_errors(episode_id, "waiting for the result"):
-            return await self.client.get_workflow_handle(episode_id, result_type=EpisodeResult).result()
+        handle = self.client.get_workflow_handle(episode_id, result_type=EpisodeResult)
+        return await self._ask(episode_id, "waiting for the result", handle.result)

@@ -7,7 +7,11 @@ header (gateway/identity.py):
 
 - `UndeclaredRewriteError`: the request's history holds a summary: the text the agent's latest
   auxiliary call returned (`<agent>~aux` / `<agent>~summary`), or LangChain's
-  "Here is a summary of the conversation to date" message. Fix: `x-grove-rewrite: 1`.
+  "Here is a summary of the conversation to date" message, or, with the context's own tools, a message
+  from the first differing one on that reads as a summary (it speaks of a summary, a compaction, the
+  conversation so far, in its first lines): a history replaced by a summary, whoever wrote it.
+  Fix: `x-grove-rewrite: 1`. Checked before the missing headers below: such a request is the agent's own
+  compacted history, and an error about identity headers would name the wrong fix.
 - `UndeclaredAuxiliaryCallError`: the request looks like a summary/title call: it has no tools where the
   agent's context has them. Fix: `x-grove-call-kind: auxiliary`.
 - `MissingIdentityHeadersError`: the request has no identity header at all, so it went to the default
@@ -21,10 +25,11 @@ Each keeps the base class's `index` / `field` (the OpenAI error's `param`). Pure
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
-from chat.render import UndeclaredDiscontinuityError
+from chat.render import UndeclaredDiscontinuityError, same_tools
 from gateway.identity import (
     AGENT_HEADER,
     KIND_HEADER,
@@ -35,9 +40,16 @@ from gateway.identity import (
 from gateway.opencode import text_of
 from gateway.records import ChatRecord
 
-# LangChain's SummarizationMiddleware starts the rewritten history with this (shared/research/harnesses.md)
+# LangChain's SummarizationMiddleware starts the rewritten history with this (langchain 1.x's default prompt)
 LANGCHAIN_SUMMARY_PREFIX = "Here is a summary of the conversation to date"
 MIN_SUMMARY_CHARS = 16  # shorter auxiliary answers are too common to identify a summary by
+# How a summary that replaced a history announces itself, in its first lines (LangChain, OpenCode, Claude
+# Code, hand-written compactions alike).
+SUMMARY_WORDS = re.compile(
+    r"\bsummar(?:y|ies|i[sz]e[sd]?|i[sz]ing)\b|\bcompact(?:ed|ion)?\b|\bconversation (?:so far|to date)\b",
+    re.IGNORECASE,
+)
+SUMMARY_HEAD_CHARS = 400
 
 
 class UndeclaredRewriteError(UndeclaredDiscontinuityError):
@@ -107,6 +119,9 @@ def diagnose(
             f"with the header `{KIND_HEADER}: auxiliary` (a context of its own, never trained); if it is "
             f"another agent's request, name the agent with `{AGENT_HEADER}`",
         )
+    rewritten = _reads_as_summary(messages, tools, head, err)
+    if rewritten is not None:
+        return rewrite_error(rewritten, "a message that reads as a summary of the conversation", err)
     fresh = not any(m.get("role") == "assistant" for m in messages)  # a conversation's first request
     if not identity.named and (err.index is None or err.index == 0 or fresh):
         return _with(
@@ -119,3 +134,18 @@ def diagnose(
             f"`{KIND_HEADER}: auxiliary`; if the history was compacted, `{REWRITE_HEADER}: 1`",
         )
     return err
+
+
+def _reads_as_summary(
+    messages: Sequence[dict[str, Any]], tools: Any, head: ChatRecord, err: UndeclaredDiscontinuityError
+) -> int | None:
+    """The index of the first message, from the first differing one on, that reads as a summary, in a
+    request with the context's own tools; None otherwise (another agent's request has other tools)."""
+    if err.index is None or not same_tools(tools, head.tools):
+        return None
+    for i in range(err.index, len(messages)):
+        if messages[i].get("role") in ("user", "system") and SUMMARY_WORDS.search(
+            text_of(messages[i].get("content"))[:SUMMARY_HEAD_CHARS]
+        ):
+            return i
+    return None

@@ -57,7 +57,7 @@ CANONICAL_STEM_CHARS = 80  # + '-' + 8 hex digits: canonical names stay within _
 # systems allow 255 bytes per name (ENAMETOOLONG beyond). 128 characters keep every derived name
 # under 230 (a unit test writes the longest ones to a real store).
 MAX_ID_CHARS = 128
-_ID = re.compile(r"^[A-Za-z0-9_~-]{1,96}(\.[A-Za-z0-9_~-]{1,32}){0,4}$")
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_~-]{1,96}(\.[A-Za-z0-9_~-]{1,32}){0,4}$")
 
 AGENT_HEADER = "x-grove-agent"
 CONTEXT_HEADER = "x-grove-context"
@@ -175,7 +175,7 @@ def check_headers(headers: Mapping[str, str]) -> None:
     the routes call it before the request reaches Temporal, so a bad header costs nothing."""
     agent_header(headers)
     for name in (CONTEXT_HEADER, SPAWNED_BY_HEADER, PARENT_CONTEXT_HEADER):
-        header_value(headers, name, _ID)
+        header_value(headers, name, ID_PATTERN)
     _flag(headers, REWRITE_HEADER)
     _kind(headers)
 
@@ -183,9 +183,9 @@ def check_headers(headers: Mapping[str, str]) -> None:
 def grove_identity(headers: Mapping[str, str]) -> Identity:
     """Identity from grove's own headers (defaults: agent "parent", its current context)."""
     agent = agent_header(headers)
-    context_id = header_value(headers, CONTEXT_HEADER, _ID)
-    spawned_by = header_value(headers, SPAWNED_BY_HEADER, _ID)
-    parent_context = header_value(headers, PARENT_CONTEXT_HEADER, _ID)
+    context_id = header_value(headers, CONTEXT_HEADER, ID_PATTERN)
+    spawned_by = header_value(headers, SPAWNED_BY_HEADER, ID_PATTERN)
+    parent_context = header_value(headers, PARENT_CONTEXT_HEADER, ID_PATTERN)
     if spawned_by and parent_context:
         raise InvalidIdentityHeaderError(
             f"both {SPAWNED_BY_HEADER} and {PARENT_CONTEXT_HEADER} are set; send one of them"

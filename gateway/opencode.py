@@ -1,12 +1,14 @@
 """OpenCode adapter: agent identity from `x-session-id` / `x-parent-session-id`, and OpenCode's own
-auxiliary calls and compaction rewrite (shared/research/harnesses.md).
+auxiliary calls and compaction rewrite (what OpenCode 1.18.33 sends, read from its requests and source).
 
-- The root session (no `x-parent-session-id`, not a known worker) is agent "parent"; a child session S
-  is agent `worker-S`, spawned by the head of its parent session's agent's current context.
+- The root session (no `x-parent-session-id`, no name of a subagent) is agent "parent"; a child session
+  is the agent named after its agent type (`researcher`, `researcher-2`: gateway/opencode_names.py names
+  it at its first request and passes the names in as `aliases`), spawned by the head of its parent
+  session's agent's current context. A session without a name that has a parent is `worker-<session>`.
 - Title calls ("You are a title generator...") and compaction-summary calls ("You are a context
   summarization agent...") have no tools and reuse their session's id: they are AUXILIARY calls in
   `<agent>~title` / `<agent>~summary`, contexts of their own. A subagent's summary call lacks
-  `x-parent-session-id`; it is still the worker's, because `worker-S` is already known.
+  `x-parent-session-id`; it is still the subagent's, because its session has a name.
 - After a compaction the session's next request is `[system..., user "What did we do so far?",
   assistant <summary>, user "Continue if you have next steps..."]` (without the assistant message when
   the summary was empty): a rewrite the adapter declares (a new context for the agent), unless it
@@ -37,7 +39,7 @@ TITLE_PROMPT = "You are a title generator"
 SUMMARY_PROMPT = "You are a context summarization agent"
 COMPACTION_QUESTION = "What did we do so far?"
 COMPACTION_CONTINUE = "Continue if you have next steps"
-_SESSION = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
+SESSION_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
 
 
 def text_of(content: Any) -> str:
@@ -88,8 +90,9 @@ def worker_agent(session_id: str) -> str:
 def session_agent(
     session_id: str, has_parent: bool, known_agents: Collection[str], aliases: Mapping[str, str] | None = None
 ) -> str:
-    """The agent of an OpenCode session: the recorded agent a relaunched session replays
-    (gateway/replay.py), a child session's worker, else the root agent."""
+    """The agent of an OpenCode session: its name in `aliases` (a subagent's, gateway/opencode_names.py;
+    the recorded agent a relaunched session replays, gateway/replay.py), a child session's worker, else
+    the root agent."""
     if aliases and session_id in aliases:
         return aliases[session_id]
     worker = worker_agent(session_id)
@@ -103,8 +106,8 @@ def identify(
     known_agents: Collection[str],
     aliases: Mapping[str, str] | None = None,
 ) -> Identity:
-    session = header_value(headers, SESSION_HEADER, _SESSION)
-    parent_session = header_value(headers, PARENT_SESSION_HEADER, _SESSION)
+    session = header_value(headers, SESSION_HEADER, SESSION_PATTERN)
+    parent_session = header_value(headers, PARENT_SESSION_HEADER, SESSION_PATTERN)
     assert session is not None  # identity.identify dispatches here only when the header is present
     agent = session_agent(session, parent_session is not None, known_agents, aliases)
     purpose = auxiliary_purpose(messages, tools)

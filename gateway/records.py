@@ -1,5 +1,4 @@
-"""Chat records and delivery marks: what the gateway needs to decide the next request of a context and
-to settle what the harness never got, kept in the object store.
+"""Chat records: what the gateway needs to decide the next request of a context, kept in the object store.
 
 The gateway keeps no state of its own. After each call, and *before* the HTTP response leaves, it
 writes the call's chat record (request messages, tools, the response message it returns, usage)
@@ -7,10 +6,8 @@ beside the call's staged arrays, at a deterministic key, with put_if_absent. A c
 a record, whose request no longer runs in this gateway, is a response that was never delivered (the
 gateway died in between): the next request of that context discards it (gateway/capture.py).
 
-The *delivery mark* (`{call}.delivered`) is written just before the response's last part is sent to a
-client that is still connected (gateway/delivery.py). A completed head without one at close was never
-delivered whole (the client dropped the stream, the gateway died mid-response): it is discarded, never
-trained as an action. Records and marks are deleted with the episode's staging area when it closes.
+Whether the harness got a response whole is not a record here: the ledger decides it (the `deliver`
+Update, workflows/delivery.py). Records are deleted with the episode's staging area when it closes.
 """
 
 from __future__ import annotations
@@ -88,19 +85,3 @@ def load_record(store: ObjectStore, episode_id: str, call_id: str) -> ChatRecord
             f"not of call {call_id!r} of {episode_id!r}; inspect and delete it"
         )
     return record
-
-
-def delivered_key(episode_id: str, call_id: str) -> str:
-    """`staging/{episode}/{call}.delivered`: the call's whole response went to a connected client."""
-    return f"{staging_prefix(episode_id)}{call_id}.delivered"
-
-
-DELIVERED = b"delivered\n"
-
-
-def mark_delivered(store: ObjectStore, episode_id: str, call_id: str) -> None:
-    store.put_if_absent(delivered_key(episode_id, call_id), DELIVERED)
-
-
-def is_delivered(store: ObjectStore, episode_id: str, call_id: str) -> bool:
-    return store.stat(delivered_key(episode_id, call_id)) is not None

@@ -10,7 +10,7 @@ where the first launch died, but under new session ids. For each request of laun
    (`staging/{episode}/prompts/{digest}/{call id}`, written with every chat record);
 2. a recorded call of an earlier launch with that prompt, still live in the ledger (completed: not
    discarded, failed or cancelled), of the same kind of agent (a root session's request -> `parent` or
-   its auxiliary agents; a child session's -> a worker), and not already claimed by another session of
+   its auxiliary agents; a child session's -> a subagent), and not already claimed by another session of
    this launch, answers it: the gateway returns that call's record, no generation, no admission;
 3. the session is then an *alias* of the recorded agent (`staging/{episode}/sessions/{launch}/{session}`
    = agent + the last call replayed), so the session's later requests route to that agent's context, and
@@ -43,13 +43,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from chat.render import _canonical_tools, canonical_message, typed
-from gateway.identity import AUX_SEPARATOR, grove_identity
+from gateway.identity import AUX_SEPARATOR, DEFAULT_AGENT, grove_identity
 from storage.base import ObjectNotFoundError, ObjectStore
 from trainer.staging_format import staging_prefix
 
 LAUNCH_HEADER = "x-grove-launch"
 MAX_LAUNCH = 1000
-# Alias keys of programs' agents; OpenCode session ids never contain '~' (gateway/opencode.py _SESSION).
+# Alias keys of programs' agents; OpenCode session ids never contain '~' (opencode.SESSION_PATTERN).
 PROGRAM_SESSION_PREFIX = "agent~"
 
 
@@ -126,9 +126,9 @@ def base_agent(agent: str) -> str:
 
 
 def agent_fits(agent: str, child_session: bool) -> bool:
-    """A root session replays the root agent's calls, a child session a worker's (gateway/opencode.py)."""
-    base = base_agent(agent)
-    return base.startswith("worker-") if child_session else not base.startswith("worker-")
+    """A root session replays the root agent's calls, a child session a subagent's (any other agent:
+    `researcher`, `worker-2`; gateway/opencode_names.py)."""
+    return (base_agent(agent) != DEFAULT_AGENT) == child_session
 
 
 def claimed_agents(aliases: Mapping[str, SessionAlias], session_id: str) -> set[str]:

@@ -1,11 +1,18 @@
 """Which context a chat request goes to, and which context must be opened first (pure).
 
-From the request's headers (gateway/identity.py, gateway/opencode.py) and the episode's ledger
-summary: the agent's current context (the most recent one no rewrite retired), an explicitly named
-context, or a new one — ROOT for an agent nobody spawned, SPAWN when the headers name the spawning call
-(directly, or as the head of a context or of an agent's current context). New context ids follow the
-native harness's convention `{agent}.{n}` (n = the agent's number of contexts), so they are
-deterministic.
+From the request's headers (gateway/identity.py, gateway/opencode.py) and the episode's `context_view`
+(workflows/context_view.py: the contexts of the few agents a request may involve, whatever the
+episode's size; `view_request` names them): the agent's current context (the most recent one no rewrite
+retired), an explicitly named context, or a new one — ROOT for an agent nobody spawned, SPAWN when the
+headers name the spawning call (directly, or as the head of a context or of an agent's current context).
+New context ids follow the native harness's convention `{agent}.{n}` (n = the agent's number of contexts,
+skipping ids the agent named itself), so they are deterministic.
+
+Context ids belong to agents: `{agent}.{...}` is agent's name space (agent names have no '.'). A request
+may open, continue or rewrite only contexts of its own agent; naming another agent's context
+(`x-grove-context: parent.1` from agent `squat`) is `ContextOwnershipError` (HTTP 403) before anything
+is opened, so no agent can take an id another agent's rewrite will need. A request that names a new
+context without naming its agent is that context's agent's.
 
 An agent spawned several times (a worker invoked again with a fresh history) has several *live*
 contexts (none retired); `live_contexts` lists them and `spawn_target` opens the next one
@@ -21,19 +28,36 @@ from typing import Any
 from gateway import opencode
 from gateway.identity import (
     AGENT_HEADER,
+    AUX_SEPARATOR,
     CONTEXT_HEADER,
     DEFAULT_AGENT,
+    ID_PATTERN,
+    PARENT_CONTEXT_HEADER,
     Identity,
     RewriteMode,
     Spawner,
+    agent_header,
+    aux_agent,
     grove_identity,
+    header_value,
 )
 from grove.receipts import ContextOrigin, ContextRecord
-from workflows.accounting import ContextSummary, LedgerSummary
+from workflows.accounting import ContextSummary
+from workflows.context_view import ContextView, ViewRequest
+
+AUX_PURPOSES = ("aux", "summary", "title")  # gateway/identity.py, gateway/opencode.py
 
 
 class RoutingError(ValueError):
     """Headers that name contexts or spawners the episode's ledger does not have (HTTP 400)."""
+
+
+class ContextOwnershipError(RoutingError):
+    """A request that names a context of another agent's name space (HTTP 403)."""
+
+    def __init__(self, message: str, *, agent: str, context_id: str, owner: str) -> None:
+        super().__init__(message)
+        self.agent, self.context_id, self.owner = agent, context_id, owner
 
 
 @dataclass(frozen=True)
@@ -45,11 +69,39 @@ class Target:
     rewrite_id: str  # the id a rewrite of `current` gets
 
 
+def view_request(headers: Mapping[str, str], aliases: Mapping[str, str] | None = None) -> ViewRequest:
+    """Every agent and context a request with these headers may route to, spawn from or compare with: its
+    agent (grove's header, OpenCode's session and parent session, the default agent, a relaunch's
+    aliases) with their auxiliary agents, and the contexts its headers name. A superset: what routing
+    then finds in the view is exactly what it would find in the whole summary."""
+    agents = {DEFAULT_AGENT, *(aliases or {}).values()}
+    named = agent_header(headers)
+    if named is not None:
+        agents.add(named)
+    for name in (opencode.SESSION_HEADER, opencode.PARENT_SESSION_HEADER):
+        session = header_value(headers, name, opencode.SESSION_PATTERN)
+        if session is not None:
+            agents.add(opencode.worker_agent(session))
+    contexts = [
+        c
+        for c in (header_value(headers, h, ID_PATTERN) for h in (CONTEXT_HEADER, PARENT_CONTEXT_HEADER))
+        if c
+    ]
+    agents |= {owner_of(c) for c in contexts}
+    agents |= {aux_agent(a, p) for a in list(agents) for p in AUX_PURPOSES}
+    return ViewRequest(agents=sorted(agents), contexts=contexts, root_exclude=AUX_SEPARATOR)
+
+
+def owner_of(context_id: str) -> str:
+    """The agent whose name space a context id is in: its first '.'-separated part."""
+    return context_id.split(".", 1)[0]
+
+
 def identify(
     headers: Mapping[str, str],
     messages: Sequence[dict[str, Any]],
     tools: Any,
-    summary: LedgerSummary,
+    summary: ContextView,
     aliases: Mapping[str, str] | None = None,
 ) -> Identity:
     """grove's headers when an agent/context header is present, else OpenCode's session headers when
@@ -61,24 +113,29 @@ def identify(
     return grove_identity(headers)
 
 
-def live_contexts(summary: LedgerSummary, agent: str) -> list[ContextSummary]:
+def live_contexts(summary: ContextView, agent: str) -> list[ContextSummary]:
     """The agent's contexts that no rewrite retired, most recently opened first."""
     return [c for c in reversed(summary.contexts) if c.agent == agent and c.retired_by is None]
 
 
-def current_context(summary: LedgerSummary, agent: str) -> ContextSummary | None:
+def current_context(summary: ContextView, agent: str) -> ContextSummary | None:
     """The agent's most recently opened live context (its only one unless it was spawned again)."""
     return next(iter(live_contexts(summary, agent)), None)
 
 
-def spawn_target(summary: LedgerSummary, identity: Identity, agent: str) -> Target:
+def fresh_context(summary: ContextView, agent: str) -> str:
+    """The id the agent's next context gets (the view's first free `{agent}.{n}`)."""
+    return summary.next_context.get(agent, f"{agent}.0")
+
+
+def spawn_target(summary: ContextView, identity: Identity, agent: str) -> Target:
     """A new SPAWN context `{agent}.{n}` for a request that names its spawner (identity.respawn)."""
     assert identity.spawner is not None
-    fresh = f"{agent}.{sum(c.agent == agent for c in summary.contexts)}"
+    fresh = fresh_context(summary, agent)
     return Target(agent, fresh, None, _opening(summary, identity, agent, fresh), fresh)
 
 
-def spawning_call(summary: LedgerSummary, spawner: Spawner, episode_id: str) -> str:
+def spawning_call(summary: ContextView, spawner: Spawner, episode_id: str) -> str:
     if spawner.call_id is not None:
         return spawner.call_id
     if spawner.context_id is not None:
@@ -91,12 +148,12 @@ def spawning_call(summary: LedgerSummary, spawner: Spawner, episode_id: str) -> 
         raise RoutingError(
             f"episode {episode_id!r}: the spawner of a new worker is {what}, which "
             f"{'does not exist' if ctx is None else 'has no call'}; a worker is spawned by a call the "
-            f"spawning agent made before it (known contexts: {[c.context_id for c in summary.contexts]})"
+            f"spawning agent made before it (contexts: {[c.context_id for c in summary.contexts]})"
         )
     return ctx.head
 
 
-def _opening(summary: LedgerSummary, identity: Identity, agent: str, context_id: str) -> ContextRecord:
+def _opening(summary: ContextView, identity: Identity, agent: str, context_id: str) -> ContextRecord:
     if identity.spawner is None:
         return ContextRecord(context_id=context_id, agent=agent, origin=ContextOrigin.ROOT)
     spawned_by = spawning_call(summary, identity.spawner, summary.episode_id)
@@ -105,20 +162,17 @@ def _opening(summary: LedgerSummary, identity: Identity, agent: str, context_id:
     )
 
 
-def route(summary: LedgerSummary, identity: Identity) -> Target:
-    """The target context of a request with this identity (RoutingError for impossible headers)."""
+def route(summary: ContextView, identity: Identity) -> Target:
+    """The target context of a request with this identity (RoutingError for impossible headers,
+    ContextOwnershipError for another agent's context)."""
     by_id = {c.context_id: c for c in summary.contexts}
     named = by_id.get(identity.context_id) if identity.context_id else None
+    if identity.context_id is not None:
+        _check_owner(summary, identity, named)
     if named is not None:
-        if identity.agent is not None and named.agent != identity.agent:
-            raise RoutingError(
-                f"episode {summary.episode_id!r}: context {named.context_id!r} belongs to agent "
-                f"{named.agent!r}, not {identity.agent!r}; send the agent's own context id or no context "
-                "header"
-            )
         agent, current = named.agent, named
     else:
-        agent = identity.agent or DEFAULT_AGENT
+        agent = identity.agent or (owner_of(identity.context_id) if identity.context_id else DEFAULT_AGENT)
         current = current_context(summary, agent)
         if (
             current is not None
@@ -130,8 +184,27 @@ def route(summary: LedgerSummary, identity: Identity) -> Target:
                 f"{agent!r} already has the current context {current.context_id!r}; a new context of the "
                 "same agent must be a declared rewrite (x-grove-rewrite: 1)"
             )
-    n = sum(c.agent == agent for c in summary.contexts)
-    fresh = identity.context_id if identity.context_id and named is None else f"{agent}.{n}"
+    fresh = identity.context_id if identity.context_id and named is None else fresh_context(summary, agent)
     if current is None:
         return Target(agent, fresh, None, _opening(summary, identity, agent, fresh), fresh)
     return Target(agent, current.context_id, current, None, fresh)
+
+
+def _check_owner(summary: ContextView, identity: Identity, named: ContextSummary | None) -> None:
+    """A named context must be the requesting agent's: an existing one opened by it, a new one in its name
+    space (`{agent}.{...}`)."""
+    assert identity.context_id is not None
+    owner = named.agent if named is not None else owner_of(identity.context_id)
+    agent = identity.agent or owner
+    if agent == owner:
+        return
+    what = "belongs to" if named is not None else "is in the name space of"
+    raise ContextOwnershipError(
+        f"episode {summary.episode_id!r}: agent {agent!r} may not open, continue or rewrite context "
+        f"{identity.context_id!r}: it {what} agent {owner!r} (context ids are `<agent>.<n>`, the agent's). "
+        f"Send the agent's own context id ({agent}.<n>) or no {CONTEXT_HEADER} header (the agent's current "
+        "context)",
+        agent=agent,
+        context_id=identity.context_id,
+        owner=owner,
+    )

@@ -8,12 +8,14 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from gateway.limits import RequestLimits
+from gateway.tokenization import TokenizationLimits
+from gateway.worker_wait import WORKER_PATIENCE_S
 from grove.client import DEFAULT_ADDRESS
 from storage.config import default_store_url
 
 SECRET_VAR = "GROVE_GATEWAY_SECRET"
 MIN_SECRET_LEN = 16
-# = activities.engine.EngineConfig's max_model_len default (a unit test keeps them equal): the context
+# = activities.engine_config.EngineConfig's max_model_len default (a unit test keeps them equal): the context
 # `grove worker` engines serve unless told otherwise.
 DEFAULT_MAX_MODEL_LEN = 2048
 
@@ -38,6 +40,9 @@ class GatewaySettings(BaseModel):
     policy_model: str = "tiny"
     max_model_len: int = Field(DEFAULT_MAX_MODEL_LEN, ge=16)
     limits: RequestLimits = Field(default_factory=RequestLimits)
+    # how long a request waits for a grove worker to poll its episode's queue (gateway/worker_wait.py)
+    worker_wait_s: float = Field(WORKER_PATIENCE_S, ge=0)
+    tokenization: TokenizationLimits = Field(default_factory=TokenizationLimits)
 
     @field_validator("secret")
     @classmethod
@@ -53,7 +58,9 @@ class GatewaySettings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> GatewaySettings:
         """Settings from GROVE_TEMPORAL_ADDRESS, GROVE_TEMPORAL_NAMESPACE, GROVE_STORE,
         GROVE_GATEWAY_SECRET, GROVE_GATEWAY_MODEL, GROVE_GATEWAY_POLICY_MODEL,
-        GROVE_GATEWAY_MAX_MODEL_LEN, GROVE_GATEWAY_MAX_BODY_BYTES, plus explicit overrides."""
+        GROVE_GATEWAY_MAX_MODEL_LEN, GROVE_GATEWAY_MAX_BODY_BYTES, GROVE_GATEWAY_WORKER_WAIT_S,
+        GROVE_GATEWAY_TOKENIZER_PROCESSES, plus
+        explicit overrides."""
         env = os.environ if environ is None else environ
         if SECRET_VAR not in env and "secret" not in overrides:
             raise GatewaySettingsError(
@@ -69,8 +76,12 @@ class GatewaySettings(BaseModel):
             "policy_model": env.get("GROVE_GATEWAY_POLICY_MODEL", "tiny"),
             "max_model_len": env.get("GROVE_GATEWAY_MAX_MODEL_LEN", DEFAULT_MAX_MODEL_LEN),
         }
+        if "GROVE_GATEWAY_WORKER_WAIT_S" in env:
+            values["worker_wait_s"] = env["GROVE_GATEWAY_WORKER_WAIT_S"]
         if "GROVE_GATEWAY_MAX_BODY_BYTES" in env:
             values["limits"] = {"max_body_bytes": env["GROVE_GATEWAY_MAX_BODY_BYTES"]}
+        if "GROVE_GATEWAY_TOKENIZER_PROCESSES" in env:
+            values["tokenization"] = {"processes": env["GROVE_GATEWAY_TOKENIZER_PROCESSES"]}
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(values)

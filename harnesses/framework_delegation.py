@@ -18,7 +18,7 @@ does not depend on the word, such as a constant word or a sentence; 0 for an emp
 parent by `delegation.named_score` (the fraction of the two words it names, less one per other word of
 the vocabulary it names). With `delegation`'s plain similarity the LangGraph pair of issue 15 learned to
 answer "sand" everywhere, the best-paid constant. (The native family keeps plain similarity: its demo's
-figures were measured under it.)
+results, docs/results.md section 1.1, were measured under it.)
 
 The programs return only the final answer; each agent's last answer comes from the ledger
 (the episode fills the outputs, LEDGER_OUTPUT_KINDS), under the names the framework adapters give the

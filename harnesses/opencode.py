@@ -12,12 +12,13 @@ pure part of it (no I/O): everything here is a function of the episode and the g
   restricted primary agent with only the `task` tool keeps the fixed prompt ~1,840 tokens in the tiny
   model's tokenizer, ~960 in tiny-tools').
 - Environment: only what OpenCode needs: PATH, its own HOME and XDG folders under the launch's folder,
-  and its offline switches (shared/research/harnesses.md). Nothing of the worker's environment (secrets,
+  and its offline switches. Nothing of the worker's environment (secrets,
   other episodes' tokens) reaches it.
 - Outcome (`outcome_of_events`): the parent's final answer is the text of the root session's last
-  message with text; each `task` tool call's result (`<task id="ses_..."><task_result>...`) is a worker's
-  last output. Workers are numbered in the order the parent called them (`worker-1`, `worker-2`, ...),
-  the names the task families' scorers use (the gateway's ledger names them `worker-<session id>`).
+  message with text; each `task` tool call's result (`<task id="ses_..."><task_result>...`) is a
+  subagent's last output, under the subagent's name: its agent type, with an index when the type ran
+  before (`worker`, `worker-2`, `researcher`: harnesses/opencode_agents.py), counted in the order the
+  parent wrote the calls, as the gateway's ledger names the subagents' contexts.
 
 A task family plugs in with `TASK_SETUPS[family] = fn(task) -> OpenCodeSetup`; `HarnessSpec.opencode`
 (grove/contracts.py OpenCodeOptions) overrides any part of it per run.
@@ -33,7 +34,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
-from harnesses import opencode_delegation, opencode_reader
+from harnesses import opencode_delegation, opencode_reader, opencode_report
+from harnesses.opencode_agents import subagent_names
+from harnesses.sandbox import SYSTEM_PATH, sandbox_env
 
 PROVIDER = "grove"
 MODEL = "grove"  # the gateway's served model id (GatewaySettings.model_name), unless told otherwise
@@ -86,7 +89,8 @@ def delegation_setup(task: TaskSpec) -> OpenCodeSetup:
 
 def restricted_agents(lead: str, worker: str, worker_description: str) -> dict[str, dict[str, Any]]:
     """A primary `lead` with only the `task` tool and a tool-less `worker` subagent; OpenCode's own
-    `explore`/`general` subagents and its title agent off (shared/research/harnesses.md: 1,835 tokens)."""
+    `explore`/`general` subagents and its title agent off (the lead's first request is then ~1,840 tokens
+    in the tiny model's tokenizer, ~15,400 with OpenCode's default agent and tools)."""
     return {
         "lead": {"mode": "primary", "prompt": lead, "tools": {"*": False, "task": True}},
         "worker": {
@@ -113,7 +117,8 @@ def opencode_delegation_setup(task: TaskSpec) -> OpenCodeSetup:
 
 def opencode_reader_setup(task: TaskSpec) -> OpenCodeSetup:
     """The `opencode-reader` family (harnesses/opencode_reader.py): the lead of `opencode-delegation`,
-    workers that read notes.txt and compact."""
+    workers that read notes.txt and compact. `opencode-report` (harnesses/opencode_report.py) runs the same
+    episodes under another reward."""
     return OpenCodeSetup(
         message=opencode_reader.user_message(task),
         agents=opencode_reader.OPENCODE_AGENTS,
@@ -127,6 +132,7 @@ TASK_SETUPS: dict[str, Callable[[TaskSpec], OpenCodeSetup]] = {
     "delegation": delegation_setup,
     opencode_delegation.FAMILY: opencode_delegation_setup,
     opencode_reader.FAMILY: opencode_reader_setup,
+    opencode_report.FAMILY: opencode_reader_setup,
 }
 
 
@@ -229,19 +235,9 @@ def opencode_config(
     return config
 
 
-def opencode_env(home: str, path: str = "/usr/local/bin:/usr/bin:/bin") -> dict[str, str]:
+def opencode_env(home: str, path: str = SYSTEM_PATH) -> dict[str, str]:
     """The whole environment of an OpenCode process: its own HOME/XDG folders and offline switches."""
-    return {
-        "PATH": path,
-        "HOME": home,
-        "XDG_CONFIG_HOME": f"{home}/.config",
-        "XDG_DATA_HOME": f"{home}/.local/share",
-        "XDG_CACHE_HOME": f"{home}/.cache",
-        "XDG_STATE_HOME": f"{home}/.local/state",
-        "TMPDIR": f"{home}/tmp",
-        "LANG": "C.UTF-8",
-        **OFFLINE_ENV,
-    }
+    return sandbox_env(home, path, **OFFLINE_ENV)
 
 
 def opencode_argv(binary: str, message: str) -> list[str]:
@@ -277,7 +273,7 @@ def outcome_of_events(events: list[dict[str, Any]]) -> HarnessOutcome:
     root = next((e.get("sessionID") for e in events if e.get("sessionID")), None)
     texts: dict[str, list[str]] = {}  # message id -> its text parts, root session only
     order: list[str] = []
-    workers: list[str] = []
+    tasks: list[tuple[str, str, str]] = []  # (part id: the order the calls were written, type, answer)
     errors: list[str] = []
     for event in events:
         part = event.get("part") or {}
@@ -295,11 +291,15 @@ def outcome_of_events(events: list[dict[str, Any]]) -> HarnessOutcome:
         elif kind == "tool_use" and part.get("tool") == "task":
             state = part.get("state") or {}
             match = _TASK_RESULT.search(str(state.get("output") or ""))
+            subagent_type = str((state.get("input") or {}).get("subagent_type") or "worker")
             if state.get("status") == "completed" and match:
-                workers.append(match.group("text"))
+                tasks.append((str(part.get("id") or ""), subagent_type, match.group("text")))
     final = "".join(texts[order[-1]]) if order else ""
     outputs: dict[str, list[str]] = {"parent": [final]} if order else {}
-    for i, text in enumerate(workers, start=1):
-        outputs[f"worker-{i}"] = [text]
+    # OpenCode reports a task when it ends (concurrent ones in any order); its part ids ascend in the
+    # order the calls were written, which is the order subagents are numbered in
+    tasks.sort(key=lambda t: t[0])
+    for name, (_, _, text) in zip(subagent_names(t[1] for t in tasks), tasks, strict=True):
+        outputs[name] = [text]
     failure = f"OpenCode reported: {errors[-1]}" if errors else None
     return HarnessOutcome(final_answer=final, outputs=outputs, failure=failure)

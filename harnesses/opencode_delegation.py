@@ -16,15 +16,16 @@ harnesses/opencode.py registers it in `TASK_SETUPS`, so the harness runner confi
 
 Reward, shaped as `delegation`'s: 0.5 x the workers' mean similarity to their words + 0.5 x how closely
 the lead's final answer reads the two words back (`read_back_score`: partial credit for a near-miss copy,
-extra words dilute it). The fraction of the two words present exactly, used before, paid the lead 0 in
-24 of 24 simulated episodes of tiny-copy and of tiny-resume (which copies ~79% of the final answer's
-tokens): half the reward had no spread, so GRPO had nothing to move the lead's final turn with. Any
-fixed answer, or another task's two words, earns 0.09-0.29 on average over the tasks (the words are
-made up afresh per task), a near-miss copy ~0.8.
+extra words dilute it). The fraction of the two words present exactly, used before, paid the lead
+nothing in simulated episodes of tiny-copy and tiny-resume (docs/results.md section 2.2): half the
+reward had no spread, so GRPO had nothing to move the lead's final turn with. A fixed answer, or another
+task's two words, earns little (the words are made up afresh per task); a near-miss copy most of the
+credit.
 
-Workers are whatever agents named `worker-...` the outcome holds:
-`worker-1`, `worker-2` in the runner's outcome (numbered in the lead's call order), `worker-ses_...` in
-the gateway's ledger; which one was handed which word is not in the outcome, so the worker slots are
+Workers are the outcome's agents of the `worker` type: `worker`, `worker-2` (the runner and the gateway
+name OpenCode's subagents after their type, numbered in the lead's call order; harnesses/
+opencode_agents.py), or any other `worker-...` (a simulation's `worker-1`, an unmatched session's
+`worker-ses_...`); which one was handed which word is not in the outcome, so the worker slots are
 filled by the assignment of workers to words that scores best (two workers: two assignments). A worker
 that answers the other worker's word therefore scores as if it had been handed that word; two workers
 answering the same word score once. Missing workers score 0. Tasks are a pure function of their index.
@@ -42,7 +43,7 @@ from harnesses.delegation import similarity
 from models.tool_drills import LEAD_PROMPT, WORKER_PROMPT, draw_words
 
 FAMILY = "opencode-delegation"
-WORKER_PREFIX = "worker-"  # the gateway's name for an OpenCode subagent session (gateway/opencode.py)
+WORKER_TYPE = "worker"  # the family's subagent type: its subagents are `worker`, `worker-2`, ...
 DEFAULT_AGENT = "lead"
 OPENCODE_AGENTS: dict[str, dict] = {
     "lead": {"mode": "primary", "prompt": LEAD_PROMPT, "tools": {"*": False, "task": True}},
@@ -71,10 +72,12 @@ def user_message(task: TaskSpec) -> str:
 
 
 def worker_answers(outcome: HarnessOutcome) -> list[str]:
-    """The last answer of each subagent session, in the order the sessions first appear."""
-    return [
-        texts[-1] for agent, texts in outcome.outputs.items() if agent.startswith(WORKER_PREFIX) and texts
-    ]
+    """The last answer of each `worker` subagent, in the order the outcome lists them."""
+    return [texts[-1] for agent, texts in outcome.outputs.items() if is_worker(agent) and texts]
+
+
+def is_worker(agent: str) -> bool:
+    return agent == WORKER_TYPE or agent.startswith(f"{WORKER_TYPE}-")
 
 
 def best_assignment(

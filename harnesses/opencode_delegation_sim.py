@@ -1,7 +1,9 @@
-"""Simulated `opencode-delegation` (or `opencode-reader`) episodes of a model, scored by the family's reward.
+"""Simulated `opencode-delegation` (or `opencode-reader`, `opencode-report`) episodes of a model, scored by
+the family's reward.
 
     python -m harnesses.opencode_delegation_sim tiny-copy [--tasks 6] [--group 4] [--temperature 0.7]
     python -m harnesses.opencode_delegation_sim tiny-reader --family opencode-reader
+    python -m harnesses.opencode_delegation_sim tiny-report --family opencode-report
 
 Each episode plays the family's requests (models/tool_eval.py: OpenCode's captured request text with
 held-out words) chained the way OpenCode chains them: the lead's first reply is parsed with the
@@ -12,13 +14,13 @@ outcome. It is a simulation of the binary on its captured request text (no OpenC
 vLLM): calls to other agents get no answer, and a lead reply without tool calls is its final answer.
 It lives beside the family (not in models/) because the reward is the family's.
 
-`opencode-reader` workers play their four requests (models/reader_drills.py) on the model's own replies:
-the first request with the `read` tool; if the reply calls `read`, the result (the task's notes), the
-answer, OpenCode's compaction call on that conversation (the summary), and the rewritten session, whose
-reply is the worker's answer. A worker that does not call `read` answers at once and does not compact (its
-context stays under the line). The real compaction depends on the usage the gateway reports; the
-simulation assumes the notes always push a worker that read them over it (they do at the family's
-WORKER_CONTEXT).
+`opencode-reader` (and `opencode-report`) workers play their four requests (models/reader_drills.py) on
+the model's own replies: the first request with the `read` tool; if the reply calls `read`, the result
+(the task's notes), the answer, OpenCode's compaction call on that conversation (the summary), and the
+rewritten session, whose reply is the worker's answer. A worker that does not call `read` answers at once
+and does not compact (its context stays under the line). The real compaction depends on the usage the
+gateway reports; the simulation assumes the notes always push a worker that read them over it (they do at
+the family's WORKER_CONTEXT).
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ from pydantic import BaseModel
 
 from chat.toolcalls import parse_tool_calls
 from grove.contracts import HarnessOutcome, TaskSpec
-from harnesses import opencode_reader
-from harnesses.opencode_delegation import FAMILY, score
+from harnesses import opencode_reader, opencode_report
+from harnesses.opencode_delegation import FAMILY
+from harnesses.programs import family as task_family
 from models import reader_drills
 from models.tool_drills import draw_words
 from models.tool_eval import Generator, lead_request, worker_request
 
+READER_FAMILIES = (opencode_reader.FAMILY, opencode_report.FAMILY)  # workers that read notes.txt
 MAX_EPISODE_TOKENS = 128  # each call's max_tokens in a simulated episode (OpenCode's limit.output)
 
 
@@ -130,6 +134,7 @@ class EpisodeScores(BaseModel):
     groups_with_spread: float  # share of groups whose rewards are not all equal (a GRPO signal)
     workers: float  # mean of the reward's worker part
     parent: float  # mean of the reward's parent part
+    details: dict[str, float]  # mean of each of the reward's components
     example: dict[str, Any]
 
 
@@ -137,16 +142,18 @@ def play_episodes(
     model: str, *, tasks: int, group: int, temperature: float = 0.7, seed: int = 0, family: str = FAMILY
 ) -> EpisodeScores:
     """`tasks` held-out tasks of the family (the family's own word draw, on the held-out side), `group`
-    samples each; `family`: opencode-delegation or opencode-reader (notes of the family's own draw)."""
+    samples each; `family`: opencode-delegation, or opencode-reader / opencode-report (workers that read
+    notes of the family's own draw); scored by the family's reward."""
     from models.registry import ensure_model
 
     gen = Generator(ensure_model(model))
     rng = random.Random(seed)
-    groups, workers, parent, example = [], [], [], {}
+    score = task_family(family)[1]
+    reader = family in READER_FAMILIES
+    groups, details, example = [], [], {}
     for t in range(tasks):
         words = draw_words(rng, 2, held_out=True, common_share=0.0)
         task = TaskSpec(family=family, task_id=f"eval-{t}", params={"words": words})
-        reader = family == opencode_reader.FAMILY
         notes = opencode_reader.notes(task) if reader else ""
         rewards = []
         for g in range(group):
@@ -155,18 +162,19 @@ def play_episodes(
             )
             result = score(task, outcome)
             rewards.append(result.reward)
-            workers.append(result.details["workers"])
-            parent.append(result.details["parent"])
+            details.append(result.details)
             example = example or {"words": words, **outcome.model_dump(), "reward": result.reward}
         groups.append(rewards)
     flat = [r for rs in groups for r in rs]
+    means = {k: sum(d[k] for d in details) / len(details) for k in details[0]}
     return EpisodeScores(
         temperature=temperature,
         groups=groups,
         mean=sum(flat) / len(flat),
         groups_with_spread=sum(len(set(rs)) > 1 for rs in groups) / len(groups),
-        workers=sum(workers) / len(workers),
-        parent=sum(parent) / len(parent),
+        workers=means["workers"],
+        parent=means["parent"],
+        details=means,
         example=example,
     )
 
@@ -177,7 +185,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=6, help="simulated opencode-delegation tasks")
     parser.add_argument("--group", type=int, default=4, help="samples per simulated task")
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--family", choices=(FAMILY, opencode_reader.FAMILY), default=FAMILY)
+    parser.add_argument("--family", choices=(FAMILY, *READER_FAMILIES), default=FAMILY)
     args = parser.parse_args()
     torch.set_num_threads(1)
     scores = play_episodes(

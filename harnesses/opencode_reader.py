@@ -14,7 +14,7 @@ over the line. A worker that answers in one turn cannot compact without looping:
 context longer, not shorter (docs/tool_model.md). Here the read result is what the summary drops. In
 `tiny-reader`'s tokens (models/reader_drills.py drills, 16 notes lines): the worker's first request is
 ~800 tokens (the `read` tool's schema is most of it), after the read ~1,200, after compaction ~950;
-WORKER_CONTEXT puts the line between the last two (docs/tool_model.md has the measured figures).
+WORKER_CONTEXT puts the line between the last two (docs/tool_model.md has the token counts).
 
 Tasks are `opencode-delegation`'s words (drawn under this family's name) plus the notes, a pure function
 of the index; the reward is `opencode-delegation`'s (workers' answers against the words, the lead's

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
-from harnesses import delegation, framework_delegation, opencode_delegation, opencode_reader, scenario
+from harnesses import (
+    delegation,
+    framework_delegation,
+    opencode_delegation,
+    opencode_reader,
+    opencode_report,
+    scenario,
+)
 from harnesses.native import Program
 
 PROGRAMS: dict[str, Program] = {
@@ -30,6 +37,9 @@ TASK_FAMILIES: dict[
     opencode_delegation.FAMILY: (opencode_delegation.make_task, opencode_delegation.score),
     # the same with workers that read a file and compact mid-way (harnesses/opencode_reader.py)
     opencode_reader.FAMILY: (opencode_reader.make_task, opencode_reader.score),
+    # the same episodes, rewarded for the shape of the reports and the final answer
+    # (harnesses/opencode_report.py)
+    opencode_report.FAMILY: (opencode_report.make_task, opencode_report.score),
     # driven by a LangGraph or Agents SDK program the runner launches (harnesses/framework_delegation.py)
     **{
         name: (framework_delegation.make_task_of(name), framework_delegation.score)

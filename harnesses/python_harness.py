@@ -26,6 +26,7 @@ from typing import Any
 from grove.contracts import HarnessOutcome, TaskSpec
 from harnesses.clients import API_KEY_ENV, BASE_URL_ENV, LAUNCH_ENV
 from harnesses.clients.program import ENTRY_ERROR, JOB_ENV, RESULT
+from harnesses.sandbox import SYSTEM_PATH, sandbox_env
 
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # grove's tree: harnesses/, grove/, ...
 PROGRAM_MODULE = "harnesses.clients.program"
@@ -46,24 +47,15 @@ def python_env(
     home: str, job: str, base_url: str, token: str, launch: int, python: str = sys.executable
 ) -> dict[str, str]:
     """The whole environment of a Python harness process (see the module docstring)."""
-    return {
-        "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": home,
-        "XDG_CONFIG_HOME": f"{home}/.config",
-        "XDG_DATA_HOME": f"{home}/.local/share",
-        "XDG_CACHE_HOME": f"{home}/.cache",
-        "XDG_STATE_HOME": f"{home}/.local/state",
-        "TMPDIR": f"{home}/tmp",
-        "LANG": "C.UTF-8",
-        "PYTHONPATH": str(SOURCE_ROOT),
-        "PYTHONNOUSERSITE": "1",  # the worker's packages, not whatever a user site holds
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        BASE_URL_ENV: base_url,
-        API_KEY_ENV: token,
-        LAUNCH_ENV: str(launch),
-        JOB_ENV: job,
-    }
+    return sandbox_env(
+        home,
+        f"{Path(python).parent}:{SYSTEM_PATH}",
+        PYTHONPATH=str(SOURCE_ROOT),
+        PYTHONNOUSERSITE="1",  # the worker's packages, not whatever a user site holds
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        **{BASE_URL_ENV: base_url, API_KEY_ENV: token, LAUNCH_ENV: str(launch), JOB_ENV: job},
+    )
 
 
 def entry_error(events: list[dict[str, Any]]) -> str | None:

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from models import reader_drills
+from models import reader_drills, report_drills
 from models.manifest import write_manifest
 from models.reader_drills import READER_PROMPT
 from models.tool_drills import (
@@ -103,20 +103,26 @@ class CopyTuneSpec(BaseModel):
     reader_workers: int = Field(4, gt=0)
     reader_leads: int = Field(4, ge=0)
     reader_lines: tuple[int, int] = (12, 20)  # notes.txt lines, drawn per worker
+    # `report` steps (after the reader ones): reader steps whose workers' reports (the answer after
+    # compaction) and leads' resumptions (the task results, the final answer) come in the shapes of
+    # models/report_drills.py, at equal odds: `tiny-report`, the `opencode-report` family's start
+    report_steps: int = Field(0, ge=0)
     learning_rate: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
     max_words: int = Field(8, ge=2)
 
     @property
     def total_steps(self) -> int:
-        return self.dense_steps + self.real_steps + self.resume_steps + self.reader_steps
+        return self.dense_steps + self.real_steps + self.resume_steps + self.reader_steps + self.report_steps
 
     def fingerprint_json(self) -> str:
         """The spec's JSON for the cache fingerprint; without the resume and reader fields while they are
         unused, so builds made before they existed (tiny-copy, tiny-resume) keep their fingerprint."""
         unused = {"resume_steps", "resume_leads", "resume_firsts"} if self.resume_steps == 0 else set()
-        if self.reader_steps == 0:
+        if self.reader_steps == 0 and self.report_steps == 0:
             unused |= {"reader_steps", "reader_workers", "reader_leads", "reader_lines"}
+        if self.report_steps == 0:
+            unused.add("report_steps")
         return self.model_dump_json(exclude=unused)
 
 
@@ -234,22 +240,27 @@ class CopyDrillWriter:
             {"role": "assistant", "content": word},
         ], None
 
-    def lead_resume(self, system: dict | None = None) -> tuple[list[dict], list[dict]]:
+    def lead_resume(self, system: dict | None = None, shaped: bool = False) -> tuple[list[dict], list[dict]]:
+        """The lead's resumption after both task results, answered with the words; `shaped`: the results
+        and the final answer in shapes drawn from models/report_drills.py."""
         words = self.words(2)
         messages, tools = self._lead_start(words, system)
         calls = {"role": "assistant", "content": "", "tool_calls": [_task_call(w) for w in words]}
-        answers = [self.w.task_result(self.rng.choice(("{w}", "{w}", "{w}.")).format(w=w)) for w in words]
-        final = {
-            "role": "assistant",
-            "content": self.rng.choice(("{ws}", "{ws}", "{lines}")).format(**_fill(words)),
-        }
-        return [*messages, calls, *answers, final], tools
+        # draws in the order the unshaped drills always made them (the builds made before keep their weights)
+        if shaped:
+            answers = [self.w.task_result(report_drills.worker_report(self.rng, w)) for w in words]
+            text = report_drills.final_answer(self.rng, words)
+        else:
+            answers = [self.w.task_result(self.rng.choice(("{w}", "{w}", "{w}.")).format(w=w)) for w in words]
+            text = self.rng.choice(("{ws}", "{ws}", "{lines}")).format(**_fill(words))
+        return [*messages, calls, *answers, {"role": "assistant", "content": text}], tools
 
-    def readers(self, n: int, lines: tuple[int, int]) -> tuple[list[Draw], list[Draw]]:
+    def readers(self, n: int, lines: tuple[int, int], shaped: bool = False) -> tuple[list[Draw], list[Draw]]:
         """`n` `opencode-reader` workers of one episode environment (models/reader_drills.py): their chats
         with the `read` tool (the read call and the word after its result; the word again from the summary,
         loss on it alone), which share the system prompt and tool, and their compaction calls (the summary),
-        which share OpenCode's summarization prompt."""
+        which share OpenCode's summarization prompt. `shaped`: the answer from the summary (the worker's
+        report) in a shape drawn from models/report_drills.py."""
         folder = self._folder()
         system = self._system(READER_PROMPT, folder)["content"]
         tools = [reader_drills.read_tool()]
@@ -260,19 +271,23 @@ class CopyDrillWriter:
             notes = reader_drills.notes_text(self.rng, self.rng.randint(*lines))
             result = reader_drills.read_result(folder, notes)
             with_tool.append((reader_drills.worker_turns(system, ask, result, word), tools, False))
-            with_tool.append((reader_drills.after_compaction_turns(system, ask, word), tools, True))
+            report = report_drills.worker_report(self.rng, word) if shaped else None
+            with_tool.append((reader_drills.after_compaction_turns(system, ask, word, report), tools, True))
             summaries.append((reader_drills.summary_turns(ask, result, word), None, False))
         return with_tool, summaries
 
-    def leads(self, n: int, kind: str = "any") -> list[tuple[list[dict], list[dict]]]:
+    def leads(self, n: int, kind: str = "any", shaped: bool = False) -> list[tuple[list[dict], list[dict]]]:
         """`n` lead requests of one episode environment (one system prompt: they share its tokens): first
-        requests, resumptions, or (`any`) either at even odds."""
+        requests, resumptions, or (`any`) either at even odds; `shaped`: resumptions as `lead_resume`'s."""
         system = self._system(LEAD_PROMPT)
+
+        def resume(system: dict | None) -> tuple[list[dict], list[dict]]:
+            return self.lead_resume(system, shaped=shaped)
 
         def pick() -> Callable[[dict | None], tuple[list[dict], list[dict]]]:
             if kind == "any":
-                return self.lead_first if self.rng.random() < 0.5 else self.lead_resume
-            return {"first": self.lead_first, "resume": self.lead_resume}[kind]
+                return self.lead_first if self.rng.random() < 0.5 else resume
+            return {"first": self.lead_first, "resume": resume}[kind]
 
         return [pick()(system) for _ in range(n)]
 
@@ -363,13 +378,15 @@ def _step_groups(writer: CopyDrillWriter, tok: Any, spec: CopyTuneSpec, step: in
             groups.append(_Group(chats(writer.leads(spec.dense_leads)), shared_prefix=True))
         return groups
     if step >= spec.dense_steps + spec.real_steps + spec.resume_steps:  # reader workers, leads beside
-        with_tool, summaries = writer.readers(spec.reader_workers, spec.reader_lines)
+        shaped = step >= spec.total_steps - spec.report_steps  # report steps: shaped reports and finals
+        with_tool, summaries = writer.readers(spec.reader_workers, spec.reader_lines, shaped=shaped)
         groups = [
             _Group([encode(tok, m, t, last_only=last) for m, t, last in draws], shared_prefix=True)
             for draws in (with_tool, summaries)
         ]
         if spec.reader_leads:
-            groups.append(_Group(chats(writer.leads(spec.reader_leads)), shared_prefix=True))
+            leads = writer.leads(spec.reader_leads, shaped=shaped)
+            groups.append(_Group(chats(leads), shared_prefix=True))
     elif step >= spec.dense_steps + spec.real_steps:  # resume: final answers only, first turns whole
         finals = [encode(tok, *d, last_only=True) for d in writer.leads(spec.resume_leads, "resume")]
         groups = [_Group(finals, shared_prefix=True)]

@@ -105,13 +105,16 @@ def summary_turns(ask: str, result: str, word: str) -> list[dict[str, Any]]:
     ]
 
 
-def after_compaction_turns(system: str, ask: str, word: str) -> list[dict[str, Any]]:
-    """Request 4: the rewritten session, answered with the word."""
+def after_compaction_turns(
+    system: str, ask: str, word: str, report: str | None = None
+) -> list[dict[str, Any]]:
+    """Request 4: the rewritten session, answered with the word (or `report`: the word in another shape,
+    models/report_drills.py)."""
     question, cont = _compaction_turns()
     return [
         {"role": "system", "content": system},
         {"role": "user", "content": question},
         {"role": "assistant", "content": summary_text(ask, word)},
         {"role": "user", "content": cont},
-        {"role": "assistant", "content": word},
+        {"role": "assistant", "content": word if report is None else report},
     ]

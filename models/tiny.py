@@ -5,11 +5,9 @@ tokenizer trained on the synthetic corpus (models/tokenizer.py, models/corpus.py
 initialised from the seed, then optionally a short AdamW pretraining so that sampled text is not
 uniform noise. The pretraining may start with `drill_steps` steps on plain copy drills
 (`generate_copy_drills`) before `pretrain_steps` steps on the corpus: a model this small does not
-learn to copy a word from its prompt out of the mixed corpus in a budget of a few hundred steps
-(measured on the dev machine: the probability of repeating a prompted word stays at chance, ~1/48,
-after 480 corpus steps), while the drills teach it in ~150 steps (from init_std 0.06; not from 0.02)
-and the corpus steps that follow keep part of it. The shape respects vLLM-CPU's attention kernel
-(head_dim 32).
+learn to copy a word from its prompt out of the mixed corpus in a budget of a few hundred steps,
+while the drills teach it (from init_std 0.06) and the corpus steps that follow keep part of it. The
+shape respects vLLM-CPU's attention kernel (head_dim 32).
 
 The build is deterministic: one torch thread, deterministic algorithms, a seeded generator for the
 init and one for the batch order. The same spec gives byte-identical files on the same machine and

@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.temporal",
     "tests.fixtures.worker",
+    "tests.fixtures.agents_script",
 ]

@@ -1,6 +1,6 @@
 """Exact forest reconstruction: an episode's receipts + staged tokens -> training rows + accounting.
 
-Rules (DESIGN.md section 6):
+Rules (docs/design.md, "6. Reconstruction"):
 
 - Forest members are the calls the harness used: state SELECTED (actions) and AUXILIARY. Discarded,
   cancelled and failed calls are accounted, never trained, and need no tokens.
@@ -259,7 +259,7 @@ def _check_tokens(
 
 
 def _equal(a: np.ndarray, b: np.ndarray) -> bool:
-    # Byte comparison (memcmp) is ~5x faster than np.array_equal on the typical 1-4k-token slice;
+    # Byte comparison (memcmp) is faster than np.array_equal on the typical 1-4k-token slice;
     # it equals element equality only for one dtype, so other dtypes take the numpy path.
     if a.dtype == b.dtype:
         return a.tobytes() == b.tobytes()

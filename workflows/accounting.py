@@ -42,6 +42,7 @@ class ContextSummary(BaseModel):
     head: str | None  # the call a plain continuation must extend now
     counts: dict[CallState, int]
     pending: list[str]  # admitted, not yet completed (admission order)
+    awaiting_delivery: list[str] = Field(default_factory=list)  # completed, response not yet delivered
 
 
 class LedgerSummary(BaseModel):

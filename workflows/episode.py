@@ -81,6 +81,8 @@ with workflow.unsafe.imports_passed_through():
     from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_outcome, run_program
     from harnesses.programs import PROGRAMS
     from workflows.accounting import LedgerAccounting, LedgerSummary
+    from workflows.context_view import ContextView, ViewRequest, admitted_count, context_view
+    from workflows.delivery import discard_undelivered, record_delivery, validate_delivery
     from workflows.handover import (
         EpisodeCarry,
         EpisodeRun,
@@ -234,6 +236,7 @@ class EpisodeWorkflow:
             )
         outcome = await self._drive_harness()
         await workflow.wait_condition(workflow.all_handlers_finished)
+        discard_undelivered(self.ledger)  # close freezes delivery (workflows/delivery.py)
         pages = await self._pages_before_close(CLOSE_REASON)
         accounting = self.ledger.close(cancel_outstanding=True, reason=CLOSE_REASON)
         reward, outcome = await self._reward(outcome)
@@ -622,8 +625,9 @@ class EpisodeWorkflow:
         while True:
             try:
                 self.ledger.admit(
-                    call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch
-                )
+                    call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch,
+                    awaits_delivery=req.await_delivery,
+                )  # fmt: skip
             except LedgerError as err:
                 raise _ledger_failure(err) from err
             try:
@@ -693,9 +697,13 @@ class EpisodeWorkflow:
                 type="HandingOver",
             )
 
-    def _check_not_closing(self) -> None:
+    def _check_not_closing(self, what: str = "no new calls") -> None:
+        """After a close nothing changes what is materialised (workflows/delivery.py): refused."""
         if self.close_request is not None:
-            raise ApplicationError(f"episode {self.spec.episode_id} is closing; no new calls", type="Closing")
+            raise ApplicationError(
+                f"episode {self.spec.episode_id} is closing (closed by the {self.closed_by}); {what}",
+                type="Closing",
+            )
 
     async def _handled(self, work):
         """Count an Update (hand-over threshold), keep the idle clock and wait for a paged ledger."""
@@ -715,6 +723,7 @@ class EpisodeWorkflow:
 
     @open_context_update.validator
     def _validate_open_context(self, record: ContextRecord) -> None:
+        self._check_not_closing("no new contexts")
         self._check_admitting()
         if self.restored:
             self.ledger.validate_open_context(record)
@@ -736,6 +745,8 @@ class EpisodeWorkflow:
     @workflow.update(name="discard")
     async def discard_update(self, req: DiscardRequest) -> None:
         async def discard() -> None:
+            # again here: a close accepted in the same activation was validated before this ran
+            self._check_not_closing(f"the close decides {req.call_id}: a discard after it changes nothing")
             try:
                 self.ledger.discard(req.call_id, req.reason)
             except LedgerError as err:
@@ -745,9 +756,30 @@ class EpisodeWorkflow:
 
     @discard_update.validator
     def _validate_discard(self, req: DiscardRequest) -> None:
+        self._check_not_closing(f"the close decides {req.call_id}: a discard after it changes nothing")
         self._check_admitting()
         if self.restored:
             self.ledger.validate_discard(req.call_id)
+
+    @workflow.update(name="deliver")
+    async def deliver_update(self, call_id: str) -> None:
+        """The gateway is about to send the call's last part to a connected client (workflows/delivery.py)."""
+
+        async def deliver() -> None:
+            self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
+            try:
+                record_delivery(self.ledger, call_id)
+            except LedgerError as err:
+                raise _ledger_failure(err) from err
+
+        await self._handled(deliver)
+
+    @deliver_update.validator
+    def _validate_deliver(self, call_id: str) -> None:
+        self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
+        self._check_admitting()
+        if self.restored:
+            validate_delivery(self.ledger, call_id)
 
     @workflow.update(name="close")
     async def close_update(self, req: CloseRequest) -> None:
@@ -768,6 +800,12 @@ class EpisodeWorkflow:
     @workflow.query(name="summary")
     def summary(self) -> LedgerSummary:
         return self.ledger.summary()
+
+    @workflow.query(name="context_view")
+    def context_view(self, req: ViewRequest) -> ContextView:
+        """What one gateway request needs of the ledger (workflows/context_view.py): small, whatever the
+        episode's size, unlike `summary`."""
+        return context_view(self.ledger, req, closing=self.close_request is not None)
 
     @workflow.query(name="call_states")
     def call_states(self, call_ids: list[str]) -> dict[str, str]:
@@ -793,6 +831,7 @@ class EpisodeWorkflow:
             last_activity=self.last_activity.isoformat(),
             closed_by=self.closed_by,
             restore=self.restore_progress,
+            calls_admitted=admitted_count(self.ledger),
         )
 
     def _set_status(self, status: str) -> None:

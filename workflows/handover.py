@@ -2,10 +2,9 @@
 
 A long episode continues-as-new (workflows/episode.py) and hands its ledger to the next run. A ledger
 of thousands of calls is larger than one Temporal payload (2 MB), so it travels through the object
-store as pages of at most `EpisodeSpec.ledger_page_items` contexts + calls (default 1,000: ~0.5 MB of
-JSON); the workflow carries
-only the pages' keys. Page keys are deterministic per (episode, run, purpose, index), so a retried
-write finds its own bytes.
+store as pages of at most `EpisodeSpec.ledger_page_items` contexts + calls (default 1,000); the
+workflow carries only the pages' keys. Page keys are deterministic per (episode, run, purpose, index),
+so a retried write finds its own bytes.
 
 Pages are incremental: a run writes only the contexts and calls that changed since the pages it was
 restored from (`changed_pages`), and a ledger is the pages of all runs joined in order, later pages
@@ -17,10 +16,13 @@ calls and the settled tails, so what a run restores is bounded by the live calls
 length. The materialize activity joins every page of the chain. Runs handed over before the patch carry
 the whole ledger as pages (`ledger_pages`), restored as before.
 
-Pages cross Temporal packed (`pack_page`: zlib-compressed JSON, a raw bytes payload; ~4.6x smaller,
-measured 622 -> 134 bytes per call), and sit in the store as plain JSON. So what a run loads grows
-by ~0.14 KB per call of the episode, and the close no longer writes every call again (the ledger is
-paged before its close and the materialize activity applies the close: `MaterializeInput.close_reason`).
+Pages cross Temporal packed (`pack_page`: zlib-compressed JSON, a raw bytes payload, several times
+smaller: docs/results.md section 3.5), and sit in the store as plain JSON. A settled run loads only
+its live ledger: inline in its carry, or as the live calls' own pages (`live_pages`) when they are too
+many for a payload, never the pages of the earlier runs; what it loads grows with the live calls, not
+with the episode's length (a run handed over before the patch loads every page of the episode). The
+close no longer writes every call again (the ledger is paged before its close and the materialize
+activity applies the close: `MaterializeInput.close_reason`).
 
 Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandbox).
 """

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from grove.receipts import (
     CallKind,
@@ -179,6 +179,53 @@ class ContextState(BaseModel):
     retired_by: str | None = None  # the REWRITE context that replaced this one
 
 
+class AgentIndex:
+    """agent -> its context ids in opening order, for one `contexts` dict; rebuilt when the dict is not the
+    one it indexed (a restore, a copy: its id, size and last key differ). A cache, not state: any two
+    indexes are equal, so a Ledger's equality is its fields'."""
+
+    def __init__(self) -> None:
+        self.by_agent: dict[str, list[str]] = {}
+        self.roots: list[str] = []  # agents whose first context is a ROOT, in opening order
+        self.key: tuple[int, int, str | None] = (0, -1, None)
+
+    @staticmethod
+    def _key(contexts: dict[str, ContextState]) -> tuple[int, int, str | None]:
+        return id(contexts), len(contexts), next(reversed(contexts), None)
+
+    def _current(self, contexts: dict[str, ContextState]) -> AgentIndex:
+        if self.key != self._key(contexts):
+            self.by_agent, self.roots = {}, []
+            for state in contexts.values():
+                self._note(state.record)
+            self.key = self._key(contexts)
+        return self
+
+    def _note(self, record: ContextRecord) -> None:
+        if record.agent not in self.by_agent and record.origin == ContextOrigin.ROOT:
+            self.roots.append(record.agent)
+        self.by_agent.setdefault(record.agent, []).append(record.context_id)
+
+    def of(self, contexts: dict[str, ContextState], agent: str) -> list[str]:
+        return self._current(contexts).by_agent.get(agent, [])
+
+    def root_agents(self, contexts: dict[str, ContextState]) -> list[str]:
+        return self._current(contexts).roots
+
+    def add(self, contexts: dict[str, ContextState], record: ContextRecord, state: ContextState) -> None:
+        """Open `state` in `contexts`, keeping the index instead of rebuilding it."""
+        current = self.key == self._key(contexts)
+        contexts[record.context_id] = state
+        if current:
+            self._note(record)
+            self.key = self._key(contexts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AgentIndex)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class Ledger(BaseModel):
     """Workflow state of one episode. See the module docstring for the rules."""
 
@@ -193,6 +240,12 @@ class Ledger(BaseModel):
     settled: dict[str, SettledCalls] = Field(default_factory=dict)
     settled_totals: SettledTotals = Field(default_factory=SettledTotals)
     branch_window: int = 0
+    # Completed (or generating) calls whose response has not reached its harness yet: the gateway's calls
+    # until their `deliver` Update (workflows/delivery.py has the rules); never settled, frozen at close.
+    awaiting_delivery: list[str] = Field(default_factory=list)
+    # agent -> its context ids in opening order, kept beside `contexts` (not serialized, not compared), so
+    # an opening's checks and the gateway's `context_view` do not scan every context of a long episode
+    _agents: AgentIndex = PrivateAttr(default_factory=lambda: AgentIndex())
 
     # ------------------------------------------------------------------------------------ error helper
 
@@ -293,6 +346,14 @@ class Ledger(BaseModel):
                 return call_id
         return None
 
+    def contexts_of(self, agent: str) -> list[str]:
+        """The agent's context ids in opening order (an index: no scan of the other contexts)."""
+        return self._agents.of(self.contexts, agent)
+
+    def agents_opened_as_roots(self) -> list[str]:
+        """Agents whose first context is a ROOT, in opening order (calls or not; see root_agents)."""
+        return self._agents.root_agents(self.contexts)
+
     def agents(self) -> dict[str, list[str]]:
         """agent -> its context ids in opening order."""
         out: dict[str, list[str]] = {}
@@ -345,7 +406,7 @@ class Ledger(BaseModel):
         return self._error(InvalidReservationError, record.context_id, call_ids, problem, expected, action)
 
     def _check_first_context(self, record: ContextRecord) -> None:
-        existing = self.agents().get(record.agent)
+        existing = self.contexts_of(record.agent)
         if existing:
             raise self._invalid(
                 record,
@@ -401,7 +462,7 @@ class Ledger(BaseModel):
         LangGraph `Send` round): another SPAWN context of an agent whose first context was a SPAWN too.
         Its earlier contexts stay live (the invocations may run concurrently); the root agent, opened
         as ROOT, is never spawned."""
-        existing = self.agents().get(record.agent)
+        existing = self.contexts_of(record.agent)
         if existing and self.contexts[existing[0]].record.origin != ContextOrigin.SPAWN:
             raise self._invalid(
                 record,
@@ -442,7 +503,7 @@ class Ledger(BaseModel):
             )
 
     def _current_context(self, agent: str) -> str | None:
-        for context_id in self.agents().get(agent, []):
+        for context_id in self.contexts_of(agent):
             if self.contexts[context_id].retired_by is None:
                 return context_id
         return None
@@ -450,7 +511,8 @@ class Ledger(BaseModel):
     def open_context(self, record: ContextRecord) -> ContextRecord:
         """Open a context reservation; a REWRITE retires the context it replaces."""
         self.validate_open_context(record)
-        self.contexts[record.context_id] = ContextState(record=record)
+        self._agents.add(self.contexts, record, ContextState(record=record))
+        self._used(record.spawned_by_call)  # a response that spawned a worker reached its harness
         if record.origin == ContextOrigin.REWRITE:
             self.contexts[record.rewrite_of].retired_by = record.context_id
         return record
@@ -562,8 +624,10 @@ class Ledger(BaseModel):
         kind: CallKind = CallKind.ACTION,
         extends: str | None = None,
         branch: bool = False,
+        awaits_delivery: bool = False,
     ) -> CallReceipt:
-        """Admit a call about to be generated; returns its receipt (state ADMITTED)."""
+        """Admit a call about to be generated; returns its receipt (state ADMITTED). `awaits_delivery`: its
+        response counts only once delivered (workflows/delivery.py); else delivered on completion."""
         self.validate_admit(call_id, context_id, kind=kind, extends=extends, branch=branch)
         ctx = self.contexts[context_id]
         receipt = CallReceipt(
@@ -571,7 +635,14 @@ class Ledger(BaseModel):
         )
         self.calls[call_id] = receipt
         ctx.call_ids.append(call_id)
+        self._used(extends)  # a response the harness continues reached it
+        if awaits_delivery:
+            self.awaiting_delivery.append(call_id)
         return receipt
+
+    def _used(self, call_id: str | None) -> None:
+        if call_id in self.awaiting_delivery:
+            self.awaiting_delivery.remove(call_id)
 
     def admit_request(self, request: AdmitRequest) -> CallReceipt:
         return self.admit(**request.model_dump())
@@ -719,6 +790,7 @@ class Ledger(BaseModel):
         receipt = self.call(call_id)
         if self._expect_state(receipt, allowed, target):
             self.calls[call_id] = receipt.model_copy(update=dict(state=target, note=reason))
+            self._used(call_id)  # a dead call awaits nothing
         return self.calls[call_id]
 
     def fail(self, call_id: str, reason: str) -> CallReceipt:
@@ -842,8 +914,9 @@ class Ledger(BaseModel):
     def live_calls(self, window: int) -> set[str]:
         """Calls something may still change or name: outstanding calls, and per context its last `window`
         calls and its head's last `window` ancestors (the head included): what a harness continues,
-        retries (the head's parent), branches from or discards. Every other call is settled."""
-        live = set(self.pending())
+        retries (the head's parent), branches from or discards, and responses awaiting delivery. Every
+        other call is settled."""
+        live = set(self.pending()) | set(self.awaiting_delivery)
         for context_id, ctx in self.contexts.items():
             live.update(ctx.call_ids[-window:])
             call_id = self.head(context_id)
@@ -906,28 +979,11 @@ class Ledger(BaseModel):
         (spawned by which call, rewrite of which context, retired by which) (the Temporal query answer).
         Settled calls count in the state they were settled in (completed or dead: the close's SELECTED /
         AUXILIARY of a settled call is applied by the materialize activity, not here)."""
-        contexts = []
+        contexts = [self.context_summary(context_id) for context_id in self.contexts]
         totals = count_states(self.calls.values())
-        for context_id, state in self.contexts.items():
-            receipts = [self.calls[c] for c in state.call_ids]
-            counts = count_states(receipts)
-            tail = self.settled.get(context_id)
-            for call_state, n in (tail.counts if tail else {}).items():
-                counts[call_state] += n
+        for tail in self.settled.values():
+            for call_state, n in tail.counts.items():
                 totals[call_state] += n
-            contexts.append(
-                ContextSummary(
-                    context_id=context_id,
-                    agent=state.record.agent,
-                    origin=state.record.origin,
-                    spawned_by_call=state.record.spawned_by_call,
-                    rewrite_of=state.record.rewrite_of,
-                    retired_by=state.retired_by,
-                    head=self.head(context_id),
-                    counts=counts,
-                    pending=[r.call_id for r in receipts if r.state == CallState.ADMITTED],
-                )
-            )
         return LedgerSummary(
             episode_id=self.episode_id,
             group_id=self.group_id,
@@ -935,6 +991,27 @@ class Ledger(BaseModel):
             totals=totals,
             contexts=contexts,
             warnings=self.warnings(),
+        )
+
+    def context_summary(self, context_id: str) -> ContextSummary:
+        """One context as the queries show it: its links, head, counts (settled calls included), pending."""
+        state = self.contexts[context_id]
+        receipts = [self.calls[c] for c in state.call_ids]
+        counts = count_states(receipts)
+        tail = self.settled.get(context_id)
+        for call_state, n in (tail.counts if tail else {}).items():
+            counts[call_state] += n
+        return ContextSummary(
+            context_id=context_id,
+            agent=state.record.agent,
+            origin=state.record.origin,
+            spawned_by_call=state.record.spawned_by_call,
+            rewrite_of=state.record.rewrite_of,
+            retired_by=state.retired_by,
+            head=self.head(context_id),
+            counts=counts,
+            pending=[r.call_id for r in receipts if r.state == CallState.ADMITTED],
+            awaiting_delivery=[c for c in state.call_ids if c in self.awaiting_delivery],
         )
 
     def root_agents(self) -> list[str]:

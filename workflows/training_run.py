@@ -180,19 +180,7 @@ class TrainingRunWorkflow:
             await self._refresh_engines(step)
             train = await self._train(step, results)
             self._show(training_step=None, committed_version=train.policy_version)
-            t2 = workflow.now()
-            await self._publish(train.policy_version)
-            record = _record(step, results, train)
-            record.rollout = rollout_metrics(results)
-            t3 = workflow.now()
-            record.eval = await self._evaluate(step, train.policy_version)
-            record.timings = _seconds(
-                rollout_s=t1 - t0, train_s=t2 - t1, step_s=t3 - t0, eval_s=workflow.now() - t3
-            )
-            await self._track(record)
-            state.history.append(record)
-            state.next_step += 1
-            await self._bound_history()
+            await self._finish_step(state, results, train, rolled_out=(t0, t1), step_start=t0)
             more = state.next_step <= cfg.steps and not self.cancel_requested
             if more and self._should_continue_as_new(step):
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -236,22 +224,10 @@ class TrainingRunWorkflow:
             self.committed = train.policy_version
             self._show(training_step=None, committed_version=self.committed)
             launch()  # later steps start now; their engines load the new version by themselves
-            t2 = workflow.now()
-            await self._publish(train.policy_version)
-            record = _record(step, results, train)
-            record.rollout = rollout_metrics(results)
-            t3 = workflow.now()
-            record.eval = await self._evaluate(step, train.policy_version)
             # step_s: since the previous step was recorded (steps overlap: their rollouts are not serial)
-            record.timings = _seconds(
-                rollout_s=t1 - started.pop(step), train_s=t2 - t1, step_s=t3 - (last_end or t1),
-                eval_s=workflow.now() - t3,
-            )  # fmt: skip
-            last_end = t3
-            await self._track(record)
-            state.history.append(record)
-            state.next_step += 1
-            await self._bound_history()
+            last_end = await self._finish_step(
+                state, results, train, rolled_out=(started.pop(step), t1), step_start=last_end or t1
+            )
             if workflow.info().is_continue_as_new_suggested():
                 self.draining = True  # launch nothing more; continue as new once the pipeline is empty
             more = state.next_step <= cfg.steps and not self.cancel_requested
@@ -259,6 +235,37 @@ class TrainingRunWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self.cancel_requested:
                     workflow.continue_as_new(state)
+
+    async def _finish_step(
+        self,
+        state: RunState,
+        results: list[EpisodeResult],
+        train: TrainStepResult,
+        *,
+        rolled_out: tuple[datetime, datetime],
+        step_start: datetime,
+    ) -> datetime:
+        """After step `state.next_step` trained (both loops): publish its version, record, evaluate and track
+        it, carry the record and move to the next step. `rolled_out` is (rollout start, training start);
+        returns when the step was recorded (before its evaluation). The workflow commands and their order
+        are those both loops issued before they shared this body: recorded histories replay unchanged."""
+        step = state.next_step
+        train_start = rolled_out[1]
+        t2 = workflow.now()
+        await self._publish(train.policy_version)
+        record = _record(step, results, train)
+        record.rollout = rollout_metrics(results)
+        t3 = workflow.now()
+        record.eval = await self._evaluate(step, train.policy_version)
+        record.timings = _seconds(
+            rollout_s=train_start - rolled_out[0], train_s=t2 - train_start, step_s=t3 - step_start,
+            eval_s=workflow.now() - t3,
+        )  # fmt: skip
+        await self._track(record)
+        state.history.append(record)
+        state.next_step += 1
+        await self._bound_history()
+        return t3
 
     async def _episodes(self, step: int) -> list[EpisodeResult]:
         assert self.state is not None

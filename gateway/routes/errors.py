@@ -24,6 +24,7 @@ from chat.render import (
 from gateway.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
 from gateway.capture import (
     ContextConflictError,
+    DeliveryRefusedError,
     EpisodeClosedError,
     ForeignSessionError,
     HeadPendingError,
@@ -46,7 +47,9 @@ from gateway.identity import InvalidIdentityHeaderError
 from gateway.limits import HeadersTooLargeError, RequestTooLargeError
 from gateway.records import CorruptChatRecordError
 from gateway.replay import InvalidLaunchHeaderError
-from gateway.routing import RoutingError
+from gateway.routing import ContextOwnershipError, RoutingError
+from gateway.tokenization import TokenizerBusyError
+from grove.episode_start import EpisodeIdReusedError
 from storage.base import StorageError
 
 log = logging.getLogger("grove.gateway")
@@ -64,6 +67,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     ChatRequestError: (400, "invalid_request_error"),
     InvalidIdentityHeaderError: (400, "invalid_request_error"),
     RoutingError: (400, "invalid_request_error"),
+    ContextOwnershipError: (403, "permission_error"),
     InvalidLaunchHeaderError: (400, "invalid_request_error"),
     UndeclaredDiscontinuityError: (400, "invalid_request_error"),
     # The gateway renders each prompt before admission (gateway/context_window.py): a template that
@@ -79,14 +83,17 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     EpisodeClosedError: (409, "conflict_error"),
     MissingRecordError: (409, "conflict_error"),
     ContextConflictError: (409, "conflict_error"),
+    DeliveryRefusedError: (409, "conflict_error"),
     UndeliveredHeadsError: (409, "conflict_error"),
     EpisodeNotFoundError: (404, "not_found_error"),
+    EpisodeIdReusedError: (409, "conflict_error"),
     NotExternalEpisodeError: (409, "conflict_error"),
     EpisodeFailedError: (409, "conflict_error"),
     EpisodeQueryError: (502, "server_error"),
     TemporalUnavailableError: (503, "server_error"),
     CorruptChatRecordError: (500, "server_error"),
     StorageError: (503, "server_error"),
+    TokenizerBusyError: (503, "server_error"),
 }
 # Ledger errors (and the workflow's own) that say "not now / not any more" rather than "wrong request".
 CONFLICT_TYPES = frozenset(
@@ -105,6 +112,7 @@ CONFLICT_TYPES = frozenset(
         "AmbiguousAncestryError",
         "ClosingWithOutstandingCallsError",
         "UnresolvedAcknowledgementError",
+        "UndeliverableCallError",
     }
 )
 
@@ -137,12 +145,17 @@ def _code(exc: Exception) -> str:
     return getattr(exc, "openai_code", None) or type(exc).__name__
 
 
-async def domain_error(request: Request, exc: Exception) -> JSONResponse:
+def error_response(exc: Exception) -> JSONResponse:
+    """The JSON error answer of a domain exception (also sent by a response whose delivery was refused)."""
     status, kind = _status(exc)
     retry_after = getattr(exc, "retry_after", None)  # a "not yet" that clears by itself: say when to retry
     headers = {"retry-after": str(retry_after)} if retry_after is not None else None
     body = error_body(str(exc), kind, _code(exc), _param(exc))
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def domain_error(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(exc)
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -13,6 +13,8 @@ import time
 
 from fastapi import APIRouter, Request
 
+from gateway.advice import WARNING_HEADER, compaction_loop, may_loop, say_once, tool_call_cut
+from gateway.capture import Capture
 from gateway.chat_request import ResponsesApiNotServedError, UnknownModelError
 from gateway.chat_response import completion_body, sse_events, stream_chunks
 from gateway.delivery import DeliveredJSONResponse, DeliveredStreamingResponse
@@ -38,15 +40,28 @@ async def chat_completions(
     delivery = await capture.chat_delivery(episode_id, body, request.headers)
     record = delivery.record
     try:
+        headers = grove_headers(record)
+        warning = await _advice(capture, episode_id, record)
+        if warning is not None:  # a limit too small for the harness (gateway/advice.py)
+            headers[WARNING_HEADER] = warning
         created = int(time.time())
         if body.stream:
             chunks = stream_chunks(record, settings.model_name, created, body.include_usage)
-            return DeliveredStreamingResponse(sse_events(chunks), delivery, headers=grove_headers(record))
+            return DeliveredStreamingResponse(sse_events(chunks), delivery, headers=headers)
         body_json = completion_body(record, settings.model_name, created)
-        return DeliveredJSONResponse(body_json, delivery, headers=grove_headers(record))
+        return DeliveredJSONResponse(body_json, delivery, headers=headers)
     except BaseException:
         await delivery.settle(False)  # no response will carry it
         raise
+
+
+async def _advice(capture: Capture, episode_id: str, record: ChatRecord) -> str | None:
+    """The warning this call deserves, if any: a tool call cut by max_tokens, a compaction loop."""
+    found = say_once(record, "tool_call_cut", tool_call_cut(record))
+    if may_loop(record):
+        summary = await capture.episodes.summary(episode_id)
+        found = say_once(record, "compaction_loop", compaction_loop(summary, record)) or found
+    return found
 
 
 @router.post("/responses")

@@ -10,8 +10,9 @@ framework already knows, so user code stays the agent program itself:
                                  LangGraph's run config, spawn links from the parent's last call,
                                  SummarizationMiddleware's summary (auxiliary) and rewrite
     harnesses.clients.agents_sdk OpenAI Agents SDK: a ModelProvider (agent from `agent.name`, spawner
-                                 from the tool-call context); also the model of Temporal-native runs
-                                 (`temporalio.contrib.openai_agents`)
+                                 from the tool-call context or the handoff); also the model of
+                                 Temporal-native runs (`temporalio.contrib.openai_agents`)
+    harnesses.clients.report     what a program prints once its episode is closed (accounting, rows)
 
 Light on purpose: nothing here imports torch, vLLM, Temporal or the rest of grove, so a harness process
 (or a user's virtualenv with only `httpx` and its framework) can import it. The header names repeat
@@ -118,6 +119,11 @@ class Episode:
     def last_call(self, agent: str) -> str | None:
         with self._lock:
             return self._last_call.get(agent)
+
+    def last_calls(self) -> dict[str, str]:
+        """Each agent the responses named -> its last call id."""
+        with self._lock:
+            return dict(self._last_call)
 
     def close(
         self,

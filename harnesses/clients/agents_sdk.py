@@ -9,6 +9,10 @@
   run as a tool (`agent.as_tool`) is `{agent.name}-{tool call id}` made header-safe, one agent per
   invocation, so two concurrent calls of the same worker tool never share a context; a handoff target
   is its own header-safe name.
+- handoffs: the agent a handoff transfers to is spawned by the call that handed off: the handoff is a
+  tool call in that call's response, stamped with its grove call id, and the receiving agent's first
+  request carries that item in its input (agents_handoffs.py reads it), in a plain, a streamed and a
+  Temporal-native run alike; nothing to declare.
 - spawn link: a worker's requests name the call whose response held its tool call. This provider's
   model stamps each response's items with the grove call id (`x-grove-call-id`); the SDK hands that
   item to the tool as `ToolContext.tool_call`, which is where the spawner is read from (by a wrapper
@@ -77,6 +81,7 @@ from harnesses.clients import (
     Episode,
     header_safe,
 )
+from harnesses.clients.agents_handoffs import FAKE_ID, handoff_spawner, handoff_targets
 
 EPISODE_ARG = "grove_episode"  # model_settings.extra_args: {"base_url", "api_key"} (Temporal runs)
 IDENTITY_ARG = "grove_identity"  # model_settings.extra_args: identity headers (Temporal runs)
@@ -87,7 +92,6 @@ _TOOL_CALL: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.
     "grove_tool_call", default=None
 )
 _AUX_OF: contextvars.ContextVar[str | None] = contextvars.ContextVar("grove_aux_of", default=None)
-FAKE_ID = "__fake_id__"  # the SDK's placeholder item id for chat completions
 _RESPONSE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "grove_response", default=None
 )
@@ -130,11 +134,20 @@ class IdentityFilter:
         self._root_name: str | None = None
         self._sent: dict[str, tuple[str, ...]] = {}  # agent -> the input it sent last (item keys)
         self._filtered: dict[str, bool] = {}  # agent -> whether `input_filter` had changed that input
+        self._handoffs: dict[str, str] = {}  # handoff tool name -> the agent it transfers to
 
-    def identity(self, agent: Any) -> dict[str, str]:
+    def identity(self, agent: Any, items: Any = ()) -> dict[str, str]:
+        """The call's identity headers; `items`: its input, where a handoff names its spawner."""
         aux_of = _AUX_OF.get()
         if aux_of is not None:  # a call made by the program's filter, for the agent it filters
             return {AGENT_HEADER: aux_of, KIND_HEADER: AUXILIARY}
+        headers = self._agent_headers(agent)
+        handed_off_by = handoff_spawner(items, agent.name, self._handoffs)
+        if handed_off_by:  # the request that enters a handoff target: spawned by the handing-off call
+            headers[SPAWNED_BY_HEADER] = handed_off_by
+        return headers
+
+    def _agent_headers(self, agent: Any) -> dict[str, str]:
         invocation = _TOOL_CALL.get()
         if invocation is not None:  # inside an agent-tool: a worker of its own, spawned by that call
             tool_call_id, spawner = invocation
@@ -150,8 +163,9 @@ class IdentityFilter:
 
     async def __call__(self, data: CallModelData[Any]) -> ModelInputData:
         wrap_agent_tools(data.agent)
-        headers = self.identity(data.agent)
+        self._handoffs.update(handoff_targets(data.agent))  # who may hand off to whom, seen so far
         model_data = data.model_data
+        headers = self.identity(data.agent, model_data.input)
         if self.input_filter is not None and KIND_HEADER not in headers:
             before = input_keys(model_data)
             model_data = await self._run_input_filter(data, headers[AGENT_HEADER])
@@ -257,7 +271,16 @@ class GroveModelProvider(ModelProvider):
         self.episode = episode
         self.model_name = model_name  # None: the model the gateway serves
         self._clients: dict[tuple[str, str], AsyncOpenAI] = {}
+        self._episodes: dict[tuple[str, str], Episode] = {}
         self._served: dict[str, str] = {}
+
+    def bound(self, base_url: str, api_key: str) -> Episode:
+        """The episode a call names in its model settings (Temporal-native runs), one per URL and token,
+        so what its responses said (each agent's last call) stays readable: `provider.bound(url, key)`."""
+        key = (base_url.rstrip("/"), api_key)
+        if key not in self._episodes:
+            self._episodes[key] = Episode(base_url, api_key)
+        return self._episodes[key]
 
     def get_model(self, model_name: str | None) -> Model:
         return GroveModel(self, model_name or self.model_name)
@@ -312,7 +335,7 @@ class GroveModel(Model):
                     "GroveModelProvider has no episode and the call names none; pass "
                     "GroveModelProvider(Episode(...)) or run with grove_run_config(base_url, api_key)"
                 )
-            episode = Episode(ep_args["base_url"], ep_args["api_key"])
+            episode = self.provider.bound(ep_args["base_url"], ep_args["api_key"])
         headers = {**(identity or {}), **(_IDENTITY.get() or {})}
         settings = dataclasses.replace(
             settings,

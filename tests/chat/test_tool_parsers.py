@@ -152,7 +152,8 @@ def test_a_continuation_splices_the_sampled_tokens_whatever_parser_made_the_mess
 
 
 async def test_an_engine_refuses_a_parser_its_model_cannot_serve_before_starting(tiny_model_dir):
-    from activities.engine import EngineConfig, PolicyEngine
+    from activities.engine import PolicyEngine
+    from activities.engine_config import EngineConfig
 
     assert EngineConfig(model_dir=tiny_model_dir).tool_call_parser == HERMES  # the default
     with pytest.raises(ToolParserUnavailableError, match="llama3_json"):

@@ -1,6 +1,7 @@
 """A worker and its vLLM engine live and die together (issue 12, sections 8 and 9).
 
-- SIGTERM of the worker process alone stops its engine processes too (one was seen spinning for ~40 s).
+- SIGTERM of the worker process alone stops its engine processes too (before the fix, one was seen
+  spinning on).
 - SIGKILL of the worker process alone (not its process group: a crash of the one process, as an OOM
   kill or a `kill -9 <pid>` does it) takes its engine processes down: vLLM's EngineCore and its model
   worker (`VLLM::Worker`) exit within seconds instead of living on as orphans.
@@ -28,9 +29,8 @@ from workflows.episode import _is_lost_attempt
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
-# A bound on exiting, not a speed check: the processes exit in well under a second on an idle machine
-# and in seconds at load ~12 (8.4 s from the EngineCore's SIGKILL to the worker's exit); the bug it
-# guards is a process that never exits (still running 30 s and more after its owner died).
+# A bound on exiting, not a speed check: the processes exit within seconds even on a loaded machine;
+# the bug it guards is a process that never exits (still running 30 s and more after its owner died).
 EXIT_BOUND_S = 120.0
 
 

@@ -54,15 +54,15 @@ from trainer.learner import Learner
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow
 
-# ~2.5 min on the loaded 2-core machine (two rank attempts, each ~20 s of process start per rank)
+# slow: two rank attempts, each starting its rank processes
 pytestmark = [pytest.mark.long, pytest.mark.timeout(SERVICE_TEST_TIMEOUT)]
 
 # Float32 sums in another order (micro-batches split over 2 ranks). AdamW's first step moves each
 # entry by ~lr * g / (|g| + eps), so an entry whose gradient is within rounding of zero moves by an
-# amount the summation order decides (up to 2 * lr): measured 1-5 such entries of the tiny model's
-# 1.1M, per-tensor gaps of 1.6-1.8e-5 on fixed rows and 1.3e-4 once on a run's rows (CI, stop 23), so a
-# per-tensor bound fails whenever one lands in a small tensor. Over the whole model they stay below
-# 1e-5 (measured 3-6e-6), while a second update moves it by 0.77 and a lost row fails validation.
+# amount the summation order decides (up to 2 * lr), so a per-tensor bound fails whenever such an
+# entry lands in a small tensor. Over the whole model they stay far below the tolerance (measured gaps:
+# docs/results.md section 4), while a second update moves it by the order of 1 and a lost row fails
+# validation.
 TOLERANCE = 1e-3
 
 

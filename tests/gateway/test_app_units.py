@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import httpx
@@ -55,7 +56,8 @@ from gateway.settings import GatewaySettings, GatewaySettingsError
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
 from storage.local import LocalStore
-from workflows.accounting import ContextSummary, LedgerSummary
+from workflows.accounting import ContextSummary
+from workflows.context_view import ContextView
 
 SECRET = "unit-test-secret-0123456789"
 SYSTEM = {"role": "system", "content": "You are an agent."}
@@ -222,10 +224,16 @@ def ctx_summary(context_id, agent, origin, head=None, calls=0, retired_by=None, 
     )  # fmt: skip
 
 
-def ledger_summary(contexts) -> LedgerSummary:
-    return LedgerSummary(
-        episode_id="ep/1", group_id="g", closed=False, totals=dict.fromkeys(CallState, 0), contexts=contexts
-    )
+def ledger_summary(contexts) -> ContextView:
+    """A context view as the workflow's `context_view` gives it for these contexts (every one of an agent:
+    its next context is numbered after them)."""
+    counts = Counter(c.agent for c in contexts)
+    roots = [c.agent for c in contexts if c.origin == ContextOrigin.ROOT and "~" not in c.agent]
+    return ContextView(
+        episode_id="ep/1", group_id="g", closed=False, totals={}, contexts=contexts,
+        context_counts=dict(counts), next_context={a: f"{a}.{n}" for a, n in counts.items()},
+        root_agents=list(dict.fromkeys(roots))[:2],
+    )  # fmt: skip
 
 
 PARENT = ctx_summary("parent.0", "parent", ContextOrigin.ROOT, head="parent.0.c1", calls=2)
@@ -463,6 +471,21 @@ def test_common_wiring_mistakes_get_errors_that_name_the_fixing_header():
     # LangChain's SummarizationMiddleware message is recognised by its text alone
     langchain = [SYSTEM, {"role": "user", "content": "Here is a summary of the conversation to date:\n\nx"}]
     assert isinstance(_diagnosed(langchain, TOOLS, {}, head), UndeclaredRewriteError)
+
+
+def test_a_history_replaced_by_a_summary_is_an_undeclared_rewrite_whoever_wrote_it():
+    """The probe: the parent's history replaced by a summary the harness wrote itself (no auxiliary call of
+    the agent returned it), sent without `x-grove-rewrite` and without identity headers. Refused (right),
+    but the code named the identity headers; the cause is the missing rewrite declaration."""
+    head = record([SYSTEM, USER, OK, MORE], OK, TOOLS)
+    compacted = [SYSTEM, {"role": "user", "content": "Summary of the conversation so far: we read a.txt."}]
+    err = _diagnosed(compacted, TOOLS, {}, head)
+    assert isinstance(err, UndeclaredRewriteError) and "x-grove-rewrite: 1" in str(err)
+    assert (err.index, err.field) == (1, "content")
+    # another agent's first request (other tools) stays an identity-header mistake
+    count = [{"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}]
+    worker = [SYSTEM, {"role": "user", "content": "Summarise a.txt"}]
+    assert isinstance(_diagnosed(worker, count, {}, head), MissingIdentityHeadersError)
 
 
 # ---------------------------------------------------------------------------------------------- requests

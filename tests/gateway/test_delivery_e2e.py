@@ -1,6 +1,6 @@
 """Capture exactness on real services (Temporal dev server, a grove worker with the real vLLM engine on the
 tiny model, uvicorn): retried rewrite requests, requests racing a response's delivery, streams dropped
-mid-way by a real client connection, and responses never delivered whole.
+mid-way by a real client connection (tests/gateway/test_delivery_races_e2e.py: the same against a close).
 
 Moments in time are made by gates the test holds, never waited for: `GatedStore` holds the gateway's
 chat-record write (the window between the ledger completing a call and its response leaving), and
@@ -21,9 +21,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.auth import issue_token
-from gateway.records import delivered_key, record_key
 from gateway.settings import GatewaySettings
-from grove.receipts import CallState, ContextOrigin
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (
@@ -70,7 +68,6 @@ class GatedStore(LocalStore):
 
 @dataclass
 class Held:
-    until_client_left: bool  # hold the response start until the server has seen the client go
     held: asyncio.Event = field(default_factory=asyncio.Event)  # a send is being held
     release: asyncio.Event = field(default_factory=asyncio.Event)
     finished: asyncio.Event = field(default_factory=asyncio.Event)  # the app returned (call settled)
@@ -78,15 +75,14 @@ class Held:
 
 class SendGate:
     """ASGI middleware: when armed, holds the next chat response before its second body part until the
-    test releases it (the client may leave meanwhile), or holds its start until the server's own
-    `receive` channel says the client has gone; and says when the app has returned."""
+    test releases it (the client may leave meanwhile), and says when the app has returned."""
 
     def __init__(self, app) -> None:
         self.app = app
         self.armed: Held | None = None
 
-    def arm(self, *, until_client_left: bool = False) -> Held:
-        self.armed = Held(until_client_left)
+    def arm(self) -> Held:
+        self.armed = Held()
         return self.armed
 
     async def __call__(self, scope, receive, send):
@@ -99,10 +95,7 @@ class SendGate:
 
         async def held_send(message):
             nonlocal parts
-            if message["type"] == "http.response.start" and gate.until_client_left:
-                gate.held.set()
-                assert (await receive())["type"] == "http.disconnect"  # the body was read: only this is left
-            if message["type"] == "http.response.body" and not gate.until_client_left:
+            if message["type"] == "http.response.body":
                 parts += 1
                 if parts == 2:
                     gate.held.set()
@@ -211,7 +204,7 @@ async def test_a_request_racing_a_delivery_gets_a_retryable_409_and_the_response
     assert r.json()["result"]["counts"] == {"selected": 2}
 
 
-async def test_a_stream_dropped_mid_way_is_discarded_not_trained(gated_gateway, temporal_client, e2e_store):
+async def test_a_stream_dropped_mid_way_is_discarded_not_trained(gated_gateway, temporal_client):
     """A real client reads the first event of a streamed response and closes its connection: the call was
     never delivered whole, so it is discarded; the harness's re-send is a fresh call (issue 12 section 5)."""
     gw = gated_gateway
@@ -229,7 +222,6 @@ async def test_a_stream_dropped_mid_way_is_discarded_not_trained(gated_gateway, 
         await gate.finished.wait()  # the server saw the client go and settled the call
     s = await summary(temporal_client, eid)
     assert counts(s, "parent.0") == {"discarded": 1} and contexts(s)["parent.0"].head is None
-    assert e2e_store.stat(delivered_key(eid, "parent.0.c0")) is None
     # the harness re-sends it: a fresh root, read to the end this time
     async with http(gw.url, eid) as c, c.stream("POST", "/chat/completions", json=request) as r:
         assert r.headers["x-grove-call-id"] == "parent.0.c1"
@@ -237,49 +229,3 @@ async def test_a_stream_dropped_mid_way_is_discarded_not_trained(gated_gateway, 
     assert data[-1] == "[DONE]"
     r = await close(gw.url, eid, {}, wait=True)
     assert r.json()["result"]["counts"] == {"selected": 1, "discarded": 1}
-
-
-async def test_a_client_gone_before_its_json_response_leaves_it_undelivered(gated_gateway, temporal_client):
-    """The common timeout: the client gives up while the call generates; the finished call's JSON
-    response goes nowhere, so the call is discarded, and the client's re-send is a fresh call."""
-    gw = gated_gateway
-    eid = await start_episode(temporal_client, "gone")
-    messages = [SYSTEM, {"role": "user", "content": "Take your time."}]
-    gate = gw.sends.arm(until_client_left=True)
-    async with http(gw.url, eid) as c:
-        waiting = asyncio.create_task(c.post("/chat/completions", json=body(messages)))
-        await gate.held.wait()  # the call has completed; its response is about to start
-        waiting.cancel()  # the client gives up: its connection closes
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        await gate.finished.wait()
-        s = await summary(temporal_client, eid)
-        assert counts(s, "parent.0") == {"discarded": 1}
-        again = await c.post("/chat/completions", json=body(messages))
-    assert again.status_code == 200 and again.headers["x-grove-call-id"] == "parent.0.c1"
-    r = await close(gw.url, eid, {}, wait=True)
-    assert r.json()["result"]["counts"] == {"selected": 1, "discarded": 1}
-
-
-async def test_a_head_never_delivered_whole_is_discarded_at_close(gated_gateway, temporal_client, e2e_store):
-    """A gateway that died mid-response leaves a completed head with its chat record but no delivery
-    mark: close discards it rather than training it; delivered heads and spawners stay selected."""
-    gw = gated_gateway
-    eid = await start_episode(temporal_client, "no-mark")
-    parent = oai(gw.url, eid)
-    raw = await parent.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[SYSTEM, {"role": "user", "content": "Delegate."}]
-    )
-    spawner = raw.headers["x-grove-call-id"]
-    worker = oai(gw.url, eid, **{"x-grove-agent": "worker-1", "x-grove-spawned-by": spawner})
-    await worker.chat.completions.create(model=MODEL, messages=[SYSTEM, {"role": "user", "content": "Part."}])
-    loner = oai(gw.url, eid, **{"x-grove-agent": "loner"})
-    await loner.chat.completions.create(model=MODEL, messages=[SYSTEM, {"role": "user", "content": "Solo."}])
-    assert e2e_store.stat(record_key(eid, "loner.0.c0")) is not None
-    e2e_store.delete(delivered_key(eid, "loner.0.c0"))  # as if the gateway died before the last part
-    e2e_store.delete(delivered_key(eid, spawner))  # a spawner was used, whatever its mark says
-    ctx = contexts(await summary(temporal_client, eid))
-    assert ctx["worker-1.0"].origin == ContextOrigin.SPAWN and ctx["worker-1.0"].spawned_by_call == spawner
-    r = await close(gw.url, eid, {}, wait=True)
-    assert r.json()["result"]["counts"] == {"selected": 2, "discarded": 1}
-    assert r.json()["result"]["counts"].get(CallState.DISCARDED.value) == 1

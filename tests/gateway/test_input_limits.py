@@ -220,7 +220,7 @@ async def test_max_tokens_that_fit_pass_the_limits(app):
 
 
 def test_the_default_context_is_the_engines_default():
-    from activities.engine import EngineConfig
+    from activities.engine_config import EngineConfig
 
     assert EngineConfig.model_fields["max_model_len"].default == DEFAULT_MAX_MODEL_LEN
 

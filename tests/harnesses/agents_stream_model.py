@@ -9,7 +9,10 @@ tool call arrive in the stream and the SDK run the worker tool (a nested run) fr
 - the lead (its worker agent offered as the tool `worker`), asked `Words: red cat` -> two `worker`
   calls in one response, `{"input": "red"}` and `{"input": "cat"}` (the SDK runs them concurrently);
 - the worker asked `red` -> `red`; asked `cat` -> `cat`;
-- the lead's resumption with both tool results -> `red cat`.
+- the lead's resumption with both tool results -> `red cat`;
+- a second program, a front desk with a handoff to a specialist, asked `Route: sun` -> the handoff call
+  `transfer_to_billing_specialist` (`{}`); the specialist, on the history the SDK hands it (the request,
+  the handoff call and its output) -> `sun`. The handoff tests (plain, streamed, Temporal-native) run it.
 
 The training prompts are what the gateway will render for those requests: the request bodies are the
 ones the SDK itself sends (captured by running the program once against a scripted in-memory
@@ -30,7 +33,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-VERSION = "agents-stream-1"
+VERSION = "agents-stream-2"
 BASE = "tiny"
 WORDS = ("red", "cat")
 USER = "Words: " + " ".join(WORDS)
@@ -38,7 +41,21 @@ LEAD_INSTRUCTIONS = "You lead. Send each word to the worker tool, then answer wi
 WORKER_INSTRUCTIONS = "Reply with the word you are given."
 LEAD_NAME, WORKER_NAME = "Stream lead", "Stream worker"  # spaces: the provider makes them header-safe
 WORKER_TOOL = "worker"
+FRONT_NAME, SPECIALIST_NAME = "Front desk", "Billing specialist"
+FRONT_INSTRUCTIONS = "You route each request to the specialist."
+SPECIALIST_INSTRUCTIONS = "Reply with the word in the request."
+ROUTE_WORD = "sun"
+ROUTE_USER = f"Route: {ROUTE_WORD}"
+HANDOFF_TOOL = "transfer_to_billing_specialist"  # the SDK's default tool name for SPECIALIST_NAME
 STEPS, LR = 120, 3e-3
+
+
+def script_settings() -> Any:
+    """How the tests sample the script model: its tokens lead the others by a wide margin after
+    training; at temperature 0.3 a deviation is negligible."""
+    from agents import ModelSettings
+
+    return ModelSettings(temperature=0.3, max_tokens=64)
 
 
 class AgentsScriptModelError(RuntimeError):
@@ -57,6 +74,22 @@ def lead_agent(settings: Any = None, on_stream: Any = None) -> Any:
     return Agent(name=LEAD_NAME, instructions=LEAD_INSTRUCTIONS, tools=[tool], model_settings=settings)
 
 
+def front_desk(settings: Any = None) -> Any:
+    """The handoff program's first agent: no tools, one handoff (to the specialist)."""
+    from agents import Agent, ModelSettings
+
+    settings = settings or ModelSettings()
+    specialist = Agent(name=SPECIALIST_NAME, instructions=SPECIALIST_INSTRUCTIONS, model_settings=settings)
+    return Agent(
+        name=FRONT_NAME, instructions=FRONT_INSTRUCTIONS, handoffs=[specialist], model_settings=settings
+    )
+
+
+def handoff_message() -> dict[str, Any]:
+    call = {"type": "function", "function": {"name": HANDOFF_TOOL, "arguments": {}}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
 def tool_call_message(words: tuple[str, ...] = WORDS) -> dict[str, Any]:
     calls = [
         {"type": "function", "function": {"name": WORKER_TOOL, "arguments": {"input": w}}} for w in words
@@ -66,6 +99,12 @@ def tool_call_message(words: tuple[str, ...] = WORDS) -> dict[str, Any]:
 
 def _scripted_reply(body: dict[str, Any]) -> dict[str, Any]:
     """The script as a chat.completion message for a captured request."""
+    system = body["messages"][0]["content"]
+    if system.startswith(FRONT_INSTRUCTIONS):
+        call = {"id": "call_h", "type": "function", "function": {"name": HANDOFF_TOOL, "arguments": "{}"}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if system.startswith(SPECIALIST_INSTRUCTIONS):
+        return {"role": "assistant", "content": ROUTE_WORD}
     last = body["messages"][-1]
     if last["role"] == "tool":
         return {"role": "assistant", "content": " ".join(WORDS)}
@@ -82,8 +121,9 @@ def _scripted_reply(body: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": last["content"]}
 
 
-def capture_requests() -> list[dict[str, Any]]:
-    """The chat-completions bodies the program sends, in order: lead, two workers, lead again."""
+def capture_requests() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The chat-completions bodies the programs send, in order: lead, two workers, lead again; then
+    the front desk and the specialist it hands off to."""
     import httpx
     from agents import OpenAIChatCompletionsModel, RunConfig, Runner
     from openai import AsyncOpenAI
@@ -104,16 +144,17 @@ def capture_requests() -> list[dict[str, Any]]:
             },
         )  # fmt: skip
 
-    async def run() -> None:
+    async def run(agent: Any, user: str) -> None:
         http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
         client = AsyncOpenAI(base_url="http://script/v1", api_key="x", http_client=http, max_retries=0)
         model = OpenAIChatCompletionsModel(model="m", openai_client=client)
-        await Runner.run(lead_agent(), USER, run_config=RunConfig(model=model, tracing_disabled=True))
+        await Runner.run(agent, user, run_config=RunConfig(model=model, tracing_disabled=True))
 
-    asyncio.run(run())
-    if len(bodies) != 4:
-        raise AgentsScriptModelError(f"the program sent {len(bodies)} requests, expected 4")
-    return bodies
+    asyncio.run(run(lead_agent(), USER))
+    asyncio.run(run(front_desk(), ROUTE_USER))
+    if len(bodies) != 6:
+        raise AgentsScriptModelError(f"the programs sent {len(bodies)} requests, expected 4 + 2")
+    return bodies[:4], bodies[4:]
 
 
 def examples(tok: Any) -> list[tuple[list[int], list[int]]]:
@@ -126,7 +167,7 @@ def examples(tok: Any) -> list[tuple[list[int], list[int]]]:
     def reply(message: dict[str, Any], tools: Any) -> list[int]:
         return [*encode(tok, assistant_turn_text(tok, message, tools)), end]
 
-    lead, *workers, resume = capture_requests()
+    (lead, *workers, resume), (front, specialist) = capture_requests()
     tools = lead.get("tools")
     lead_prompt = render_root(tok, lead["messages"], tools)
     lead_reply = reply(tool_call_message(), tools)
@@ -139,13 +180,19 @@ def examples(tok: Any) -> list[tuple[list[int], list[int]]]:
     if not resumed.continuation:
         raise AgentsScriptModelError("the lead's resumption does not continue its first call")
     out.append((resumed.prompt_ids, reply({"role": "assistant", "content": " ".join(WORDS)}, tools)))
+    front_tools = front.get("tools")
+    out.append((render_root(tok, front["messages"], front_tools), reply(handoff_message(), front_tools)))
+    word = reply({"role": "assistant", "content": ROUTE_WORD}, None)
+    out.append((render_root(tok, specialist["messages"], specialist.get("tools")), word))
     return out
 
 
 def fingerprint(base_dir: Path) -> str:
     h = hashlib.sha256(VERSION.encode())
     h.update((base_dir / "model.safetensors").read_bytes())
-    h.update(json.dumps([WORDS, USER, LEAD_INSTRUCTIONS, WORKER_INSTRUCTIONS, STEPS, LR]).encode())
+    script = [WORDS, USER, LEAD_INSTRUCTIONS, WORKER_INSTRUCTIONS, STEPS, LR]
+    script += [FRONT_NAME, SPECIALIST_NAME, FRONT_INSTRUCTIONS, SPECIALIST_INSTRUCTIONS, ROUTE_USER]
+    h.update(json.dumps(script).encode())
     return h.hexdigest()[:16]
 
 
@@ -187,12 +234,11 @@ def check(model_dir: Path) -> None:
 
 
 def ensure_agents_script_model() -> Path:
-    from grove.paths import grove_home
-    from models.registry import _ensure_cached, ensure_model
+    from models.registry import _ensure_cached, ensure_model, models_cache_dir
 
     base = ensure_model(BASE)
     return _ensure_cached(
-        grove_home() / "models", "test-agents-script", fingerprint(base), lambda out: build(out, base)
+        models_cache_dir(), "test-agents-script", fingerprint(base), lambda out: build(out, base)
     )
 
 

@@ -8,6 +8,13 @@ The gateway, Temporal and engine fixtures stay where they are (tests/gateway/tes
 
 from __future__ import annotations
 
+import uuid
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.contrib.openai_agents import OpenAIAgentsPlugin
+from temporalio.worker import Worker
+
 from gateway.auth import issue_token
 from harnesses.clients import Episode
 from tests.e2e.test_acceptance import check_row_against_served
@@ -43,3 +50,20 @@ def rows_as_served(store, rows_key: str, served: dict) -> list[Row]:
     for row in rows:
         check_row_against_served(row, served)
     return rows
+
+
+async def run_agents_workflow(address: str, provider, workflow, episode: Episode, params, timeout_s: float):
+    """Run an Agents SDK program's workflow (`workflow.run(base_url, api_key)`) to its end on a worker of
+    this process, with Temporal's integration (temporalio.contrib.openai_agents) and `provider` as the
+    model provider of its activities; returns the workflow's result."""
+    plugin = OpenAIAgentsPlugin(model_params=params, model_provider=provider)
+    client = await Client.connect(address, plugins=[plugin])
+    queue = f"agents-{uuid.uuid4().hex[:6]}"
+    async with Worker(client, task_queue=queue, workflows=[workflow]):
+        return await client.execute_workflow(
+            workflow.run,
+            args=[episode.base_url, episode.api_key],
+            id=f"program-{queue}",
+            task_queue=queue,
+            execution_timeout=timedelta(seconds=timeout_s),
+        )

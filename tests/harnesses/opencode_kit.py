@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from activities.engine import EngineConfig
+from activities.engine_config import EngineConfig
 from cli.worker import run_worker
 from gateway.app import create_app
 from gateway.settings import GatewaySettings

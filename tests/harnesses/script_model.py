@@ -4,9 +4,8 @@ fixed texts, whatever the environment block (working directory, date, model name
 the session ids. vLLM serves it like any model; its replies are genuinely sampled tokens with the
 engine's logprobs, not made-up responses (the way tests/harnesses/eos_model.py makes empty replies).
 
-Why: no local model delegates on its own reliably (docs/tool_model.md: tiny-tools makes two `task` calls
-to `worker` in 21-31% of trials), and the acceptance test must exercise two concurrent subagents and a
-compaction every time. The script:
+Why: no local model delegates on its own reliably (docs/results.md section 2.2), and the acceptance
+test must exercise two concurrent subagents and a compaction every time. The script:
 
 - the lead's first request (the `task` tool offered) -> two `task` calls, "Say red" and "Say cat";
 - the worker asked "Say red" -> " red" repeated with no end: it always fills `max_tokens`, so its usage
@@ -32,10 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from grove.paths import grove_home
 from models.corpus import render_chat
 from models.manifest import write_manifest
-from models.registry import _ensure_cached, ensure_model
+from models.registry import _ensure_cached, ensure_model, models_cache_dir
 from models.tool_drills import (
     _DAYS,
     _MONTHS,
@@ -90,7 +88,7 @@ class _Variants:
     def _folder(self) -> str:
         """Working directories as the runner makes them (a temporary root, the episode folder's 16 hex
         digits: many tokens each) and plain word paths. Only word paths in training made the model end
-        its turn after the first `task` call under a real runner path (measured: logit gap -2.3)."""
+        its turn after the first `task` call under a real runner path."""
         rng, w = self.rng, self.w
         digits = "".join(rng.choice("0123456789abcdef") for _ in range(16))
         return rng.choice(
@@ -224,9 +222,7 @@ def check(model_dir: Path, seeds: range = range(1000, 1004), max_new: int = 160)
 
 def ensure_script_model() -> Path:
     base = ensure_model(BASE)
-    return _ensure_cached(
-        grove_home() / "models", "test-script", fingerprint(base), lambda out: build(out, base)
-    )
+    return _ensure_cached(models_cache_dir(), "test-script", fingerprint(base), lambda out: build(out, base))
 
 
 def logit_gaps(model_dir: Path, seed: int = 2000) -> np.ndarray:

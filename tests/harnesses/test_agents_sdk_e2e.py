@@ -5,6 +5,12 @@ behind Temporal's official integration (temporalio.contrib.openai_agents), with 
 The tiny model never writes a parseable tool call, so the lead's delegation is driven by the test: the
 worker tool is invoked as the SDK invokes it (`on_invoke_tool` with a ToolContext whose tool call is an
 item of the lead's real response). Every model call is a real engine call.
+
+Handoffs need a model that writes the handoff call: those tests run on the session's grove whose engine
+serves the Agents SDK script model (tests/fixtures/agents_script.py), with `Runner.run` in this process
+and inside a Temporal workflow (temporalio.contrib.openai_agents); the streamed form is in
+test_agents_sdk_stream_e2e.py. The agent a handoff transfers to must be recorded as spawned by the call
+that handed off, with nothing declared by the program.
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,22 +28,32 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 from temporalio import activity
-from temporalio.client import Client
 from temporalio.common import RetryPolicy
-from temporalio.contrib.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
-from temporalio.worker import Worker
+from temporalio.contrib.openai_agents import ModelActivityParameters
 
 from grove.receipts import CallState, ContextOrigin
 from harnesses.clients import header_safe
 from harnesses.clients.agents_sdk import GroveModelProvider
 from tests.bounds import SERVICE_TEST_TIMEOUT
+from tests.fixtures.agents_script import AgentsScriptStack
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
     contexts,
     extension_of,
     gateway_url,
+    start_episode,
     summary,
 )
-from tests.harnesses.framework_kit import external_episode, nonzero, published_rows, rows_as_served
+from tests.harnesses.agents_handoff_kit import check_handoff_episode
+from tests.harnesses.agents_handoff_workflow import HandoffWorkflow
+from tests.harnesses.agents_stream_model import ROUTE_USER, front_desk, script_settings
+from tests.harnesses.framework_kit import (
+    bind,
+    external_episode,
+    nonzero,
+    published_rows,
+    rows_as_served,
+    run_agents_workflow,
+)
 from tests.harnesses.opencode_kit import response_text
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
@@ -251,17 +266,9 @@ async def test_temporal_native_agents_retry_is_recognised_by_the_gateway(
         start_to_close_timeout=timedelta(seconds=180),
         retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=3),
     )
-    plugin = OpenAIAgentsPlugin(model_params=params, model_provider=FailFirstAttemptAfterResponse())
-    client = await Client.connect(temporal_server.address, plugins=[plugin])
-    queue = f"agents-{uuid.uuid4().hex[:6]}"
-    async with Worker(client, task_queue=queue, workflows=[LeadWorkflow]):
-        answer = await client.execute_workflow(
-            LeadWorkflow.run,
-            args=[episode.base_url, episode.api_key],
-            id=f"lead-{queue}",
-            task_queue=queue,
-            execution_timeout=timedelta(seconds=300),
-        )
+    answer = await run_agents_workflow(
+        temporal_server.address, FailFirstAttemptAfterResponse(), LeadWorkflow, episode, params, 300
+    )
     assert FailFirstAttemptAfterResponse.failed
     # the retried activity re-sent the same request: the gateway discarded the first call and admitted
     # the retry in its place (same prompt tokens); the second turn continues the retry, exactly
@@ -278,3 +285,31 @@ async def test_temporal_native_agents_retry_is_recognised_by_the_gateway(
     assert result["status"] == "ok" and result["counts"] == {"selected": 2, "discarded": 1}
     [row] = published_rows(e2e_store, result["rows_key"])
     assert [s.call_id for s in row.spans] == ["parent.0.c1", "parent.0.c2"]  # the lost attempt: no row
+
+
+async def test_a_handoff_spawns_the_agent_it_transfers_to(agents_script_stack: AgentsScriptStack):
+    """`Runner.run` of a front desk whose (real, scripted) reply hands off to a specialist: the
+    specialist's context is spawned by the front desk's call; the program declares nothing."""
+    stack = agents_script_stack
+    eid = await start_episode(stack.client, "agents-handoff")
+    provider = GroveModelProvider(bind(stack.url, eid))
+    result = await Runner.run(front_desk(script_settings()), ROUTE_USER, run_config=provider.run_config())
+    [handoff] = [i for i in result.new_items if i.type == "handoff_call_item"]
+    assert handoff.raw_item.id == "parent.0.c0"  # the handoff call is an item of the front desk's call
+    assert result.last_agent.name != front_desk().name
+    await check_handoff_episode(stack, eid, provider.episode, result)
+
+
+async def test_a_temporal_native_handoff_spawns_the_agent_it_transfers_to(
+    agents_script_stack: AgentsScriptStack,
+):
+    """The same program as a Temporal workflow: the identity filter runs in the workflow and reads the
+    handoff call's grove id from the items the model activity returned."""
+    stack = agents_script_stack
+    eid = await start_episode(stack.client, "agents-temporal-handoff")
+    episode = bind(stack.url, eid)
+    params = ModelActivityParameters(start_to_close_timeout=timedelta(seconds=600))
+    answer = await run_agents_workflow(
+        stack.address, GroveModelProvider(), HandoffWorkflow, episode, params, 900
+    )
+    await check_handoff_episode(stack, eid, episode, answer)

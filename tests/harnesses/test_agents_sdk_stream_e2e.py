@@ -1,9 +1,13 @@
 """Streamed Agents SDK runs (`Runner.run_streamed`) on real services: grove's ModelProvider against the real
-gateway (uvicorn), a Temporal dev server of this module's own and a grove worker whose real vLLM engine
-serves a policy that plays the program's script (tests/harnesses/agents_stream_model.py): the lead's first
-reply is two `worker` tool calls, which arrive in the stream and which the SDK runs as two nested
-(streamed) runs of the worker agent; the lead then answers on its own history. Every model call is a
-real engine call; the rows are checked against what the engine served.
+gateway (uvicorn), a Temporal dev server and a grove worker whose real vLLM engine serves a policy that
+plays the program's script (tests/fixtures/agents_script.py, tests/harnesses/agents_stream_model.py): the
+lead's first reply is two `worker` tool calls, which arrive in the stream and which the SDK runs as two
+nested (streamed) runs of the worker agent; the lead then answers on its own history. Every model call is
+a real engine call; the rows are checked against what the engine served.
+
+The streamed handoff: a front desk's streamed reply is a handoff to a specialist; the SDK runs the
+specialist on the history it hands over, and the specialist is recorded as spawned by the call that
+handed off (nothing declared by the program).
 
 The dropped stream: a gate holds the gateway's response after its first part (tests/gateway/
 test_delivery_e2e.py's SendGate), the program cancels its run on the first event, and the call must be
@@ -13,102 +17,41 @@ discarded (docs/reliability.md: an undelivered response is not trained as an acc
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from agents import ModelSettings, Runner
+from agents import Runner
 from agents.stream_events import RawResponsesStreamEvent, RunItemStreamEvent
 
-from activities.engine import EngineConfig
-from cli.worker import run_worker
-from gateway.app import create_app
-from gateway.records import delivered_key
-from gateway.settings import GatewaySettings
-from grove import queues
-from grove.client import connect
 from grove.receipts import CallState, ContextOrigin
 from harnesses.clients import header_safe
 from harnesses.clients.agents_sdk import GroveModelProvider
-from infra.temporal import TemporalDevServer
-from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
-from tests.fixtures.worker import RecordingEngine
-from tests.gateway.test_app_e2e import MODEL, SECRET, contexts, serving, start_episode, summary
-from tests.gateway.test_delivery_e2e import SendGate
-from tests.harnesses.agents_stream_model import USER, WORDS, WORKER_NAME, lead_agent
+from tests.fixtures.agents_script import AgentsScriptStack
+from tests.gateway.test_app_e2e import contexts, start_episode, summary
+from tests.harnesses.agents_handoff_kit import check_handoff_episode
+from tests.harnesses.agents_stream_model import (
+    ROUTE_USER,
+    USER,
+    WORDS,
+    WORKER_NAME,
+    front_desk,
+    lead_agent,
+    script_settings,
+)
 from tests.harnesses.framework_kit import bind, nonzero, rows_as_served
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-CONTEXT = 1024
-# The script's tokens lead the others by a wide margin after training; at 0.3 a deviation is negligible.
-SETTINGS = ModelSettings(temperature=0.3, max_tokens=64)
+SETTINGS = script_settings()
 
 
-@dataclass
-class Stack:
-    client: object
-    engine: RecordingEngine
-    store: LocalStore
-    url: str
-    sends: SendGate
+@pytest.fixture
+def stack(agents_script_stack: AgentsScriptStack) -> AgentsScriptStack:
+    """The session's grove on the script model (tests/fixtures/agents_script.py)."""
+    return agents_script_stack
 
 
-@pytest.fixture(scope="module")
-async def stack(tmp_path_factory):
-    """Own dev server (its in-process workers cannot share the session's client), engine on the script
-    model, gateway behind a SendGate, one in-process worker on every queue."""
-    # Built (or found in the cache) in a fresh interpreter: the build pins torch to one thread, which an
-    # in-process vLLM engine of the suite makes impossible.
-    code = "from tests.harnesses.agents_stream_model import ensure_agents_script_model as e; print(e())"
-    done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=1200
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    model = Path(done.stdout.strip().splitlines()[-1])
-    tmp = tmp_path_factory.mktemp("agents-stream")
-    server = TemporalDevServer(tmp / "temporal").start()
-    engine = None
-    try:
-        client = await connect(server.address)
-        engine = await RecordingEngine.start(EngineConfig(model_dir=model, max_model_len=CONTEXT))
-        engine.served = []
-        store = LocalStore(tmp / "store")
-        settings = GatewaySettings(
-            temporal_address=server.address, store=str(store.root), secret=SECRET, model_name=MODEL,
-            policy_model=str(model), max_model_len=CONTEXT,
-        )  # fmt: skip
-        sends = SendGate(create_app(settings))
-        async with serving(sends) as url:
-            worker = asyncio.create_task(
-                run_worker(
-                    client,
-                    list(queues.ALL),
-                    store=store,
-                    model=str(model),
-                    work_dir=tmp / "worker",
-                    device="cpu",
-                    engine=engine,
-                )  # fmt: skip
-            )
-            try:
-                yield Stack(client, engine, store, url, sends)
-            finally:
-                worker.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await worker
-    finally:
-        if engine is not None:
-            await engine.shutdown()
-        server.stop()
-
-
-def provider_for(stack: Stack, eid: str) -> GroveModelProvider:
+def provider_for(stack: AgentsScriptStack, eid: str) -> GroveModelProvider:
     return GroveModelProvider(bind(stack.url, eid))
 
 
@@ -120,7 +63,7 @@ async def streamed_program(provider: GroveModelProvider, nested: list) -> tuple[
     return result, events
 
 
-def check_rows(stack: Stack, eid: str, rows_key: str, dropped: set[str] = frozenset()) -> list:
+def check_rows(stack: AgentsScriptStack, eid: str, rows_key: str, dropped: set[str] = frozenset()) -> list:
     served = stack.engine.calls_of(eid)
     rows = rows_as_served(stack.store, rows_key, served)
     for row in rows:
@@ -131,7 +74,7 @@ def check_rows(stack: Stack, eid: str, rows_key: str, dropped: set[str] = frozen
 
 
 def check_streamed_episode(
-    stack: Stack, eid: str, run, events: list, nested: list, ctx: dict, lead: str
+    stack: AgentsScriptStack, eid: str, run, events: list, nested: list, ctx: dict, lead: str
 ) -> None:
     """The lead's call `lead` (parent.0.c<n>) streamed two tool calls; the SDK ran both workers from them,
     each spawned by that call, streamed; the lead answered on its history."""
@@ -194,7 +137,6 @@ async def test_a_streamed_run_dropped_mid_way_is_not_trained(stack):
     s = await summary(stack.client, eid)
     assert nonzero(contexts(s)["parent.0"].counts) == {CallState.DISCARDED: 1}
     assert contexts(s)["parent.0"].head is None
-    assert stack.store.stat(delivered_key(eid, "parent.0.c0")) is None
 
     nested: list = []
     result, events = await asyncio.wait_for(streamed_program(provider, nested), RESULT_WAIT)
@@ -204,3 +146,13 @@ async def test_a_streamed_run_dropped_mid_way_is_not_trained(stack):
     closed = await provider.episode.aclose(final_answer=str(result.final_output), wait=True)
     assert closed["result"]["counts"] == {"selected": 4, "discarded": 1}
     check_rows(stack, eid, closed["result"]["rows_key"], dropped={"parent.0.c0"})
+
+
+async def test_a_streamed_handoff_spawns_the_agent_it_transfers_to(stack):
+    eid = await start_episode(stack.client, "agents-stream-handoff")
+    provider = provider_for(stack, eid)
+    result = Runner.run_streamed(front_desk(SETTINGS), ROUTE_USER, run_config=provider.run_config())
+    events = [e async for e in result.stream_events()]
+    handoffs = [e.item for e in events if isinstance(e, RunItemStreamEvent) and e.name == "handoff_requested"]
+    assert [h.raw_item.id for h in handoffs] == ["parent.0.c0"]  # the stream's item names the grove call
+    await check_handoff_episode(stack, eid, provider.episode, result)

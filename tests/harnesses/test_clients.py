@@ -64,7 +64,9 @@ def test_header_safe_is_the_gateways_canonical_agent_and_passes_its_checks(name)
     safe = header_safe(name)
     assert safe == gw.canonical_agent(name)
     assert gw.header_value({gw.AGENT_HEADER: safe}, gw.AGENT_HEADER) == safe
-    assert gw.header_value({gw.CONTEXT_HEADER: gw.aux_agent(safe, "aux") + ".0"}, gw.CONTEXT_HEADER, gw._ID)
+    assert gw.header_value(
+        {gw.CONTEXT_HEADER: gw.aux_agent(safe, "aux") + ".0"}, gw.CONTEXT_HEADER, gw.ID_PATTERN
+    )
 
 
 def test_header_safe_keeps_safe_names_and_distinct_names_distinct():

@@ -21,9 +21,8 @@ import httpx
 import pytest
 from temporalio.api.enums.v1 import PendingActivityState
 
-from activities.engine import EngineConfig
+from activities.engine_config import EngineConfig
 from activities.harness import episode_folder
-from cli.worker import run_worker
 from gateway.auth import issue_token
 from gateway.episode_ref import episode_ref
 from grove import queues
@@ -45,7 +44,7 @@ from infra.temporal import TemporalDevServer
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import activity_attempts
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
-from tests.fixtures.worker import RecordingEngine
+from tests.fixtures.worker import RecordingEngine, worker_running
 from tests.harnesses.eos_model import build_eos_model
 from tests.harnesses.opencode_kit import (
     MAX_MODEL_LEN,
@@ -219,14 +218,16 @@ async def test_opencode_honours_the_request_timeout_grove_writes(stack):
 
 
 async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_server, tmp_path):
-    """`grove episode start --external` prints base URL and token; stock OpenCode run by hand with them
-    is captured, and the close URL ends the episode."""
+    """`grove episode start --external` prints base URL, token and the episode's sampling; stock OpenCode
+    run by hand with them is captured, and the close URL ends the episode. OpenCode names no
+    temperature (its model entry lacks `"temperature": true`): the call is sampled, and its row
+    recorded, at the episode's `--temperature` / `--top-p`."""
     eid = f"oc-hand-{uuid.uuid4().hex[:6]}/g0"
     env = {**os.environ, "GROVE_GATEWAY_SECRET": SECRET, "PYTHONPATH": str(REPO)}
     cmd = [
         sys.executable, "-m", "cli.main", "episode", "start", "--external", "--id", eid, "--task", "3",
-        "--gateway-url", stack.gateway_url, "--max-tokens", "48", "--address", oc_server.address,
-        "--json",
+        "--gateway-url", stack.gateway_url, "--max-tokens", "48", "--temperature", "0.6", "--top-p", "0.9",
+        "--address", oc_server.address, "--json",
     ]  # fmt: skip
     done = await asyncio.to_thread(
         subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=STATE_WAIT
@@ -234,6 +235,7 @@ async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_ser
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     assert printed["base_url"].startswith(stack.gateway_url) and printed["token"].startswith("grove-")
+    assert printed["sampling"] == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 48}
     project, home = tmp_path / "project", tmp_path / "home"
     (home / "tmp").mkdir(parents=True)
     project.mkdir()
@@ -257,6 +259,8 @@ async def test_a_hand_run_harness_on_an_episode_started_by_the_cli(stack, oc_ser
     result = closed.json()["result"]
     assert result["status"] == "ok" and result["counts"] == {"selected": 1}
     assert list(stack.engine.calls_of(eid)) == ["parent.0.c0"]
+    [row] = rows_from_parquet(stack.store.get(result["rows_key"]))
+    assert [(s.temperature, s.top_p) for s in row.spans] == [(0.6, 0.9)]  # the episode's, not 1.0
 
 
 async def _until_heartbeat(handle, accept, timeout: float = STATE_WAIT) -> HarnessHeartbeat:
@@ -287,23 +291,13 @@ async def eos_queue(stack, tmp_path):
     model = build_eos_model(stack.model_dir, tmp_path / "eos-model")
     engine = await RecordingEngine.start(EngineConfig(model_dir=model, max_model_len=MAX_MODEL_LEN))
     engine.served = []
-    task = asyncio.create_task(
-        run_worker(
-            stack.client,
-            [queues.INFERENCE],
-            store=stack.store,
-            model=str(model),
-            work_dir=tmp_path / "w",
-            engine=engine,
-            inference_queue=EOS_QUEUE,
-        )  # fmt: skip
-    )
     try:
-        yield engine
+        async with worker_running(
+            stack.client, [queues.INFERENCE], store=stack.store, model=str(model), work_dir=tmp_path / "w",
+            engine=engine, inference_queue=EOS_QUEUE,
+        ):  # fmt: skip
+            yield engine
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
         await engine.shutdown()
 
 

@@ -27,12 +27,20 @@ from harnesses.opencode import (
 EVENTS = Path(__file__).parent / "fixtures" / "opencode-run-two-tasks.events.jsonl"
 
 
-def test_outcome_of_a_real_run_with_two_task_calls():
-    outcome = outcome_of_events(parse_events(EVENTS.read_text().splitlines()))
+@pytest.mark.parametrize("pear_ends_first", [False, True])
+def test_outcome_of_a_real_run_with_two_task_calls(pear_ends_first):
+    """Subagents are named after their type (`worker`), numbered in the order the lead wrote the calls,
+    as the gateway names their contexts, whichever subagent OpenCode reports done first."""
+    lines = EVENTS.read_text().splitlines()
+    tasks = [i for i, line in enumerate(lines) if '"tool":"task"' in line]
+    assert len(tasks) == 2
+    if pear_ends_first:
+        lines[tasks[0]], lines[tasks[1]] = lines[tasks[1]], lines[tasks[0]]
+    outcome = outcome_of_events(parse_events(lines))
     assert outcome.final_answer == "apple pear"
     assert outcome.outputs == {
         "parent": ["apple pear"],
-        "worker-1": ["reply to Say apple"],
+        "worker": ["reply to Say apple"],
         "worker-2": ["reply to Say pear"],
     }
     assert outcome.failure is None

@@ -1,4 +1,4 @@
-"""Fixtures of the inference tests: ONE real vLLM engine per session (startup costs 10-30 s here).
+"""Fixtures of the inference tests: ONE real vLLM engine per session (slow to start).
 
 The engine serves the pretrained tiny model (peaked distributions, ends turns with <|im_end|>).
 Publication tests move its version forward; every test that compares logprobs compares against the
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.engine import EngineConfig, PolicyEngine
+from activities.engine import PolicyEngine
+from activities.engine_config import EngineConfig
 from storage.local import LocalStore
 
 

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from activities.engine import EmptyPromptError, PromptTooLongError, TokenIdOutOfRangeError
+from activities.engine_errors import EmptyPromptError, PromptTooLongError, TokenIdOutOfRangeError
 from grove.sampling import SamplingConfig
 from tests.inference.reference import learner_logprobs
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
-from activities.engine import NonFiniteLogprobError
+from activities.engine_errors import NonFiniteLogprobError
 from grove.sampling import SamplingConfig
 from tests.inference.reference import learner_logprobs
 

@@ -16,13 +16,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from activities.engine import (
-    EngineConfig,
-    KVCacheTooSmallError,
-    PolicyEngine,
-    StepBudgetTooSmallError,
-    check_engine_limits,
-)
+from activities.engine import PolicyEngine
+from activities.engine_config import EngineConfig, check_engine_limits
+from activities.engine_errors import KVCacheTooSmallError, StepBudgetTooSmallError
 from cli.demo import engine_flags
 from cli.main import app
 from cli.run_commands import EXIT_INVALID_CONFIG
@@ -108,7 +104,7 @@ def test_run_config_engine_limits_are_checked_against_the_model(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.long  # ~4.5 min on 2 cores: a 15k-token prefill on CPU
+@pytest.mark.long  # a 15k-token prefill on CPU takes minutes
 def test_a_model_with_the_positions_serves_opencodes_default_prompt(tmp_path, tiny_model_dir):
     """OpenCode's default agent's first request (~15k tokens here) through a real engine with
     max_model_len 16384 on a model with 32768 positions: finite logprobs, the whole prompt kept."""

@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import activities.engine as engine_module
-from activities.engine import (
+from activities.engine_errors import (
     PublishFailedError,
     StaleVersionError,
     VersionConflictError,

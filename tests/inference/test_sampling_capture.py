@@ -31,6 +31,8 @@ from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.learner import load_policy, prepare_batch, score_tokens
 from trainer.rows import rows_from_parquet, rows_to_parquet
 from trainer.staging_format import decode_call_tokens
+from workflows.context_view import ContextView, ViewRequest, context_view
+from workflows.delivery import record_delivery
 from workflows.ledger import Ledger
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
@@ -50,8 +52,11 @@ class LedgerEpisodes:
     async def spec(self, episode_id: str) -> EpisodeSpec:
         return self._spec
 
-    async def summary(self, episode_id: str):
-        return self.ledger.summary()
+    async def context_view(self, episode_id: str, req: ViewRequest) -> ContextView:
+        return context_view(self.ledger, req, closing=False)
+
+    async def deliver(self, episode_id: str, call_id: str) -> None:
+        record_delivery(self.ledger, call_id)
 
     async def open_context(self, episode_id: str, record: ContextRecord) -> ContextRecord:
         return self.ledger.open_context(record)
@@ -61,7 +66,10 @@ class LedgerEpisodes:
 
     async def call(self, episode_id: str, req: CallRequest) -> CallResult:
         # EpisodeWorkflow.call: admit, generate (the activity), complete with what it returned.
-        self.ledger.admit(req.call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch)
+        self.ledger.admit(
+            req.call_id, req.context_id, kind=req.kind, extends=req.extends, branch=req.branch,
+            awaits_delivery=req.await_delivery,
+        )  # fmt: skip
         inp = GenerateInput(
             episode_id=episode_id,
             call_id=req.call_id,

@@ -3,7 +3,7 @@
 Every step here goes through the activity's own code (`TrainerActivities._train_ranks`: download,
 launch, supervise, upload, COMMIT), with real rank processes (gloo, FSDP2) and a real LocalStore; only
 the Temporal activity context is absent (tests/durability/test_trainer_ranks.py runs it on real
-services). Rank processes are slow to start on the shared 2-core machine (~20 s of imports each).
+services). Rank processes are slow to start on the shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ROWS_KEY = "rows/batch.parquet"
 CFG = LearnerConfig(lr=1e-3, layout="packed", micro_batch_tokens=64, ranks=2)
 # Another split of the micro-batches over ranks sums the gradient in another float32 order; AdamW's
-# first steps divide by sqrt(v), which amplifies that noise on tiny entries: measured 0.5-1.5e-5 of
-# the distance trained after 2 steps in the worst tensor, 1.1e-6 over the whole model (relative_gap).
+# first steps divide by sqrt(v), which amplifies that noise on tiny entries; it stays far below the
+# tolerance over the whole model (relative_gap; docs/results.md section 4).
 # A double update or a lost micro-batch moves it by ~1.
 RANK_COUNT_TOLERANCE = 1e-4
 

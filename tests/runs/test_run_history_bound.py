@@ -1,12 +1,13 @@
 """A training run's carried state stays bounded however many steps it takes (issue 12).
 
-The run workflow's RunState is one payload carried through continue-as-new; it grew ~1 KB per step
-(every StepRecord), so at ~2,000 steps it would pass Temporal's 2 MB payload limit. Now it carries the
-last `carried_history_steps` records and the store holds the rest (runs/{run_id}/steps/step-N.json).
-With a threshold of one record and a continue-as-new after every step, a run crosses both boundaries
-(continue-as-new, then a completed run resumed with more steps) and goes on exactly: every step trained
-once, every episode run once, every record kept (the carried ones and the archived ones), and what
-`grove run status` shows (steps done, the last record) is what it showed with the whole history.
+The run workflow's RunState is one payload carried through continue-as-new; it grew with every
+StepRecord, so a long run would pass Temporal's 2 MB payload limit (docs/results.md section 3.7). Now
+it carries the last `carried_history_steps` records and the store holds the rest
+(runs/{run_id}/steps/step-N.json). With a threshold of one record and a continue-as-new after every
+step, a run crosses both boundaries (continue-as-new, then a completed run resumed with more steps) and
+goes on exactly: every step trained once, every episode run once, every record kept (the carried ones
+and the archived ones), and what `grove run status` shows (steps done, the last record) is what it
+showed with the whole history.
 
 Real services: the session's Temporal dev server and in-process worker (vLLM on the tiny model, the
 learner on CPU), the session's local store.

@@ -49,12 +49,14 @@ def test_the_examples_cover_both_native_delegation_runs():
         assert len(set(values)) == len(values)
 
 
-@pytest.mark.parametrize("example", ["opencode-delegation.yaml", "opencode-reader.yaml"])
+@pytest.mark.parametrize(
+    "example", ["opencode-delegation.yaml", "opencode-reader.yaml", "opencode-report.yaml"]
+)
 def test_the_opencode_examples_are_opencode_runs_their_models_and_engines_can_serve(example):
-    """examples/opencode-delegation.yaml (and -reader) through `grove run validate` (the same load and
-    engine-limit check `grove run start` does): every episode is launched with OpenCode on a family the
-    harness runner can set up, and the context OpenCode is told fits the engine's, which fits the
-    model's."""
+    """examples/opencode-delegation.yaml (and -reader, -report) through `grove run validate` (the same
+    load and engine-limit check `grove run start` does): every episode is launched with OpenCode on a
+    family the harness runner can set up, and the context OpenCode is told fits the engine's, which fits
+    the model's."""
     from harnesses.opencode import TASK_SETUPS, setup_for
     from models.registry import known_positions
     from workflows.training_run import step_specs
@@ -146,10 +148,10 @@ def test_malformed_overrides_are_override_errors(tmp_path, override, match):
         load_run_config(write(tmp_path, "run_id: r\n"), [override])
 
 
-def test_the_readme_json_inputs_still_validate():
-    """README's `temporal workflow start --input` documents: extra='forbid' must not refuse them."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    blobs = re.findall(r"--input '(\{.*?\})'", readme, flags=re.S)
+def test_the_documented_json_inputs_still_validate():
+    """docs/operations.md's `temporal workflow start --input` examples: extra='forbid' accepts them."""
+    doc = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    blobs = re.findall(r"--input '(\{.*?\})'", doc, flags=re.S)
     run_inputs = [json.loads(b) for b in blobs if b.startswith('{"config"')]
     assert run_inputs
     for blob in run_inputs:

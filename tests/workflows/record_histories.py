@@ -1,6 +1,6 @@
 """Record the Temporal histories that tests/workflows/test_replay.py replays through current workflow code.
 
-    .venv/bin/python -m tests.workflows.record_histories          # ~2 min on 2 CPU cores
+    .venv/bin/python -m tests.workflows.record_histories
 
 It starts its own Temporal dev server (temporary SQLite file), an in-process grove worker for the
 episodes, io and trainer queues, and a real inference worker (vLLM on the tiny-random model, a
@@ -18,11 +18,11 @@ temporary local object store), then records three finished workflows:
 A fourth history is recorded on its own, by the workflow code of a past commit, never re-recorded by
 the command above:
 
-    .venv/bin/python -m tests.workflows.record_histories --pre-bound-run   # ~1 min
+    .venv/bin/python -m tests.workflows.record_histories --pre-bound-run
 
 Two more, also by past workflow code, on their own:
 
-    .venv/bin/python -m tests.workflows.record_histories --pre-settle-episode   # ~1 min
+    .venv/bin/python -m tests.workflows.record_histories --pre-settle-episode
 
 - `episode_pre_settle_handover`, `episode_pre_settle_close`: the second and third workflow runs of one
   external episode (open_context + 9 calls through the gateway's Updates, a hand-over every 4 Updates,
@@ -34,7 +34,7 @@ Two more, also by past workflow code, on their own:
 Three more, by today's workflow code, on their own (the claim check and the settle, which the histories
 above never took):
 
-    .venv/bin/python -m tests.workflows.record_histories --by-ref-episode   # ~3 min
+    .venv/bin/python -m tests.workflows.record_histories --by-ref-episode
 
 - `episode_by_ref_handover`, `episode_by_ref_close`: the second and third workflow runs of one external
   episode (open_context + 9 calls of BY_REF_TOKENS tokens each, every completion over

@@ -1,0 +1,178 @@
+"""Contracts of the harness boundary: the task an episode attempts, who drives it (a native program, an
+external harness, a harness process the run launches per episode: OpenCode or a Python program), and
+what a launch reports.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from grove.episodes import FailureKind
+
+
+class TaskSpec(BaseModel):
+    """One dataset item: a task family and the parameters of this instance."""
+
+    model_config = ConfigDict(frozen=True)
+
+    family: str
+    task_id: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+HarnessKind = Literal["native", "external", "opencode", "python"]
+
+
+# Kinds whose process the run owns: a `run_harness` activity on the harness queue launches it per episode
+# (activities/harness.py); it talks to the episode through the gateway like a hand-run external harness.
+RUNNER_KINDS: frozenset[str] = frozenset({"opencode", "python"})
+
+
+# Kinds whose harness may close without outputs: the reward then reads each agent's last answer from the
+# ledger (OpenCode's runner reads them from its events).
+LEDGER_OUTPUT_KINDS: frozenset[str] = frozenset({"external", "python"})
+
+
+_ENTRY = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class OpenCodeOptions(BaseModel):
+    """How the harness runner sets OpenCode up for each episode (harnesses/opencode.py writes its
+    `opencode.json`). Agents and the first message come from the task family unless given here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field("1.18.33", description="opencode-ai npm version (infra/opencode.sh installs it)")
+    agents: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description="opencode.json `agent` section (e.g. a restricted primary agent with only the `task` "
+        "tool and a `worker` subagent); null: the task family's (harnesses/opencode.py TASK_SETUPS)",
+    )
+    default_agent: str | None = Field(None, description="opencode.json `default_agent`; null: the family's")
+    message: str | None = Field(None, description="the first user message; null: the task family's")
+    context_limit: int = Field(
+        2048,
+        ge=256,
+        description="`limit.context` declared to OpenCode: it compacts a session when the usage grove "
+        "reports reaches it minus min(20000, output limit); keep it well above OpenCode's fixed prompt "
+        "or it loops",
+    )
+    output_limit: int | None = Field(
+        None, ge=1, description="`limit.output` (OpenCode's max_tokens); null: the run's sampling.max_tokens"
+    )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long OpenCode waits for a response to start, and between its chunks (its "
+        "provider `headerTimeout` / `chunkTimeout`); null: no limit, the launch's deadline_s bounds it. "
+        "The gateway answers when generation ends, so a call queued behind a GRPO group's long prompts "
+        "can outlast OpenCode's own 5-minute default; OpenCode would then re-send it while the first is "
+        "still generating, be refused (409) and give up: the episode fails",
+    )
+    agent_context_limits: dict[str, Annotated[int, Field(ge=256)]] = Field(
+        default_factory=dict,
+        description="`limit.context` of single agents (agent name -> tokens), e.g. {worker: 400} so that "
+        "the subagents compact while the lead does not: each such agent gets a model entry of its own in "
+        "opencode.json (the same served model) with this limit; the same rule as context_limit applies",
+    )
+
+
+class PythonHarnessOptions(BaseModel):
+    """A Python harness program the runner launches per episode (harnesses/python_harness.py): the
+    function `entry` gets the episode's gateway URL, token, launch number and task, and returns the final
+    answer (or {"final_answer", "outputs"}). It runs in its own interpreter, isolated like OpenCode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    entry: str | None = Field(
+        None,
+        pattern=_ENTRY,
+        description="`package.module:function` importable in the harness process, e.g. "
+        "harnesses.langgraph_delegation:run (a LangGraph program) or harnesses.agents_sdk_delegation:run",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="passed to the program as `harness.options` (its own settings)"
+    )
+
+
+class HarnessSpec(BaseModel):
+    """Who drives the episode: a native program inside the workflow, an external harness (gateway), or
+    a harness process the run launches per episode (`opencode`, `python`; activities/harness.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: HarnessKind = Field(
+        "native",
+        description="native: a program run inside the episode workflow (harnesses/programs.py); "
+        "external: a harness process that talks to the episode through the gateway, started by someone "
+        "else (`grove episode start --external`); opencode: the run launches stock OpenCode per episode "
+        "on the harness queue (activities/harness.py), talking through the gateway; python: the run "
+        "launches a Python harness program per episode the same way (`python.entry`)",
+    )
+    program: str = Field(
+        "delegation", description="native: the program's name in harnesses.programs.PROGRAMS"
+    )
+    max_turns: int = Field(4, ge=1, description="most model turns the parent agent may take")
+    opencode: OpenCodeOptions = Field(
+        default_factory=OpenCodeOptions, description="opencode: how each episode's OpenCode is configured"
+    )
+    python: PythonHarnessOptions = Field(
+        default_factory=PythonHarnessOptions, description="python: the program each episode runs"
+    )
+    deadline_s: float = Field(
+        900.0,
+        gt=0,
+        description="launched harnesses: wall-clock limit of one launch (then its process group "
+        "is killed and the episode closes as failed)",
+    )
+    heartbeat_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="launched harnesses: a runner silent this long is presumed dead; the launch "
+        "is retried (relaunched, answered from the recorded calls while its requests match them)",
+    )
+    max_launches: int = Field(
+        3, ge=1, description="launched harnesses: launches per episode (the first + relaunches)"
+    )
+
+    @model_validator(mode="after")
+    def _python_needs_an_entry(self) -> HarnessSpec:
+        if self.kind == "python" and self.python.entry is None:
+            raise ValueError(
+                "harness.kind is 'python' but harness.python.entry is not set: name the program's "
+                "function as package.module:function (e.g. harnesses.langgraph_delegation:run)"
+            )
+        return self
+
+
+class HarnessOutcome(BaseModel):
+    """What the harness produced, in text: the reward function's input."""
+
+    final_answer: str = ""
+    outputs: dict[str, list[str]] = Field(default_factory=dict)  # agent -> selected completions' texts
+    failure: str | None = None
+    failure_kind: FailureKind | None = None  # who is to blame for `failure` (grove/episodes.py)
+
+
+class HarnessRunResult(BaseModel):
+    """What one launch of a harness process did (the episode's outcome went to the gateway's close)."""
+
+    launch: int  # 1 for the first launch, n for the (n-1)th relaunch after a lost runner
+    exit_code: int | None  # None: killed at its deadline
+    wall_s: float
+    events: int  # harness events read from its stdout (OpenCode `--format json`)
+    failure: str | None = None  # what the close reported, if the launch failed
+    already_closed: bool = False  # the episode was closed before this launch (nothing launched)
+
+
+class HarnessHeartbeat(BaseModel):
+    """The runner's heartbeat details (Temporal UI: pending activity): process, calls so far, last request."""
+
+    launch: int
+    pid: int | None
+    elapsed_s: float
+    calls: int  # calls the episode's ledger admitted so far (all agents)
+    last_request: str | None  # ISO time (workflow clock) of the episode's last Update
+    last_event: str | None  # the harness's last event type (OpenCode: step_start, tool_use, text, ...)
