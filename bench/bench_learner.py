@@ -11,7 +11,7 @@ Layouts (default section): one `Learner.step` per layout on the same episodes, p
 against the episodes' unique tokens (distinct (episode, prefix) tokens). Scenarios:
 (a) one delegation-demo step: 2 tasks x 8 episodes of the delegation family's call structure with
 the real chat template (parent delegates, 2 workers, parent answers; completions <= 8 tokens);
-(b) a long multi-agent episode (tests/learner/forests.py `long_prefix_episode`): parent context of
+(b) a long multi-agent episode (bench/forests.py `long_prefix_episode`): parent context of
 `--parent-tokens`, 8 workers forked from it adding half that each, 2 compactions.
 Time per step: process CPU seconds on CPU (the fairer measure on a shared machine), wall seconds
 with the device synchronised on CUDA; median of `--reps` after a warm-up (always one on CUDA:
@@ -65,6 +65,14 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.forests import (  # noqa: E402
+    Call,
+    Episode,
+    delegation_batch,
+    long_prefix_episode,
+    per_call_rows,
+    rows_from_calls,
+)
 from bench.learner_agreement import run_agreement  # noqa: E402
 from bench.learner_shapes import (  # noqa: E402
     build_shape_model,
@@ -74,14 +82,6 @@ from bench.learner_shapes import (  # noqa: E402
 )
 from grove.learner_config import LearnerConfig  # noqa: E402
 from models.registry import ensure_model  # noqa: E402
-from tests.learner.forests import (  # noqa: E402
-    Call,
-    Episode,
-    delegation_batch,
-    long_prefix_episode,
-    per_call_rows,
-    rows_from_calls,
-)
 from trainer.learner import Learner, accumulate_gradients, prepare_batch  # noqa: E402
 from trainer.packing import unique_prefix_tokens  # noqa: E402
 from trainer.rows import Row  # noqa: E402

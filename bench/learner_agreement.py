@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grove.learner_config import LearnerConfig
-from tests.learner.forests import (
+from bench.forests import (
     long_prefix_episode,
     per_call_rows,
     random_batch,
     rows_from_calls,
     with_mixed_sampling,
 )
+from grove.learner_config import LearnerConfig
 from trainer.learner import Learner, PassOptions, accumulate_gradients, prepare_batch
 
 TOLERANCE = {"bf16": (1e-3, 2e-2), "float32": (1e-5, 1e-5)}  # (loss, gradient) relative

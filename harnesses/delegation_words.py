@@ -2,7 +2,7 @@
 
 Pure stdlib, apart from harnesses/delegation.py (which runs episodes and imports the native harness,
 Temporal included), so that what only needs the prompts — the learner benchmark's demo-shaped
-episodes (tests/learner/forests.py) on a machine without Temporal — imports only this.
+episodes (bench/forests.py) on a machine without Temporal — imports only this.
 """
 
 from __future__ import annotations

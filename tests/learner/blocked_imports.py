@@ -2,7 +2,7 @@
 
 The learner's GPU machine has torch, transformers, numpy and pyarrow but no Temporal and no vLLM;
 tests/learner/test_bench_learner.py runs the learner and its benchmark under this to prove they never
-import either.
+import either (nor `tests`: a benchmark imports only the product and bench/).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class Blocker(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path, target=None):
         if fullname.split(".")[0] in self.names:
-            raise ImportError(f"blocked import of {fullname!r} (not installed on the learner's GPU machine)")
+            raise ImportError(f"blocked import of {fullname!r} (the learner and its bench must not need it)")
         return None
 
 

@@ -1,11 +1,13 @@
 """bench/bench_learner.py runs every section with tiny sizes, and the learner's GPU path imports without
-Temporal or vLLM (the GPU machine it is meant for has neither).
+Temporal or vLLM (the GPU machine it is meant for has neither) and the benchmark without the tests (a
+benchmark imports only the product and bench/).
 
-Both run in a subprocess whose importer refuses `temporalio` and `vllm` (tests/learner/blocked_imports.py),
-so an import of either anywhere on the path fails the test. The CUDA code paths that a CPU can run
-run here too: the layouts section on `--device cpu` (the same code measures CUDA with synchronised wall
-time and max_memory_allocated), the MFU section with the CPU's measured float32 matmul peak, and the
-memory section's probes for two vocabularies. Figures are not asserted (they belong to the benchmark).
+Both run in a subprocess whose importer refuses `temporalio`, `vllm` and `tests`
+(tests/learner/blocked_imports.py), so an import of any of them anywhere on the path fails the test.
+The CUDA code paths that a CPU can run run here too: the layouts section on `--device cpu` (the same
+code measures CUDA with synchronised wall time and max_memory_allocated), the MFU section with the
+CPU's measured float32 matmul peak, and the memory section's probes for two vocabularies.
+Figures are not asserted (they belong to the benchmark).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BLOCKED = "temporalio,vllm"
+BLOCKED = "temporalio,vllm,tests"
 
 
 def run_blocked(*args: str, timeout: int = 900) -> str:
@@ -28,7 +30,7 @@ def run_blocked(*args: str, timeout: int = 900) -> str:
     return out.stdout
 
 
-def test_the_learner_path_imports_without_temporal_or_vllm():
+def test_the_learner_path_imports_without_temporal_vllm_or_tests():
     out = run_blocked(
         "-c", "import trainer.learner, trainer.distributed, trainer.checkpoint, bench.bench_learner"
     )

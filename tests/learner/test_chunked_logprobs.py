@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.forests import random_batch, with_mixed_sampling
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import random_batch, with_mixed_sampling
 from tests.learner.test_reference import MIXED, controlled_batch, rows_of
 from trainer import chunked_logprobs as chunked_module
 from trainer.chunked_logprobs import chunk_rows, chunked_logprobs, plain_head, top_p_cut

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.forests import long_prefix_episode, random_batch, rows_from_calls
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import long_prefix_episode, random_batch, rows_from_calls
 from tests.learner.test_packing import path_of
 from tests.learner.test_reference import controlled_batch, rows_of
 from trainer import attention_backend

@@ -15,8 +15,8 @@ import dataclasses
 import pytest
 import torch
 
+from bench.forests import random_batch
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import random_batch
 from tests.learner.test_reference import controlled_batch, rows_of
 from trainer import attention
 from trainer.checkpoint import load_checkpoint, save_checkpoint

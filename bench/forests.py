@@ -1,4 +1,5 @@
-"""Episodes as *calls* for the learner tests and the benchmark, and the rows built from them.
+"""Synthetic episodes as *calls*, and the rows built from them: the learner benchmark's workload,
+and the learner tests' (tests import them from here; this module imports only the product).
 
 `random_episode` grows a multi-agent episode the way a harness would: a parent context whose calls
 continue each other (prompt = previous prompt + completion + new observation), worker contexts
@@ -7,8 +8,8 @@ rewrite: a new root whose prompt is a summary), kept forks (two selected calls e
 ancestor), discarded retries and auxiliary calls.
 
 `rows_from_calls` turns the calls into receipts and staged tokens and runs the real reconstruction
-(trainer/forest.py `reconstruct`). The per-call reference in test_reference.py never uses rows: it
-reads the calls.
+(trainer/forest.py `reconstruct`). The per-call reference in tests/learner/test_reference.py never
+uses rows: it reads the calls.
 """
 
 from __future__ import annotations
