@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -215,6 +216,24 @@ def _entry_lock(
     return exclusive(lock_path, on_wait)
 
 
+# Who hears that a build starts and ends: on a fresh machine a build is minutes of CPU (tiny-tools and
+# its fine-tunes), and a caller with a screen (the test session: tests/fixtures/models.py) says so.
+# A listener gets (name, None) when a build starts and (name, seconds) when it is published.
+BuildListener = Callable[[str, "float | None"], None]
+_build_listeners: list[BuildListener] = []
+
+
+def listen_to_builds(listener: BuildListener) -> Callable[[], None]:
+    """Call `listener` around every build this process makes; returns the function that removes it."""
+    _build_listeners.append(listener)
+    return lambda: _build_listeners.remove(listener)
+
+
+def _tell(name: str, seconds: float | None) -> None:
+    for listener in list(_build_listeners):
+        listener(name, seconds)
+
+
 def _ensure_cached(root: Path, name: str, fingerprint: str, build: Callable[[Path], object]) -> Path:
     entry = root / f"{name}-{fingerprint}"
     if _is_complete(entry, fingerprint):
@@ -226,6 +245,8 @@ def _ensure_cached(root: Path, name: str, fingerprint: str, build: Callable[[Pat
         for stale in root.glob(f".{entry.name}.tmp-*"):  # left by a killed build; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=root))
+        _tell(name, None)
+        started = time.monotonic()
         try:
             build(tmp)
             _make_readable(tmp)
@@ -233,6 +254,7 @@ def _ensure_cached(root: Path, name: str, fingerprint: str, build: Callable[[Pat
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        _tell(name, time.monotonic() - started)
     return entry
 
 

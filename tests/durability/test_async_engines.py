@@ -78,6 +78,7 @@ def run_config(model: str) -> RunConfig:
     )  # fmt: skip
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_k1_two_engines_engine_and_trainer_killed_in_the_overlap(fleet):
     stack, engines = fleet
     await stack.up()

@@ -60,6 +60,7 @@ async def test_sigkill_of_a_worker_takes_its_engine_processes_down(stack):
     worker.kill()  # reap and forget the process (its group is already empty)
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_sigterm_of_a_worker_stops_its_engine_processes(stack):
     """A plain `kill <pid>` of the worker: it shuts its engine down and exits; nothing keeps running."""
     await stack.up()
@@ -76,6 +77,7 @@ async def test_sigterm_of_a_worker_stops_its_engine_processes(stack):
     worker.kill()
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_a_dead_engine_takes_its_worker_down(stack):
     await stack.up()
     worker = stack.main

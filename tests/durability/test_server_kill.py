@@ -68,6 +68,7 @@ def expected_episode_ids(cfg: RunConfig, step: int) -> list[str]:
     return sorted(f"{cfg.run_id}/s{step:06d}/t{t}/g{j}" for t in tasks for j in range(cfg.group_size))
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
     await stack.up()
     client, server = stack.client, stack.server

@@ -167,7 +167,11 @@ def check_committed(store: ObjectStore, run_id: str, step: int) -> set[str]:
 
 @pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 @pytest.mark.parametrize(
-    "outage_s", [pytest.param(OUTAGE_S, id="short"), pytest.param(60.0, id="60s", marks=pytest.mark.long)]
+    "outage_s",
+    [
+        pytest.param(OUTAGE_S, id="short", marks=pytest.mark.long),
+        pytest.param(60.0, id="60s", marks=pytest.mark.long),
+    ],
 )
 async def test_s3_outage_mid_materialize_and_mid_checkpoint_loses_and_duplicates_nothing(
     s3_stack: DurabilityStack, s3: LocalBucketServer, outage_s: float, tmp_path

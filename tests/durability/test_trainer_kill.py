@@ -77,6 +77,7 @@ def check_committed(store: LocalStore, run_id: str, step: int) -> dict[str, str]
     return manifest
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stack, tmp_path):
     await stack.up()
     client, store = stack.client, LocalStore(stack.store_dir)

@@ -142,6 +142,7 @@ async def test_run_survives_a_terminated_child_and_keeps_a_policy_failure_in_the
     assert not saved[doomed]["in_baseline"] and saved[doomed]["failure_kind"] == "infrastructure"
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_a_child_that_never_finishes_times_out_and_the_step_goes_on(
     temporal_client, grove_worker, recording_engine, tiny_model_dir
 ):

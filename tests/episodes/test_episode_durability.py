@@ -60,6 +60,7 @@ async def _refused_close(episodes: Episodes, episode_id: str, request: CloseRequ
     return refused.value.error_type
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_storage_outage_during_materialize_outlasts_the_old_retry_budget(
     temporal_client: Client, grove_worker, e2e_store
 ):

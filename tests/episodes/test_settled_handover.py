@@ -69,6 +69,7 @@ def _updates(history) -> int:
     return sum(1 for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes"))
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_the_restore_per_run_stays_flat_while_the_episode_grows(
     temporal_client: Client, grove_worker, e2e_store
 ):

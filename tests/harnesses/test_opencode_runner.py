@@ -135,6 +135,7 @@ async def test_heartbeat_shows_process_calls_and_last_request(stack):
     assert result.status == "ok", result.failure
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_an_over_long_prompt_is_refused_before_admission(stack):
     """OpenCode's default `build` agent sends ~15,000 tokens: the gateway answers 400
     context_length_exceeded before anything is admitted, so no call of the agent is ever generated;
@@ -148,6 +149,7 @@ async def test_an_over_long_prompt_is_refused_before_admission(stack):
     print(f"over-long episode: failure={result.failure!r}; auxiliary calls served: {sorted(served)}")
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
     """The harness worker is SIGKILLed after OpenCode got its answer and before the runner closed the
     episode (held there by a gate). The activity's retry relaunches OpenCode, whose request matches the
@@ -186,6 +188,7 @@ async def test_relaunch_after_sigkill_is_answered_from_the_records(stack):
     assert [s.call_id for s in row.spans if s.owned] == ["parent.0.c0"]
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_opencode_honours_the_request_timeout_grove_writes(stack):
     """OpenCode gives up on a response whose headers are late by its provider's `headerTimeout`, and
     grove's gateway sends headers when generation ends. With `request_timeout_s=2` and the lead's call

@@ -43,7 +43,8 @@ from tests.harnesses.opencode_kit import (
 )
 from trainer.rows import rows_from_parquet
 
-pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
+# minutes on 2 cores (a program launched, killed and relaunched per test): the `long` suite
+pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow, pytest.mark.long]
 
 PLAIN, COMPACTING = "worker-1", "worker-2"  # Send order (harnesses/clients/langgraph.py)
 SUMMARY = f"{COMPACTING}~aux.0.c0"  # SummarizationMiddleware's call: auxiliary, in no row

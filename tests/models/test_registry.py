@@ -52,6 +52,29 @@ def test_concurrent_first_use_builds_once_and_later_calls_reuse(tmp_path, monkey
     assert ensure_model("tiny-random", cache_dir=tmp_path) == entry
 
 
+def test_listeners_hear_a_build_start_and_end_and_nothing_of_a_cached_entry(tmp_path, monkeypatch):
+    heard: list = []
+    order: list = []
+    real_build = registry.build_tiny_model
+
+    def observed_build(out, spec):
+        order.append(("build", list(heard)))  # what had been said when the build began
+        return real_build(out, spec)
+
+    monkeypatch.setattr(registry, "build_tiny_model", observed_build)
+    remove = registry.listen_to_builds(lambda name, seconds: heard.append((name, seconds)))
+    try:
+        ensure_model("tiny-random", cache_dir=tmp_path)
+        ensure_model("tiny-random", cache_dir=tmp_path)  # cached: no build, nothing said
+    finally:
+        remove()
+    assert order == [("build", [("tiny-random", None)])]
+    assert [name for name, _ in heard] == ["tiny-random", "tiny-random"]
+    assert heard[1][1] is not None and heard[1][1] > 0
+    ensure_model("tiny-random", cache_dir=tmp_path / "other")  # built again elsewhere, listener removed
+    assert len(heard) == 2
+
+
 def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
     def failing_build(out, spec):
         (out / "config.json").write_text("{}")
