@@ -24,10 +24,8 @@ import difflib
 import re
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
-from harnesses.delegation_words import FAMILY, PARENT_SYSTEM, WARM_UP, WORDS, WORKER_SYSTEM, task_words
+from harnesses.delegation_words import FAMILY, PARENT_SYSTEM, WORDS, WORKER_SYSTEM, task_words
 from harnesses.native import Message, NativeEpisode, system, tool_result, user
-
-__all__ = ["FAMILY", "PARENT_SYSTEM", "WARM_UP", "WORDS", "WORKER_SYSTEM"]  # the family's text, re-exported
 
 
 def worker_prompt(word: str) -> Message:

@@ -1,8 +1,9 @@
 """The `delegation` task family's text: its words, its prompts and which words task i gives.
 
 Pure stdlib, apart from harnesses/delegation.py (which runs episodes and imports the native harness,
-Temporal included), so that what only needs the prompts — the learner benchmark's demo-shaped
-episodes (bench/forests.py) on a machine without Temporal — imports only this.
+Temporal included), so that what only needs the text imports only this: the learner benchmark's
+demo-shaped episodes (bench/forests.py) on a machine without Temporal, and the framework programs
+(harnesses/langgraph_delegation.py, harnesses/agents_sdk_delegation.py).
 """
 
 from __future__ import annotations

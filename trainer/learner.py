@@ -1,6 +1,6 @@
 """The GRPO learner: one optimizer step of the shared policy on the rows of one logical batch.
 
-Which GRPO this is (DESIGN.md section 7):
+Which GRPO this is (docs/design.md, "7. GRPO and the failure rule"):
 - Logical-owner advantages (trainer/advantages.py): one reward and one advantage per episode,
   baseline over the group's episode records (grove/episodes.py: every episode of the step, with
   0, 1 or many rows; policy failures count with `failure_reward`, infrastructure failures are

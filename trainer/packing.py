@@ -1,6 +1,7 @@
 """Packed and tree-packed micro-batches: rows -> one flat sequence per micro-batch, no padding.
 
-Rows stay the exchange format; this is the learner's own layout, derived from them (DESIGN.md 10).
+Rows stay the exchange format; this is the learner's own layout, derived from them (docs/design.md,
+"7. GRPO and the failure rule", Layouts).
 
 - **packed**: rows end to end. Each row keeps its own position ids (0..T-1) and attends only to
   itself, causally.
