@@ -161,7 +161,7 @@ def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
         CheckpointCorruptError,
         TrainerState,
         model_folder_files,
-        restore_rng,
+        restore_trainer_state,
         trainer_state,
     )
     from trainer.distributed import (
@@ -191,7 +191,7 @@ def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
                     f"{start}: optimizer.pt and trainer_state.json come from different saves"
                 )
             load_full_optimizer(learner, saved["optimizer"])
-        restore_rng(state.rng)
+        restore_trainer_state(learner, state)
     learner.is_cap = job.is_cap
     gates = Gates.from_env()  # tests only: hold this rank mid-step
     if gates is not None:

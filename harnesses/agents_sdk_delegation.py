@@ -35,7 +35,7 @@ from openai.types.responses import ResponseFunctionToolCall
 
 from harnesses.clients.agents_sdk import GroveModelProvider
 from harnesses.clients.program import HarnessContext
-from harnesses.delegation import PARENT_SYSTEM, WARM_UP, WORKER_SYSTEM
+from harnesses.delegation_words import PARENT_SYSTEM, WARM_UP, WORKER_SYSTEM
 
 WORKER_TOOL = "worker"
 MEMORY_TOOL = "worker_with_memory"

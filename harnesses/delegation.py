@@ -24,18 +24,8 @@ import difflib
 import re
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
+from harnesses.delegation_words import FAMILY, PARENT_SYSTEM, WORDS, WORKER_SYSTEM, task_words
 from harnesses.native import Message, NativeEpisode, system, tool_result, user
-
-FAMILY = "delegation"
-WORDS = (
-    "red", "blue", "green", "cat", "dog", "sun", "moon", "tree",
-    "fish", "bird", "star", "rain", "snow", "milk", "book", "door",
-)  # fmt: skip
-
-PARENT_SYSTEM = "You are the lead. Give each word to a worker, then answer with both words."
-WORKER_SYSTEM = "You are a worker. Answer with the word you are given."
-# the framework programs' compacting worker first gets this turn, so it has a history to summarise
-WARM_UP = "Get ready for your word."
 
 
 def worker_prompt(word: str) -> Message:
@@ -48,12 +38,7 @@ def parent_prompt(words: list[str]) -> Message:
 
 def make_task(index: int) -> TaskSpec:
     """Task `index` of the family: an ordered pair of distinct words."""
-    n = len(WORDS)
-    first = index % n
-    second = (first + 1 + (index // n) % (n - 1)) % n
-    return TaskSpec(
-        family=FAMILY, task_id=f"{FAMILY}-{index}", params={"words": [WORDS[first], WORDS[second]]}
-    )
+    return TaskSpec(family=FAMILY, task_id=f"{FAMILY}-{index}", params={"words": task_words(index)})
 
 
 async def program(episode: NativeEpisode) -> str:

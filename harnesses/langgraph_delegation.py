@@ -24,7 +24,7 @@ from langgraph.types import Send
 
 from harnesses.clients.langgraph import GroveGraphs
 from harnesses.clients.program import HarnessContext
-from harnesses.delegation import PARENT_SYSTEM, WARM_UP, WORKER_SYSTEM
+from harnesses.delegation_words import PARENT_SYSTEM, WARM_UP, WORKER_SYSTEM
 
 # LangChain's default summary prompt is ~1,400 tokens in the tiny model's tokenizer, more than its whole
 # context; a short one, with the `<messages>` block LangChain documents.

@@ -23,12 +23,16 @@ never see padding):
   pairs and, masked, ~1.4x the time of the split calls. The backward of each part is the flash
   backward with the merged output and logsumexp (the blockwise identity ring attention uses), so
   the gradient is exact up to float rounding;
-- segments with context elsewhere (CUDA): one SDPA call with the explicit [Lq, context + Lq] mask
-  (SDPA's fused kernels there; a varlen/flex kernel would avoid the bucket padding).
+- segments with context elsewhere (CUDA without Triton): one SDPA call with the explicit
+  [Lq, context + Lq] mask, which on CUDA runs SDPA's MATH kernel (trainer/attention_backend.py
+  says which kernels the learner allows and why).
+
+On CUDA the learner normally runs FlexAttention instead (trainer/flex_attention.py, one kernel
+over the whole micro-batch); trainer/attention_backend.py chooses.
 
 Registered with transformers as attention implementation `SEGMENT_ATTENTION`; it takes the plan as
-the `segment_plan` keyword of the model's forward and falls back to SDPA without one, so a model
-switched to it still runs padded batches exactly as before.
+the `segment_plan` (or `flex_plan`) keyword of the model's forward and falls back to SDPA without
+one, so a model switched to it still runs padded batches exactly as before.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from trainer.flex_attention import FlexPlan, flex_ancestor_attention
 
 SEGMENT_ATTENTION = "grove_segments"
 BUCKET_SLACK = 1.5  # a bucket's padded [Lq, Lk] area stays within 1.5x its segments' real areas
@@ -256,9 +262,12 @@ def segment_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     segment_plan: SegmentPlan | None = None,
+    flex_plan: FlexPlan | None = None,
     **kwargs,
 ) -> tuple[Tensor, None]:
     """transformers attention function: query [1, H, N, D], key/value [1, Hkv, N, D] -> [1, N, H, D]."""
+    if flex_plan is not None:
+        return flex_ancestor_attention(query, key, value, flex_plan, scaling), None
     if segment_plan is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from grove.sampling import SamplingProcessing
-from trainer.attention import SegmentPlan
+from trainer.attention_backend import PackedAttention
 from trainer.rows import Row, Span
 
 
@@ -162,9 +162,10 @@ class MicroBatch:
     """One forward's tensors and its loss tokens, listed row-major over (row, position) of the rows.
 
     Padded layout: input_ids [B, T], token (b, t) scored by the logits at (b, t - 1).
-    Packed/tree layouts (trainer/packing.py): input_ids [1, N] with `position_ids` and the segment
-    plan of trainer/attention.py; a token is scored by the logits of its parent in the flat
-    sequence, and only the logits at `logit_positions` are computed.
+    Packed/tree layouts (trainer/packing.py): input_ids [1, N] with `position_ids` and the ancestor
+    structure (`PackedAttention`, planned for the device's attention backend at forward time); a
+    token is scored by the hidden state of its parent in the flat sequence, and the LM head runs
+    only at `logit_positions`.
     """
 
     input_ids: Tensor  # int64 [B, T], right-padded with 0 (packed: [1, N])
@@ -178,7 +179,7 @@ class MicroBatch:
     real_tokens: int  # tokens forwarded, padding excluded
     loss_pred_positions: Tensor | None = None  # int64 [N], index of the scoring logits (padded: None = t-1)
     position_ids: Tensor | None = None  # int64 [1, N] (packed layouts)
-    attention: SegmentPlan | None = None  # packed layouts: which keys each query sees
+    attention: PackedAttention | None = None  # packed layouts: which keys each query sees
     logit_positions: Tensor | None = None  # int64 [K]: compute logits only here (packed layouts)
     row_tokens: int = 0  # tokens of the rows (= real_tokens unless a tree merged shared prefixes)
     policy_version: Tensor | None = None  # int64 [N], the version that sampled each loss token

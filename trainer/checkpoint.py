@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from grove.learner_config import NOT_FINGERPRINTED, LearnerConfig
 from storage.base import ObjectNotFoundError, ObjectStore, sha256_hex
 from trainer.checkpoint_layout import COMMIT, MODEL_DIR, commit_key, parse_step, run_prefix, step_prefix
+from trainer.grad_guard import GradientGuard
 from trainer.learner import Learner
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -98,6 +99,8 @@ class TrainerState(BaseModel):
     rng: RngStates
     ranks: int = 1  # processes that trained this step
     optimizer_format: Literal["full", "sharded"] = "full"  # optimizer.pt, or optimizer/ DCP shards
+    # the gradient guard's reference history (trainer/grad_guard.py); empty in older checkpoints
+    gradient_scales: list[float] = []
 
 
 def capture_rng() -> RngStates:
@@ -191,7 +194,14 @@ def trainer_state(
         rng=capture_rng(),
         ranks=ranks,
         optimizer_format=optimizer_format,
+        gradient_scales=list(learner.guard.history),
     )
+
+
+def restore_trainer_state(learner: Learner, state: TrainerState) -> None:
+    """What a learner carries across steps besides weights and optimizer: RNG states, guard history."""
+    restore_rng(state.rng)
+    learner.guard = GradientGuard(state.gradient_scales)
 
 
 def _checkpoint_files(run_id: str, learner: Learner) -> dict[str, bytes]:
@@ -374,7 +384,7 @@ def load_checkpoint(
     )
     if state.optimizer_format == "sharded":
         _load_shards(store, run_id, step, manifest, learner)
-        restore_rng(state.rng)
+        restore_trainer_state(learner, state)
         return learner
     saved = torch.load(
         io.BytesIO(_get_verified(store, run_id, step, OPTIMIZER_FILE, manifest)),
@@ -393,7 +403,7 @@ def load_checkpoint(
             f"run {run_id!r} step {step}: optimizer.pt counts {saved['scheduler']['rollouts_consumed']} "
             f"rollouts, trainer_state.json {state.rollouts_consumed}; the files come from different saves"
         )
-    restore_rng(state.rng)
+    restore_trainer_state(learner, state)
     return learner
 
 

@@ -19,7 +19,6 @@ another rank count; a single-process checkpoint's `optimizer.pt` loads onto N ra
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -35,12 +34,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
-from grove.episodes import EpisodeRecord
 from trainer.batch import MicroBatch
-from trainer.learner import BatchLoss, Learner, StepMetrics, _on, prepare_batch, score_tokens
-from trainer.loss import LossInputs, grpo_loss
-from trainer.off_policy import stale_mask
-from trainer.rows import Row
+from trainer.learner import BatchLoss, Learner, PreparedBatch, accumulate_gradients
+
+
+def _sum_over_ranks(values: list[float]) -> list[float]:
+    """Element-wise sum of `values` over the process group (float64)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def split_micro_batches(plan: Sequence[MicroBatch], world: int) -> list[list[int]]:
@@ -73,62 +75,25 @@ class DistributedLearner(Learner):
         # there with a gate to kill it mid-step; None in production).
         self.after_pass: Callable[[int], None] | None = None
 
-    def step(self, rows: Sequence[Row], episodes: Sequence[EpisodeRecord] | None = None) -> StepMetrics:
-        started = time.perf_counter()
-        batch = prepare_batch(rows, self.config, episodes, budget=self.budget)
-        self._check_rollouts(len(batch.advantages))
-        rollouts = len(batch.advantages)
-        lr = self.config.lr_at(self.rollouts_consumed + rollouts)
-        self.optimizer.zero_grad(set_to_none=True)
-        total, grad_norm = BatchLoss(), 0.0
-        if batch.denominator > 0:
-            total = self._accumulate(batch.plan, batch.denominator)
-            grad_norm = self._apply_update(lr)
-        self.step_count += 1
-        self.rollouts_consumed += rollouts
-        self.last_advantages = batch.advantages
-        # kl stays 0: this engine refuses kl_coef > 0, so total.kl_sum is never added to
-        return self._metrics(batch, rows, total, rollouts, grad_norm, lr, time.perf_counter() - started)
-
-    def _accumulate(self, plan: Sequence[MicroBatch], denominator: int) -> BatchLoss:
-        shares = split_micro_batches(plan, self.world)
+    def _accumulate(self, batch: PreparedBatch) -> BatchLoss:
+        """This rank's share of the micro-batches through the one step body (trainer/learner.py
+        accumulate_gradients), then the sums over ranks. Every rank runs as many passes as the busiest."""
+        shares = split_micro_batches(batch.plan, self.world)
         mine = shares[self.rank]
         passes = max(len(s) for s in shares)
-        # loss, pg, ratio, clipped, tokens, stale, is_truncated, is_weight_sum
-        sums = torch.zeros(8, dtype=torch.float64)
-        for k in range(passes):
-            real = k < len(mine)
-            mb = plan[mine[k] if real else (mine[0] if mine else 0)]
-            logprobs = score_tokens(self.model, mb, self.config, self.device)
-            out = grpo_loss(
-                LossInputs(
-                    logprobs=logprobs,
-                    behavior_logprobs=mb.behavior_logprobs.to(self.device, logprobs.dtype),
-                    advantages=mb.advantages.to(self.device, logprobs.dtype),
-                    ref_logprobs=None,
-                    denominator=denominator,
-                    stale=_on(stale_mask(mb, self.step_count), self.device),
-                ),
-                clip_low=self.config.clip_low,
-                clip_high=self.config.clip_high,
-                kl_coef=0.0,
-                is_cap=self.is_cap,
-            )
-            # FSDP averages gradients over ranks; x world makes the reduction a sum. A padding pass
-            # (weight 0) only keeps the collectives of all ranks in step.
-            (out.loss * (self.world if real else 0.0)).backward()
-            if self.after_pass is not None:
-                self.after_pass(k)
-            if real:
-                mine_sums = [float(out.loss.detach()), out.pg_sum, out.ratio_sum, out.clipped, out.tokens]
-                mine_sums += [out.stale, out.is_truncated, out.is_weight_sum]
-                sums += torch.tensor(mine_sums, dtype=torch.float64)
-        dist.all_reduce(sums)
-        loss, pg, ratio, clipped, tokens, stale, truncated, weights = sums.tolist()
-        return BatchLoss(
-            loss=loss, pg_sum=pg, ratio_sum=ratio, clipped=int(clipped), tokens=int(tokens),
-            stale=int(stale), is_truncated=int(truncated), is_weight_sum=weights,
+        # a rank short of micro-batches repeats one of its own (or the batch's first) at weight 0
+        plan = [batch.plan[mine[k] if k < len(mine) else (mine[0] if mine else 0)] for k in range(passes)]
+        # FSDP averages gradients over ranks; x world makes the reduction a sum
+        weights = [float(self.world) if k < len(mine) else 0.0 for k in range(passes)]
+        total = accumulate_gradients(
+            self.model, plan, batch.denominator, self.config, self.device, weights=weights,
+            options=self._options(after_pass=self.after_pass, reduce=_sum_over_ranks),
         )  # fmt: skip
+        sums = _sum_over_ranks([float(getattr(total, name)) for name in BatchLoss.SUMMED])
+        out = BatchLoss(**dict(zip(BatchLoss.SUMMED, sums, strict=True)))
+        for name in ("clipped", "tokens", "stale", "is_truncated"):
+            setattr(out, name, int(getattr(out, name)))
+        return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters (every rank takes part; every rank gets them)."""

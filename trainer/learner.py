@@ -1,6 +1,6 @@
 """The GRPO learner: one optimizer step of the shared policy on the rows of one logical batch.
 
-Which GRPO this is (DESIGN.md section 7):
+Which GRPO this is (docs/design.md, "7. GRPO and the failure rule"):
 - Logical-owner advantages (trainer/advantages.py): one reward and one advantage per episode,
   baseline over the group's episode records (grove/episodes.py: every episode of the step, with
   0, 1 or many rows; policy failures count with `failure_reward`, infrastructure failures are
@@ -18,6 +18,10 @@ Which GRPO this is (DESIGN.md section 7):
 - Step counter, policy version and LR schedule count optimizer steps and logical rollouts (episode
   records), never rows; `rollouts_per_step` counts episode records.
 - CPU: float32 everywhere. CUDA: bf16 autocast for the forward, float32 master weights, fused AdamW.
+  The forward of a micro-batch is trainer/scoring.py (attention backend per device, chunked LM head).
+- Every micro-batch's gradient is checked before the optimizer step (trainer/grad_guard.py): a NaN
+  or an implausibly large one refuses the step with the weights and optimizer state untouched.
+- One step body (`accumulate_gradients`) serves this learner and trainer/distributed.py's.
 
 Usage:
     learner = Learner(model_dir, LearnerConfig(...))
@@ -29,9 +33,10 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,13 +50,27 @@ from grove.episodes import FAILURE_KINDS, EpisodeRecord
 from grove.learner_config import LearnerConfig
 from trainer.advantages import EpisodeAdvantage, episode_advantages
 from trainer.attention import SEGMENT_ATTENTION
-from trainer.batch import MicroBatch, plan_micro_batches, unique_eligible_tokens, validate_rows
-from trainer.logprobs import processed_logprobs
-from trainer.loss import LossInputs, grpo_loss
+from trainer.attention_backend import AttentionBackend, choose_backend
+from trainer.batch import MicroBatch, plan_micro_batches, trained_rows, unique_eligible_tokens, validate_rows
+from trainer.chunked_logprobs import plain_head
+from trainer.grad_guard import (
+    GradientGuard,
+    ImplausibleGradientError,
+    NonFiniteError,
+    PassCheck,
+    finite,
+    grad_norm,
+    non_finite_parameters,
+    separate_pass_gradient,
+)
+from trainer.loss import LossInputs, LossOutputs, grpo_loss
 from trainer.memory import enable_activation_checkpointing, token_budget
 from trainer.off_policy import stale_mask
 from trainer.packing import plan_packed_micro_batches, unique_prefix_tokens
 from trainer.rows import Row
+from trainer.scoring import forward_kwargs, pass_kernels, score_tokens
+
+__all__ = ["ImplausibleGradientError", "NonFiniteError", "score_tokens"]  # re-exported for callers
 
 
 class RolloutCountError(ValueError):
@@ -60,10 +79,6 @@ class RolloutCountError(ValueError):
 
 class ReferenceModelError(ValueError):
     """kl_coef > 0 without a reference model folder."""
-
-
-class NonFiniteError(FloatingPointError):
-    """The loss or the gradient norm is NaN or infinite; the optimizer step was not taken."""
 
 
 class StepMetrics(BaseModel):
@@ -116,7 +131,24 @@ class BatchLoss:
     stale: int = 0  # tokens trained with truncated IS
     is_truncated: int = 0  # of which capped
     is_weight_sum: float = 0.0  # sum of their IS weights
+    loss_weight: float = 0.0  # sum of |d loss / d logp| over the tokens (trainer/grad_guard.py)
     per_micro_batch: list[float] = field(default_factory=list)
+
+    def add(self, out: LossOutputs, value: float, loss_weight: float) -> None:
+        self.loss += value
+        self.per_micro_batch.append(value)
+        self.pg_sum += out.pg_sum
+        self.kl_sum += out.kl_sum
+        self.ratio_sum += out.ratio_sum
+        self.clipped += out.clipped
+        self.tokens += out.tokens
+        self.stale += out.stale
+        self.is_truncated += out.is_truncated
+        self.is_weight_sum += out.is_weight_sum
+        self.loss_weight += loss_weight
+
+    SUMMED = ("loss", "pg_sum", "kl_sum", "ratio_sum", "clipped", "tokens", "stale", "is_truncated",
+              "is_weight_sum", "loss_weight")  # fmt: skip
 
 
 def pick_device(device: str | torch.device | None) -> torch.device:
@@ -157,34 +189,57 @@ def build_optimizer(model: nn.Module, config: LearnerConfig, device: torch.devic
     return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.adam_eps, **fused)
 
 
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def score_tokens(model: nn.Module, mb: MicroBatch, config: LearnerConfig, device: torch.device) -> Tensor:
-    """Sampler-processed logprobs of the micro-batch's loss tokens, each under its span's sampling: [N]."""
-    ids = mb.input_ids.to(device)  # [B, T]
-    packed = {}
-    if mb.attention is not None:
-        packed = {
-            "position_ids": mb.position_ids.to(device),
-            "segment_plan": mb.attention.to(device),
-            "logits_to_keep": mb.logit_positions.to(device),
-        }
-    with _autocast(device):
-        logits = model(input_ids=ids, use_cache=False, **packed).logits  # [B, T or K, V]
-    rows, pos = mb.loss_rows.to(device), mb.loss_positions.to(device)  # [N], [N]
-    # Token t was sampled from the distribution at the token before it on its path (rows.py
-    # position convention): t-1 in a padded row, its parent node in a packed/tree layout.
-    pred = mb.pred_positions.to(device)
-    return processed_logprobs(
-        logits[rows, pred],
-        ids[rows, pos],
-        temperature=mb.temperature.to(device),
-        top_p=mb.top_p.to(device),
+def _pass_loss(
+    model: nn.Module,
+    mb: MicroBatch,
+    denominator: int,
+    config: LearnerConfig,
+    device: torch.device,
+    reference: nn.Module | None,
+    opts: PassOptions,
+) -> tuple[LossOutputs, Tensor]:
+    """One micro-batch's share of the batch loss, and its logprobs (differentiable)."""
+    backend = AttentionBackend.SEGMENTS if opts.trusted else opts.backend
+    kwargs = forward_kwargs(mb, device, backend)  # one attention plan for policy and reference
+    ref = None
+    if reference is not None and config.kl_coef > 0:
+        with torch.no_grad():
+            ref = score_tokens(reference, mb, config, device, kwargs=kwargs, trusted=opts.trusted)
+    logprobs = score_tokens(  # float32 [N]
+        model, mb, config, device, kwargs=kwargs, trusted=opts.trusted, full_logits=opts.full_logits
     )
+    if logprobs.requires_grad:
+        logprobs.retain_grad()  # d loss / d logp: the pass's loss weight (trainer/grad_guard.py)
+    out = grpo_loss(
+        LossInputs(
+            logprobs=logprobs,
+            behavior_logprobs=mb.behavior_logprobs.to(device, logprobs.dtype),
+            advantages=mb.advantages.to(device, logprobs.dtype),
+            ref_logprobs=ref,
+            denominator=denominator,
+            stale=_on(stale_mask(mb, opts.version), device),
+        ),
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        kl_coef=config.kl_coef,
+        is_cap=opts.is_cap,
+    )
+    return out, logprobs
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """How `accumulate_gradients` runs its passes (defaults: one process, no guard)."""
+
+    version: int | None = None  # policy version of the weights; older tokens get truncated IS
+    is_cap: float = 2.0
+    backend: str | None = None  # attention backend of packed layouts (None: trainer/attention_backend.py)
+    trusted: bool = False  # the reference computations (trainer/scoring.py), e.g. the guard's probe
+    full_logits: bool = False  # LM head over whole logits instead of chunks (benchmark comparison)
+    guard: GradientGuard | None = None  # check every pass (trainer/grad_guard.py)
+    step: int = 0  # the step number errors name
+    after_pass: Callable[[int], None] | None = None  # called with the pass index after each backward
+    reduce: Callable[[list[float]], list[float]] | None = None  # sum over ranks (None: one process)
 
 
 def accumulate_gradients(
@@ -197,45 +252,48 @@ def accumulate_gradients(
     *,
     version: int | None = None,
     is_cap: float = 2.0,
+    weights: Sequence[float] | None = None,
+    options: PassOptions | None = None,
 ) -> BatchLoss:
     """Backward every micro-batch's share of the logical batch loss into `.grad` (accumulating).
 
-    `version`: the policy version of the weights being updated; tokens sampled by an older one are
-    trained with truncated IS capped at `is_cap` (trainer/loss.py). None: every token as today."""
+    The step body of every learner engine. `version`: the policy version of the weights being
+    updated; tokens sampled by an older one are trained with truncated IS capped at `is_cap`
+    (trainer/loss.py); None: every token as today. `weights`: each pass's loss multiplier (default
+    1; the distributed learner passes the world size, and 0 for a pass that only keeps collectives
+    aligned); passes of weight 0 add nothing to the sums. With `options.guard`, every pass is
+    checked before the next one (trainer/grad_guard.py) and a bad one raises.
+    """
+    opts = PassOptions(version=version, is_cap=is_cap) if options is None else options
+    weights = [1.0] * len(micro_batches) if weights is None else list(weights)
     total = BatchLoss()
-    for mb in micro_batches:
-        ref = None
-        if reference is not None and config.kl_coef > 0:
-            with torch.no_grad():
-                ref = score_tokens(reference, mb, config, device)
-        logprobs = score_tokens(model, mb, config, device)  # float32 [N] (float64 for a float64 model)
-        out = grpo_loss(
-            LossInputs(
-                logprobs=logprobs,
-                behavior_logprobs=mb.behavior_logprobs.to(device, logprobs.dtype),
-                advantages=mb.advantages.to(device, logprobs.dtype),
-                ref_logprobs=ref,
-                denominator=denominator,
-                stale=_on(stale_mask(mb, version), device),
-            ),
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
-            kl_coef=config.kl_coef,
-            is_cap=is_cap,
-        )
-        out.loss.backward()
-        value = float(out.loss.detach())
-        total.loss += value
-        total.per_micro_batch.append(value)
-        total.pg_sum += out.pg_sum
-        total.kl_sum += out.kl_sum
-        total.ratio_sum += out.ratio_sum
-        total.clipped += out.clipped
-        total.tokens += out.tokens
-        total.stale += out.stale
-        total.is_truncated += out.is_truncated
-        total.is_weight_sum += out.is_weight_sum
+    params = [p for p in model.parameters() if p.requires_grad]
+    for k, (mb, weight) in enumerate(zip(micro_batches, weights, strict=True)):
+        own = separate_pass_gradient(params) if opts.guard is not None else contextlib.nullcontext()
+        with own, pass_kernels(device, trusted=opts.trusted):
+            out, logprobs = _pass_loss(model, mb, denominator, config, device, reference, opts)
+            (out.loss if weight == 1.0 else out.loss * weight).backward()
+            value, lw = 0.0, 0.0
+            if weight != 0:
+                value = float(out.loss.detach())
+                lw = float(logprobs.grad.abs().sum()) / abs(weight) if logprobs.grad is not None else 0.0
+                total.add(out, value, lw)
+            if opts.guard is not None:  # before the pass's gradient joins the accumulated one
+                _check_pass(opts, model, params, PassCheck(k, len(micro_batches), mb.row_ids, out.tokens,
+                                                           value, lw, 0.0))  # fmt: skip
+        if opts.after_pass is not None:
+            opts.after_pass(k)
     return total
+
+
+def _check_pass(opts: PassOptions, model: nn.Module, params: list[nn.Parameter], local: PassCheck) -> None:
+    """The guard's check of one pass: its numbers summed over ranks, its own gradient's norm."""
+    loss, weight, tokens = local.loss, local.loss_weight, local.tokens
+    if opts.reduce is not None:
+        loss, weight, tokens = opts.reduce([loss, weight, float(tokens)])
+    norm = grad_norm(params)  # .grad holds only this pass's gradient here
+    check = dataclasses.replace(local, loss=loss, loss_weight=weight, tokens=int(tokens), grad_norm=norm)
+    opts.guard.check(check, opts.step, [] if finite(loss, norm) else non_finite_parameters(model))
 
 
 @dataclass(frozen=True)
@@ -276,6 +334,18 @@ def prepare_batch(
     return PreparedBatch(adv, unique_eligible_tokens(rows), plan, unique_prefix_tokens(rows))
 
 
+def probe_micro_batch(
+    rows: Sequence[Row], advantages: dict[str, EpisodeAdvantage], config: LearnerConfig
+) -> MicroBatch | None:
+    """The gradient guard's probe: the shortest trained row that carries loss weight, alone, padded."""
+    per_episode = {e: a.advantage for e, a in advantages.items()}
+    weighted = [r for r in trained_rows(rows) if per_episode[r.episode_id] != 0 or config.kl_coef > 0]
+    if not weighted:
+        return None
+    row = min(weighted, key=lambda r: (len(r.input_ids), r.row_id))
+    return plan_micro_batches([row], per_episode, len(row.input_ids))[0]
+
+
 class Learner:
     """The policy, its optimizer and the run's counters; `step(rows)` takes one optimizer step."""
 
@@ -299,8 +369,9 @@ class Learner:
         self.budget = config.micro_batch_tokens
         if config.memory_limit_mb is not None:
             derived = token_budget(
-                self.model.config, config.memory_limit_mb, checkpointing=config.activation_checkpointing
-            )
+                self.model.config, config.memory_limit_mb, checkpointing=config.activation_checkpointing,
+                full_logits=plain_head(self.model) is None,
+            )  # fmt: skip
             self.budget = min(self.budget, derived)
         self.optimizer = build_optimizer(self.model, config, self.device)
         self.reference = None
@@ -315,6 +386,11 @@ class Learner:
         self.rollouts_consumed = rollouts_consumed
         self.last_advantages: dict[str, EpisodeAdvantage] = {}  # per episode, of the last step taken
         self.is_cap = 2.0  # truncated IS cap of stale tokens (RunConfig.off_policy_is_cap, trainer/loss.py)
+        # attention kernel of packed/tree micro-batches (trainer/attention_backend.py; a benchmark may
+        # set "segments" or "flex" to compare them)
+        self.attention_backend: str = choose_backend(self.device)
+        self.guard = GradientGuard()  # its history is checkpointed (trainer/checkpoint.py)
+        self.full_logits = False  # True: score from whole [tokens, vocab] logits (benchmark comparison)
 
     def _check_rollouts(self, episodes: int) -> None:
         want = self.config.rollouts_per_step
@@ -339,15 +415,52 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         total, grad_norm = BatchLoss(), 0.0
         if batch.denominator > 0:
-            total = accumulate_gradients(
-                self.model, batch.plan, batch.denominator, self.config, self.device, self.reference,
-                version=self.step_count, is_cap=self.is_cap,
-            )  # fmt: skip
-            grad_norm = self._apply_update(lr)
+            try:
+                self.guard.begin_step()
+                self._probe(batch, rows)
+                total = self._accumulate(batch)
+                grad_norm = self._apply_update(lr)
+            except (NonFiniteError, ImplausibleGradientError):
+                self.optimizer.zero_grad(set_to_none=True)  # nothing of the refused step survives
+                raise
+            self.guard.commit()
         self.step_count += 1
         self.rollouts_consumed += rollouts
         self.last_advantages = batch.advantages
         return self._metrics(batch, rows, total, rollouts, grad_norm, lr, time.perf_counter() - started)
+
+    def _options(self, **overrides) -> PassOptions:
+        """This learner's pass options for the step being taken."""
+        base = PassOptions(
+            version=self.step_count, is_cap=self.is_cap, backend=self.attention_backend, guard=self.guard,
+            step=self.step_count + 1, full_logits=self.full_logits,
+        )  # fmt: skip
+        return dataclasses.replace(base, **overrides)
+
+    def _accumulate(self, batch: PreparedBatch) -> BatchLoss:
+        """Every micro-batch's gradient into `.grad`, each pass checked by the guard."""
+        return accumulate_gradients(
+            self.model, batch.plan, batch.denominator, self.config, self.device, self.reference,
+            options=self._options(),
+        )  # fmt: skip
+
+    def _probe(self, batch: PreparedBatch, rows: Sequence[Row]) -> None:
+        """A learner without a gradient-scale history measures one on the reference computations first
+        (trainer/grad_guard.py); its gradient is dropped. Every rank runs the same probe."""
+        if not self.guard.needs_probe():
+            return
+        mb = probe_micro_batch(rows, batch.advantages, self.config)
+        if mb is None:
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        probe = accumulate_gradients(
+            self.model, [mb], batch.denominator, self.config, self.device, self.reference,
+            options=self._options(guard=None, trusted=True),
+        )  # fmt: skip
+        norm = grad_norm(self.model.parameters())
+        self.optimizer.zero_grad(set_to_none=True)
+        if probe.loss_weight > 0:
+            self.guard.calibrate(norm / probe.loss_weight)
 
     def _metrics(
         self,
@@ -394,8 +507,7 @@ class Learner:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip is not None else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if not torch.isfinite(torch.tensor(norm)):
-            self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(torch.tensor(norm)):  # the guard checked every pass; this is the sum
             raise NonFiniteError(
                 f"step {self.step_count + 1}: gradient norm is {norm}; the optimizer step was not taken. "
                 "Look for -inf logprobs (a sampled token outside the current top-p set with kl_coef > 0) "

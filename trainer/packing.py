@@ -1,6 +1,7 @@
 """Packed and tree-packed micro-batches: rows -> one flat sequence per micro-batch, no padding.
 
-Rows stay the exchange format; this is the learner's own layout, derived from them (DESIGN.md 10).
+Rows stay the exchange format; this is the learner's own layout, derived from them (docs/design.md,
+"7. GRPO and the failure rule", Layouts).
 
 - **packed**: rows end to end. Each row keeps its own position ids (0..T-1) and attends only to
   itself, causally.
@@ -36,7 +37,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from trainer.attention import Segment, plan_segments
+from trainer.attention import Segment
+from trainer.attention_backend import PackedAttention
 from trainer.batch import MicroBatch, gather_loss_columns, trained_rows
 from trainer.rows import Row
 
@@ -243,7 +245,7 @@ def collate_layout(rows: Sequence[Row], flat: FlatLayout, advantages: Mapping[st
         real_tokens=int(flat.input_ids.size),
         loss_pred_positions=torch.from_numpy(np.searchsorted(keep, flat.loss_pred).astype(np.int64)),
         position_ids=torch.from_numpy(flat.position_ids)[None],
-        attention=plan_segments(flat.segments, int(flat.input_ids.size)),
+        attention=PackedAttention(flat.subtree_end, flat.segments),
         logit_positions=torch.from_numpy(keep),
         row_tokens=flat.row_tokens,
     )

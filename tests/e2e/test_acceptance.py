@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.forests import Call, Episode
 from grove import queues
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, RunConfig, RunResult, RunState
 from grove.learner_config import LearnerConfig
@@ -25,7 +26,6 @@ from grove.sampling import SamplingConfig
 from harnesses import scenario
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.inference.reference import learner_logprobs
-from tests.learner.forests import Call, Episode
 from tests.learner.test_reference import learner_loss, per_call_reference
 from trainer.advantages import episode_advantages
 from trainer.checkpoint import latest_committed_step

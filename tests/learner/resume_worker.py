@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
+from bench.forests import random_episode, rows_from_calls
 from grove.data_order import task_indices
 from grove.learner_config import LearnerConfig
 from storage.local import LocalStore
-from tests.learner.forests import random_episode, rows_from_calls
 from trainer.checkpoint import open_learner, save_checkpoint
 from trainer.checkpoint_layout import commit_key
 from trainer.learner import Learner

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.forests import random_batch, rows_from_calls
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import random_batch, rows_from_calls
 from trainer.batch import (
     BehaviorLogprobError,
     DuplicateRowError,

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench.forests import random_batch, rows_from_calls
 from grove.learner_config import LearnerConfig
 from storage.base import sha256_hex
-from tests.learner.forests import random_batch, rows_from_calls
 from trainer.checkpoint import (
     CheckpointConfigMismatchError,
     CheckpointCorruptError,

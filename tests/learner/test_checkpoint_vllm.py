@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.forests import random_batch, rows_from_calls
 from grove.learner_config import LearnerConfig
 from models.vllm_smoke import SmokeGeneration, SmokeRequest, run_smoke_subprocess
-from tests.learner.forests import random_batch, rows_from_calls
 from trainer.checkpoint import download_model_folder, save_checkpoint
 from trainer.learner import Learner, load_policy
 from trainer.logprobs import processed_logprobs

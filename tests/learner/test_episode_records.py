@@ -1,6 +1,6 @@
 """Every logical rollout of a group counts once in its baseline, whatever rows it produced (issue 10).
 
-The batches are built by the real reconstruction (tests/learner/forests.py `rows_from_calls`): an
+The batches are built by the real reconstruction (bench/forests.py `rows_from_calls`): an
 episode whose only call is auxiliary reconstructs to zero rows, and it must still enter its group's
 mean and std, be counted by the learner and satisfy `rollouts_per_step`. Failed episodes follow the
 failure rule of trainer/advantages.py. Expected advantages are written out from the formula here,
@@ -14,9 +14,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from bench.forests import Call, Episode, random_episode, rows_from_calls
 from grove.episodes import EpisodeRecord
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import Call, Episode, random_episode, rows_from_calls
 from trainer.advantages import (
     DuplicateEpisodeError,
     EpisodeRowCountError,

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from bench.forests import random_batch, rows_from_calls
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import random_batch, rows_from_calls
 from trainer.learner import Learner, ReferenceModelError, RolloutCountError
 
 

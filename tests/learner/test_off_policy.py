@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.forests import random_batch, rows_from_calls
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import random_batch, rows_from_calls
 from trainer.learner import Learner, accumulate_gradients, prepare_batch, score_tokens
 from trainer.loss import LossInputs, grpo_loss
 from trainer.off_policy import PolicyLagError, check_policy_lag, lag_metrics, token_lags

@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from grove.learner_config import LearnerConfig
-from tests.learner.forests import (
+from bench.forests import (
     Call,
     Episode,
     delegation_batch,
@@ -26,6 +25,7 @@ from tests.learner.forests import (
     rows_from_calls,
     with_mixed_sampling,
 )
+from grove.learner_config import LearnerConfig
 from tests.learner.test_batch import ROW_A1, ROW_B, make_row
 from tests.learner.test_reference import (
     MIXED,

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.forests import Call, Episode, random_batch, rows_from_calls, with_mixed_sampling
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import Call, Episode, random_batch, rows_from_calls, with_mixed_sampling
 from trainer.batch import OwnershipError, plan_micro_batches, validate_rows
 from trainer.learner import accumulate_gradients, load_policy, prepare_batch
 from trainer.rows import Row

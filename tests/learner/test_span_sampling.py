@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
+from bench.forests import Call, Episode, rows_from_calls
 from grove.contracts import RunConfig, SamplingMismatchError
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig, UnmirrorableSamplingError
-from tests.learner.forests import Call, Episode, rows_from_calls
 from trainer.batch import SpanSamplingError, validate_rows
 from trainer.learner import load_policy, prepare_batch, score_tokens
 from trainer.logprobs import processed_logprobs

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from bench.forests import Call, Episode, rows_from_calls
 from grove.learner_config import LearnerConfig
-from tests.learner.forests import Call, Episode, rows_from_calls
 from trainer.batch import plan_micro_batches
 from trainer.learner import Learner, accumulate_gradients, prepare_batch
 

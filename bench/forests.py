@@ -1,4 +1,5 @@
-"""Episodes as *calls* for the learner tests and the benchmark, and the rows built from them.
+"""Synthetic episodes as *calls*, and the rows built from them: the learner benchmark's workload,
+and the learner tests' (tests import them from here; this module imports only the product).
 
 `random_episode` grows a multi-agent episode the way a harness would: a parent context whose calls
 continue each other (prompt = previous prompt + completion + new observation), worker contexts
@@ -7,8 +8,8 @@ rewrite: a new root whose prompt is a summary), kept forks (two selected calls e
 ancestor), discarded retries and auxiliary calls.
 
 `rows_from_calls` turns the calls into receipts and staged tokens and runs the real reconstruction
-(trainer/forest.py `reconstruct`). The per-call reference in test_reference.py never uses rows: it
-reads the calls.
+(trainer/forest.py `reconstruct`). The per-call reference in tests/learner/test_reference.py never
+uses rows: it reads the calls.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from grove.receipts import CallKind, CallReceipt, CallState
 from grove.sampling import SamplingProcessing
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
-from trainer.rows import Row
+from trainer.rows import Row, Span
 from trainer.staging_format import CallTokens
 
 
@@ -171,6 +172,25 @@ def rows_from_calls(ep: Episode, *, parent_only: bool = False) -> list[Row]:
     return rows if ep.valid else [dataclasses.replace(r, valid=False) for r in rows]
 
 
+def per_call_rows(episodes: list[Episode]) -> list[Row]:
+    """Each eligible call alone: its prompt + completion, loss on its completion."""
+    rows = []
+    for ep in episodes:
+        for c in ep.calls:
+            if not c.eligible:
+                continue
+            ids = np.concatenate([c.prompt, c.completion]).astype(np.int32)
+            p, n = c.prompt.size, c.completion.size
+            mask = np.zeros(ids.size, bool)
+            mask[p:] = True
+            blp = np.zeros(ids.size, np.float32)
+            blp[p:] = c.logprobs
+            span = Span(c.call_id, c.agent, p, p + n, True, True, 0, c.temperature, c.top_p)
+            rows.append(Row(f"{ep.episode_id}#{c.call_id}", ep.episode_id, ep.group_id, ids, mask, blp,
+                            (span,), ep.reward))  # fmt: skip
+    return rows
+
+
 def with_mixed_sampling(
     episodes: list[Episode], settings: list[tuple[float, float]], seed: int
 ) -> list[Episode]:
@@ -219,7 +239,7 @@ def delegation_episode(
     prompts: the parent's delegating call, one call per worker (its own root context: system prompt
     + its word), the parent's final call continuing the first with the workers' answers as tool
     results. Completions are random tokens of 1-8 tokens (the demo's max_tokens is 8)."""
-    from harnesses.delegation import PARENT_SYSTEM, WORKER_SYSTEM
+    from harnesses.delegation_words import PARENT_SYSTEM, WORKER_SYSTEM
 
     vocab = len(tokenizer)
 
@@ -261,12 +281,12 @@ def delegation_episode(
 
 def delegation_batch(tokenizer, *, tasks: int = 2, group_size: int = 8, seed: int = 0) -> list[Episode]:
     """One demo step: `tasks` tasks x `group_size` episodes (the demo's defaults: 2 x 8)."""
-    from harnesses.delegation import make_task
+    from harnesses.delegation_words import task_words
 
     rng = np.random.default_rng(seed)
     out = []
     for t in range(tasks):
-        words = make_task(t).params["words"]
+        words = task_words(t)
         for j in range(group_size):
             out.append(
                 delegation_episode(tokenizer, rng, f"del-{t}-{j}", f"task-{t}", float(rng.uniform()), words)
