@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 
-from gateway.records import ChatRecord
+from capture.records import ChatRecord
 from grove.receipts import ContextOrigin
 from workflows.accounting import LedgerSummary
 

@@ -22,8 +22,8 @@ the context's head, admit it through the episode's Updates, and record what the 
                  does not fit the served model's context is a 400 context_length_exceeded
                  (gateway/context_window.py), before anything is opened, discarded or admitted
     act       -> open_context (new agent, or a rewrite), discard (retry), call -> CallResult (a large
-                 completion by reference: read from the store and verified, gateway/claims.py)
-    record    -> written before the response leaves (gateway/records.py)
+                 completion by reference: read from the store and verified, capture/claims.py)
+    record    -> written before the response leaves (capture/records.py)
     delivery  -> `Delivery`: the route records the delivery in the ledger (the `deliver` Update) just
                  before the response's last part, and settles it (gateway/delivery.py): not delivered ->
                  the call is discarded, never trained; a close freezes the rest (workflows/delivery.py)
@@ -54,9 +54,10 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
+from capture.claims import completion_of, stash_prompt
+from capture.records import ChatRecord, Usage, load_record, save_record
 from gateway import opencode
 from gateway.chat_request import ChatCompletionRequest, sampling_for
-from gateway.claims import completion_of, stash_prompt
 from gateway.context_window import ContextWindow
 from gateway.continuation import Decision, Move, UndeclaredDiscontinuityError, decide
 from gateway.episodes import EpisodeError, Episodes, EpisodeUpdateRejectedError
@@ -72,7 +73,6 @@ from gateway.identity import (
     aux_agent,
 )
 from gateway.opencode_names import session_names
-from gateway.records import ChatRecord, Usage, load_record, save_record
 from gateway.replay import (
     SessionAlias,
     claimed_agents,
@@ -560,7 +560,7 @@ class Capture:
         """The call Update (admission, generation), then the chat record, written before any response."""
         try:
             result = await self.episodes.call(episode_id, call)
-            # A large completion came by reference (gateway/claims.py): read and verified here.
+            # A large completion came by reference (capture/claims.py): read and verified here.
             completion = await asyncio.to_thread(completion_of, self.store, episode_id, result)
             record = _record_of(episode_id, call, result, completion, request, plan, launch)
             await asyncio.to_thread(save_record, self.store, record)

@@ -1,6 +1,6 @@
 """How a chat request relates to its context's head: retry it, continue it, rewrite, or refuse.
 
-Given the request's messages and tools, the chat record of the context's head (gateway/records.py)
+Given the request's messages and tools, the chat record of the context's head (capture/records.py)
 and the identity's rewrite mode, in this order:
 
 1. no head (a new context, or every earlier call was discarded)  -> ROOT;
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from capture.records import ChatRecord
 from chat.render import (
     NEW_MESSAGE_ROLES,
     Predecessor,
@@ -45,7 +46,6 @@ from chat.render import (
     same_tools,
 )
 from gateway.identity import RewriteMode
-from gateway.records import ChatRecord
 
 __all__ = [
     "Decision",

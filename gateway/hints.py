@@ -29,6 +29,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from capture.records import ChatRecord
+from chat.message_text import text_of
 from chat.render import UndeclaredDiscontinuityError, same_tools
 from gateway.identity import (
     AGENT_HEADER,
@@ -37,8 +39,6 @@ from gateway.identity import (
     SPAWNED_BY_HEADER,
     Identity,
 )
-from gateway.opencode import text_of
-from gateway.records import ChatRecord
 
 # LangChain's SummarizationMiddleware starts the rewritten history with this (langchain 1.x's default prompt)
 LANGCHAIN_SUMMARY_PREFIX = "Here is a summary of the conversation to date"

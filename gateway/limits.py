@@ -38,7 +38,7 @@ class RequestLimits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # A 128k-token conversation is ~0.5-1 MB of JSON. The messages go to the object store, the `call`
-    # Update carries a reference (gateway/claims.py), so Temporal's 2 MB payload limit is not the bound;
+    # Update carries a reference (capture/claims.py), so Temporal's 2 MB payload limit is not the bound;
     # the gateway's memory per request is (a few times the parsed body).
     max_body_bytes: int = Field(4 * MiB, ge=1024)
     max_close_bytes: int = Field(256 * 1024, ge=1024)  # final answer + agents' outputs, one Update

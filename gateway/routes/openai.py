@@ -13,13 +13,13 @@ import time
 
 from fastapi import APIRouter, Request
 
+from capture.records import ChatRecord
 from gateway.advice import WARNING_HEADER, compaction_loop, may_loop, say_once, tool_call_cut
 from gateway.capture import Capture
 from gateway.chat_request import ResponsesApiNotServedError, UnknownModelError
 from gateway.chat_response import completion_body, sse_events, stream_chunks
 from gateway.delivery import DeliveredJSONResponse, DeliveredStreamingResponse
 from gateway.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
-from gateway.records import ChatRecord
 
 router = APIRouter(prefix="/episodes/{episode_ref}/v1", tags=["openai"])
 

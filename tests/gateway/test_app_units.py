@@ -15,6 +15,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 
+from capture.records import ChatRecord, CorruptChatRecordError, Usage, load_record, record_key, save_record
 from gateway import opencode
 from gateway.app import create_app
 from gateway.auth import (
@@ -49,7 +50,6 @@ from gateway.identity import (
     canonical_agent,
     grove_identity,
 )
-from gateway.records import ChatRecord, CorruptChatRecordError, Usage, load_record, record_key, save_record
 from gateway.routes.errors import domain_error
 from gateway.routing import RoutingError, identify, live_contexts, route, spawn_target
 from gateway.settings import GatewaySettings, GatewaySettingsError

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from capture.records import ChatRecord, Usage
 from gateway.continuation import Move, decide
 from gateway.opencode_names import session_names
-from gateway.records import ChatRecord, Usage
 from gateway.replay import launch_of, prompt_digest
 from gateway.routing import current_context, identify, route, view_request
 from grove.receipts import CallKind, ContextOrigin
