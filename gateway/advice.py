@@ -27,7 +27,6 @@ from workflows.accounting import LedgerSummary
 
 log = logging.getLogger("grove.gateway")
 
-WARNING_HEADER = "x-grove-warning"
 TOOL_CALL_MARKER = "<tool_call>"
 _said: set[tuple[str, str, str]] = set()  # (episode, agent, kind): said already
 MAX_SAID = 10_000  # forget past this many (a long-lived gateway serves many episodes)

@@ -62,16 +62,7 @@ from gateway.context_window import ContextWindow
 from gateway.continuation import Decision, Move, UndeclaredDiscontinuityError, decide
 from gateway.episodes import EpisodeError, Episodes, EpisodeUpdateRejectedError
 from gateway.hints import UndeclaredAuxiliaryCallError, diagnose, rewrite_error, summary_message
-from gateway.identity import (
-    AGENT_HEADER,
-    AUX_SEPARATOR,
-    DEFAULT_AGENT,
-    KIND_HEADER,
-    PARENT_CONTEXT_HEADER,
-    SPAWNED_BY_HEADER,
-    Identity,
-    aux_agent,
-)
+from gateway.identity import AUX_SEPARATOR, DEFAULT_AGENT, Identity, aux_agent
 from gateway.opencode_names import session_names
 from gateway.replay import (
     SessionAlias,
@@ -100,6 +91,7 @@ from gateway.routing import (
 from gateway.tokenization import Tokenization
 from grove.contracts import CallRequest, CallResult, ChatPrompt, Completion, EpisodeSpec, PromptSpec
 from grove.gates import Gates
+from grove.headers import AGENT_HEADER, KIND_HEADER, PARENT_CONTEXT_HEADER, SPAWNED_BY_HEADER
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
 from storage.base import ObjectStore

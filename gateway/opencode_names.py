@@ -37,8 +37,9 @@ from pydantic import BaseModel
 
 from capture.records import ChatRecord
 from chat.message_text import text_of
-from gateway.identity import AGENT_HEADER, CONTEXT_HEADER, DEFAULT_AGENT
+from gateway.identity import DEFAULT_AGENT
 from gateway.opencode import PARENT_SESSION_HEADER, SESSION_HEADER, worker_agent
+from grove.headers import AGENT_HEADER, CONTEXT_HEADER
 from harnesses.opencode_agents import subagent_name
 from storage.base import ObjectNotFoundError, ObjectStore, PutOutcome
 from trainer.staging_format import staging_prefix

@@ -27,12 +27,9 @@ from typing import Any
 
 from gateway import opencode
 from gateway.identity import (
-    AGENT_HEADER,
     AUX_SEPARATOR,
-    CONTEXT_HEADER,
     DEFAULT_AGENT,
     ID_PATTERN,
-    PARENT_CONTEXT_HEADER,
     Identity,
     RewriteMode,
     Spawner,
@@ -41,6 +38,7 @@ from gateway.identity import (
     grove_identity,
     header_value,
 )
+from grove.headers import AGENT_HEADER, CONTEXT_HEADER, PARENT_CONTEXT_HEADER
 from grove.receipts import ContextOrigin, ContextRecord
 from workflows.accounting import ContextSummary
 from workflows.context_view import ContextView, ViewRequest
