@@ -28,14 +28,14 @@ undeclared discontinuity (HTTP 400) whose error names the header that fixes it.
 
 A new agent without a spawner opens a ROOT context: accepted (the episode's `summary` query lists it
 under `warnings`), or refused with `UnspawnedAgentError` when the episode's spec sets
-`unspawned_agents="refuse"` (gateway/capture.py).
+`unspawned_agents="refuse"` (gateway/spawn_checks.py).
 
 An auxiliary call without an explicit context goes to the agent's auxiliary agent `<agent>~aux` (a
 context of its own, so it never breaks the agent's token stream); each unrelated auxiliary call there
 is a rewrite of the previous one. OpenCode's `x-session-id` / `x-parent-session-id` are handled by
 gateway/opencode.py when no grove agent/context header is present (gateway/routing.py chooses).
 
-Pure module: headers in, an `Identity` out; the Temporal-side lookup happens in gateway/capture.py.
+Pure module: headers in, an `Identity` out; the Temporal-side lookup happens in gateway/planning.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ context without naming its agent is that context's agent's.
 
 An agent spawned several times (a worker invoked again with a fresh history) has several *live*
 contexts (none retired); `live_contexts` lists them and `spawn_target` opens the next one
-(gateway/capture.py chooses among them by the request's messages).
+(gateway/planning.py chooses among them by the request's messages).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from chat.render import (
     UndeclaredDiscontinuityError,
 )
 from gateway.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
-from gateway.capture import (
+from gateway.capture_errors import (
     ContextConflictError,
     DeliveryRefusedError,
     EpisodeClosedError,

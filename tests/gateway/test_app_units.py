@@ -25,7 +25,8 @@ from gateway.auth import (
     check_token,
     issue_token,
 )
-from gateway.capture import Capture, ResponsePendingError
+from gateway.capture import Capture
+from gateway.capture_errors import ResponsePendingError
 from gateway.chat_request import (
     InvalidChatRequestError,
     InvalidSamplingError,
