@@ -35,15 +35,11 @@ from gateway.admission import admit, prepare
 from gateway.capture_errors import UndeliveredHeadsError
 from gateway.capture_state import CaptureState
 from gateway.chat_request import ChatCompletionRequest, sampling_for
-from gateway.context_window import ContextWindow
 from gateway.delivery import Delivery
-from gateway.episodes import Episodes
 from gateway.planning import plan
 from gateway.relaunch import replay
 from gateway.replay import launch_of
-from gateway.tokenization import Tokenization
 from grove.headers import AGENT_HEADER
-from storage.base import ObjectStore
 
 MAX_RECOVERIES = 3  # undelivered heads discarded before giving up on one request
 
@@ -51,17 +47,6 @@ MAX_RECOVERIES = 3  # undelivered heads discarded before giving up on one reques
 class Capture(CaptureState):
     """Captures chat requests into episode workflows; stateless (Temporal + object store), apart from
     knowing which of its own requests are still delivering a response."""
-
-    def __init__(
-        self,
-        episodes: Episodes,
-        store: ObjectStore,
-        window: ContextWindow | None = None,
-        tokens: Tokenization | None = None,
-    ) -> None:
-        super().__init__(episodes, store, window, tokens)
-        self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
-        self._plan_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # episode -> (lock, requests using it)
 
     async def chat(
         self, episode_id: str, request: ChatCompletionRequest, headers: Mapping[str, str]

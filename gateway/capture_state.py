@@ -1,7 +1,8 @@
 """What the steps of capturing a request share (gateway/planning.py, relaunch.py, admission.py,
 delivery.py): the episodes' Temporal handles, the object store, the prompt-length checks, and which calls
 this gateway process is still delivering (liveness, not state: gateway/capture.py, "Delivery and its
-races"). The gateway keeps no other state: Temporal and the object store hold the rest.
+races"), and its per-episode locks. The gateway keeps no other state: Temporal and the object store hold
+the rest.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ log = logging.getLogger("grove.gateway")
 
 
 class CaptureState:
-    """The episodes, the store, the prompt checks and the calls being delivered (module docstring)."""
+    """The episodes, the store, the prompt checks, the calls being delivered, the locks (module docstring)."""
 
     def __init__(
         self,
@@ -35,6 +36,8 @@ class CaptureState:
         self.window = window  # None: prompt lengths are not checked here (the engine refuses, 502)
         self.tokens = tokens  # measures off the event loop, bounded (gateway/tokenization.py)
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
+        self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
+        self._plan_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # episode -> (lock, requests using it)
         self.gates = Gates.from_env()  # tests only (grove/gates.py): hold a request, a delivery
 
     def start_delivering(self, episode_id: str, call_id: str) -> None:
