@@ -7,7 +7,7 @@ and the identity's rewrite mode, in this order:
 2. the head's own prompt messages and tools again: the harness retried or resampled (the OpenAI
    client re-sends a request after a timeout, headers included)  -> RETRY (discard the head, extend
                                                                     what the head extended);
-   checked before anything else and in every rewrite mode (DESIGN.md section 10): a re-sent
+   checked before anything else and in every rewrite mode (docs/design.md section 4): a re-sent
    `x-grove-rewrite` request, or OpenCode's post-compaction request sent twice, lands in the context
    the first send opened (the agent's current context now), whose head is the first send's call;
    discarding it and admitting the retry as that context's root keeps exactly one rewrite;

@@ -1,6 +1,6 @@
 """Size and shape limits of everything a client sends the gateway, enforced before anything is admitted.
 
-Every boundary has a limit (DESIGN.md section 10), and each refusal names it and its setting:
+Every boundary has a limit (docs/gateway.md, "Limits"), and each refusal names it and its setting:
 
 - headers: count and total bytes (with the request target), checked by `HeaderLimitMiddleware` before
   any route runs: 431 `HeadersTooLargeError`;
