@@ -22,9 +22,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.failures import retryable_storage_failure
-from gateway.claims import load_completion
-from gateway.opencode import text_of
-from gateway.records import load_record
+from capture.claims import load_completion
+from capture.records import load_record
+from chat.message_text import text_of
 from grove.contracts import (
     ArchiveStepsInput,
     CleanStagingInput,
@@ -239,7 +239,7 @@ class EpisodeIO:
 
     @activity.defn(name="load_completion")
     def load_completion(self, inp: LoadCompletionInput) -> Completion:
-        """A claim-checked completion for the native harness (verified; gateway/claims.py). Missing or
+        """A claim-checked completion for the native harness (verified; capture/claims.py). Missing or
         different bytes are bad input (CompletionMissingError / CompletionDigestError, not retried);
         an unreachable store is retried like every IO read."""
         with io_attempt("load completion", key=inp.ref.key):

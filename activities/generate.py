@@ -4,7 +4,7 @@ Input and result are grove.contracts.GenerateInput / GenerateResult. Token array
 Temporal payloads: a continuation names its parent's staged object and adds only the new suffix,
 and the activity builds `prompt = parent prompt + parent completion + suffix` from the store, so the
 continuation is exact by construction. A chat prompt is rendered with the model's chat template,
-splicing the parent's exact tokens the same way (chat/render.py). The assembly is gateway/prompt.py
+splicing the parent's exact tokens the same way (chat/render.py). The assembly is capture/prompt.py
 `build_prompt`, the same function the gateway's context window measures prompts with.
 
 Staging (idempotent, deterministic keys):
@@ -24,7 +24,7 @@ under the winner's arrays digest.
 
 The response (decoded text, parsed chat message) returns inline when small; above
 `inp.completion_inline_max` bytes it is stored beside the arrays and returned as a reference
-(gateway/claims.py `stash_completion`), so a long completion never crosses Temporal.
+(capture/claims.py `stash_completion`), so a long completion never crosses Temporal.
 
 The per-call seed is a pure function of (episode id, call id), so a retried generation samples the
 same tokens where the engine is deterministic (same weights, same batch numerics).
@@ -44,9 +44,9 @@ from temporalio import activity
 
 from activities.engine import Generation, PolicyEngine
 from activities.follow import check_served_version
+from capture.claims import by_reference, completion_of, stash_completion, stash_conversation
+from capture.prompt import build_prompt, resolve_chat_ref
 from chat.toolcalls import ParsedAssistant
-from gateway.claims import by_reference, completion_of, stash_completion, stash_conversation
-from gateway.prompt import build_prompt, resolve_chat_ref
 from grove.contracts import ChatPrompt, Completion, Conversation, GenerateInput, GenerateResult
 from grove.receipts import ToolCallOutcome
 from grove.sampling import SamplingProcessing

@@ -29,8 +29,8 @@ from activities.engine import PolicyEngine
 from activities.engine_config import EngineConfig
 from activities.follow import PolicyNotCommittedError, PolicyVersionPassedError, RunFollower
 from activities.generate import StagedCallConflictError, run_generate
+from capture.prompt import ParentNotStagedError, PromptSpecError
 from chat.render import ChatRenderError
-from gateway.prompt import ParentNotStagedError, PromptSpecError
 from grove import queues
 from grove.contracts import GenerateInput, GenerateResult, PublishInput, PublishResult
 from storage.base import DigestMismatchError, ObjectStore

@@ -57,9 +57,9 @@ from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import delegation
 from infra.temporal import TemporalDevServer
+from infra.worker_process import WorkerProcess
 from models.registry import ensure_model
 from storage.local import LocalStore
-from tests.durability.helpers import WorkerProcess
 from workflows.episode import EpisodeWorkflow
 
 

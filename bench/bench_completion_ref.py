@@ -1,7 +1,7 @@
 """What a claim-checked completion costs against an inline one (grove/contracts.py COMPLETION_INLINE_MAX).
 
 For completions of N tokens of English prose under a model's tokenizer: the bytes the completion adds
-to a payload inline (ids + text + chat message, `gateway/claims.py inline_size`), the bytes of the
+to a payload inline (ids + text + chat message, `capture/claims.py inline_size`), the bytes of the
 reference that replaces it, and the time of the reference's round trip (the generate activity's
 `stash_completion` + the gateway's `load_completion`) on a real LocalStore (fsync'd writes). Inline
 bytes land twice in the history (the activity result and the `call` Update's result).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.claims import inline_size, load_completion, stash_completion  # noqa: E402
+from capture.claims import inline_size, load_completion, stash_completion  # noqa: E402
 from grove.contracts import Completion  # noqa: E402
 from storage.local import LocalStore  # noqa: E402
 

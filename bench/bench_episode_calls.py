@@ -57,6 +57,7 @@ from grove.contracts import (  # noqa: E402
     PromptSpec,
 )
 from grove.episode_start import start_episode  # noqa: E402
+from grove.headers import AGENT_HEADER  # noqa: E402
 from grove.receipts import ContextOrigin, ContextRecord  # noqa: E402
 from trainer.rows import rows_from_parquet  # noqa: E402
 from trainer.staging_format import staging_key  # noqa: E402
@@ -180,7 +181,7 @@ async def answer_bytes(client, episode_id: str, agent: str) -> tuple[int, str]:
     """Bytes of one request's `context_view` answer and of the whole `summary` (their JSON); the summary
     of a long enough episode is refused by Temporal (its payload limit, 2 MB)."""
     episodes = Episodes(client)
-    view = await episodes.context_view(episode_id, view_request({"x-grove-agent": agent}))
+    view = await episodes.context_view(episode_id, view_request({AGENT_HEADER: agent}))
     try:
         summary = f"{len((await episodes.summary(episode_id)).model_dump_json())} B"
     except EpisodeQueryError as err:

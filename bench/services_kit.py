@@ -22,6 +22,7 @@ from gateway.episode_ref import episode_ref
 from grove import queues
 from grove.client import connect
 from grove.contracts import EpisodeSpec, HarnessSpec
+from grove.headers import AGENT_HEADER
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from infra.temporal import TemporalDevServer
@@ -82,7 +83,7 @@ async def agent_call(http: httpx.AsyncClient, agent: str, text: str) -> float:
     r = await http.post(
         "/chat/completions",
         json={"model": "grove", "messages": messages, "max_tokens": 1},
-        headers={"x-grove-agent": agent},
+        headers={AGENT_HEADER: agent},
     )
     if r.status_code != 200:
         raise RuntimeError(f"{agent}: {r.status_code} {r.text[:300]}")

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import logging
 
-from gateway.records import ChatRecord
+from capture.records import ChatRecord
 from grove.receipts import ContextOrigin
 from workflows.accounting import LedgerSummary
 
 log = logging.getLogger("grove.gateway")
 
-WARNING_HEADER = "x-grove-warning"
 TOOL_CALL_MARKER = "<tool_call>"
 _said: set[tuple[str, str, str]] = set()  # (episode, agent, kind): said already
 MAX_SAID = 10_000  # forget past this many (a long-lived gateway serves many episodes)

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from gateway.records import ChatRecord
+from capture.records import ChatRecord
 
 SSE_DONE = "data: [DONE]\n\n"
 

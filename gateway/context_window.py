@@ -4,7 +4,7 @@ The engines serve one model with a context of `max_model_len` tokens (prompt + c
 knows both from its settings (`policy_model`: the registry name or folder `grove worker --model` got;
 `max_model_len`: the engines' context) and loads that model's tokenizer once at startup. For each
 request it builds the call's prompt ids with *the same function the generate activity runs*
-(gateway.prompt.build_prompt): a fresh render for a root, the parent's staged prompt + completion
+(capture.prompt.build_prompt): a fresh render for a root, the parent's staged prompt + completion
 ids plus the rendered suffix for a continuation. So the length it measures is the length the engine
 would get, token for token, and:
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from capture.prompt import build_prompt
 from gateway.chat_request import ChatCompletionRequest, ChatRequestError, InvalidSamplingError
-from gateway.prompt import build_prompt
 from grove.contracts import PromptSpec
 from grove.sampling import SamplingConfig
 from storage.base import ObjectStore

@@ -1,13 +1,13 @@
 """How a chat request relates to its context's head: retry it, continue it, rewrite, or refuse.
 
-Given the request's messages and tools, the chat record of the context's head (gateway/records.py)
+Given the request's messages and tools, the chat record of the context's head (capture/records.py)
 and the identity's rewrite mode, in this order:
 
 1. no head (a new context, or every earlier call was discarded)  -> ROOT;
 2. the head's own prompt messages and tools again: the harness retried or resampled (the OpenAI
    client re-sends a request after a timeout, headers included)  -> RETRY (discard the head, extend
                                                                     what the head extended);
-   checked before anything else and in every rewrite mode (DESIGN.md section 10): a re-sent
+   checked before anything else and in every rewrite mode (docs/design.md section 4): a re-sent
    `x-grove-rewrite` request, or OpenCode's post-compaction request sent twice, lands in the context
    the first send opened (the agent's current context now), whose head is the first send's call;
    discarding it and admitting the retry as that context's root keeps exactly one rewrite;
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from capture.records import ChatRecord
 from chat.render import (
     NEW_MESSAGE_ROLES,
     Predecessor,
@@ -45,7 +46,6 @@ from chat.render import (
     same_tools,
 )
 from gateway.identity import RewriteMode
-from gateway.records import ChatRecord
 
 __all__ = [
     "Decision",

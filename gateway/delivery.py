@@ -1,4 +1,5 @@
-"""HTTP responses that record their delivery in the ledger, and settle the call accordingly.
+"""A captured call's delivery (`Delivery`: commit, then settle) and the HTTP responses that record it in
+the ledger, settling the call accordingly.
 
 What "delivered" means (docs/gateway.md, workflows/delivery.py): the response's last part (the JSON
 body, or the stream's `data: [DONE]` event) goes to a client connection that is still open, and the
@@ -31,6 +32,7 @@ key `{episode id}/{call id}`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -38,12 +40,58 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.capture import CaptureError, Delivery
-from gateway.episodes import EpisodeError
+from capture.records import ChatRecord
+from gateway.capture_errors import CaptureError, DeliveryRefusedError
+from gateway.capture_state import CaptureState
+from gateway.episodes import EpisodeError, EpisodeUpdateRejectedError
 from gateway.routes.errors import error_response
 from gateway.transport_probe import Connection
 
 REFUSALS = (CaptureError, EpisodeError)  # what a refused or failed delivery raises
+
+
+@dataclass
+class Delivery:
+    """A captured call whose response is on its way: `commit` just before its last part is sent,
+    `settle` once, when the route is done with it."""
+
+    capture: CaptureState
+    record: ChatRecord
+    requested: str  # the call id the request asked for (the record's may carry a lost-attempt suffix)
+    replayed: bool = False  # answered from an earlier launch's record (gateway/replay.py): nothing to settle
+    _settled: bool = field(default=False, repr=False)
+
+    async def commit(self) -> None:
+        """The response's last part is about to go to a connected client: record the delivery in the
+        ledger (a replayed call's too: its first launch may never have got it). DeliveryRefusedError when
+        the ledger refuses it (a close came first): the response must not be sent as delivered."""
+        episode_id, call_id = self.record.episode_id, self.record.call_id
+        try:
+            await self.capture.episodes.deliver(episode_id, call_id)
+        except EpisodeUpdateRejectedError as err:
+            raise DeliveryRefusedError(
+                f"episode {episode_id!r}: call {call_id!r} completed, but its delivery was refused "
+                f"({err.error_type}: {err}); the response is not sent and is not trained. Start a new "
+                "episode for a new attempt"
+            ) from None
+
+    async def settle(self, delivered: bool) -> None:
+        """Delivered: nothing more to do. Not delivered: discard the call (never trained as an action);
+        a harness retry of it then extends what it extended."""
+        if self._settled:
+            return
+        self._settled = True
+        if self.replayed:  # the call belongs to the ledger already; a relaunch that died replays it again
+            return
+        try:
+            if not delivered:
+                await self.capture.discard_quietly(
+                    self.record.episode_id,
+                    self.record.call_id,
+                    "response not delivered: the client went away before its last part was sent",
+                )
+        finally:
+            self.capture.release(self.record.episode_id, self.requested)
 
 
 async def _client_left(connection: Connection, scope: Scope, receive: Receive) -> bool:

@@ -2,7 +2,7 @@
 exceptions turned into the gateway's named errors.
 
 Everything the gateway knows about an episode comes from here (the workflow's start input, its
-ledger summary) or from the object store (gateway/records.py); the gateway has no state of its own.
+ledger summary) or from the object store (capture/records.py); the gateway has no state of its own.
 Updates are addressed by name, so this module imports no workflow code.
 
 Addressing: by workflow id only, never a run id, so every query and Update reaches the episode's

@@ -29,16 +29,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from capture.records import ChatRecord
+from chat.message_text import text_of
 from chat.render import UndeclaredDiscontinuityError, same_tools
-from gateway.identity import (
-    AGENT_HEADER,
-    KIND_HEADER,
-    REWRITE_HEADER,
-    SPAWNED_BY_HEADER,
-    Identity,
-)
-from gateway.opencode import text_of
-from gateway.records import ChatRecord
+from gateway.identity import Identity
+from grove.headers import AGENT_HEADER, KIND_HEADER, REWRITE_HEADER, SPAWNED_BY_HEADER
 
 # LangChain's SummarizationMiddleware starts the rewritten history with this (langchain 1.x's default prompt)
 LANGCHAIN_SUMMARY_PREFIX = "Here is a summary of the conversation to date"

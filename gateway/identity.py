@@ -1,6 +1,7 @@
 """Which agent and context a chat request belongs to, from its headers (grove's own or a harness adapter's).
 
-grove's headers (any harness can send them, e.g. LangGraph `default_headers`, Agents SDK `extra_headers`):
+grove's headers (grove/headers.py; any harness can send them, e.g. LangGraph `default_headers`, Agents SDK
+`extra_headers`):
 
     x-grove-agent: worker-1            the agent (default "parent"); any printable name, made canonical
     x-grove-context: worker-1.0        an explicit context id (default: the agent's current context)
@@ -27,14 +28,14 @@ undeclared discontinuity (HTTP 400) whose error names the header that fixes it.
 
 A new agent without a spawner opens a ROOT context: accepted (the episode's `summary` query lists it
 under `warnings`), or refused with `UnspawnedAgentError` when the episode's spec sets
-`unspawned_agents="refuse"` (gateway/capture.py).
+`unspawned_agents="refuse"` (gateway/spawn_checks.py).
 
 An auxiliary call without an explicit context goes to the agent's auxiliary agent `<agent>~aux` (a
 context of its own, so it never breaks the agent's token stream); each unrelated auxiliary call there
 is a rewrite of the previous one. OpenCode's `x-session-id` / `x-parent-session-id` are handled by
 gateway/opencode.py when no grove agent/context header is present (gateway/routing.py chooses).
 
-Pure module: headers in, an `Identity` out; the Temporal-side lookup happens in gateway/capture.py.
+Pure module: headers in, an `Identity` out; the Temporal-side lookup happens in gateway/planning.py.
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from grove.headers import (
+    AGENT_HEADER,
+    CONTEXT_HEADER,
+    KIND_HEADER,
+    PARENT_CONTEXT_HEADER,
+    REWRITE_HEADER,
+    SPAWNED_BY_HEADER,
+)
 from grove.receipts import CallKind
 
 DEFAULT_AGENT = "parent"
@@ -59,12 +68,6 @@ CANONICAL_STEM_CHARS = 80  # + '-' + 8 hex digits: canonical names stay within _
 MAX_ID_CHARS = 128
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_~-]{1,96}(\.[A-Za-z0-9_~-]{1,32}){0,4}$")
 
-AGENT_HEADER = "x-grove-agent"
-CONTEXT_HEADER = "x-grove-context"
-SPAWNED_BY_HEADER = "x-grove-spawned-by"
-PARENT_CONTEXT_HEADER = "x-grove-parent-context"
-REWRITE_HEADER = "x-grove-rewrite"
-KIND_HEADER = "x-grove-call-kind"
 _TRUE, _FALSE = frozenset({"1", "true", "yes"}), frozenset({"0", "false", "no"})
 
 

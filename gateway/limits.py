@@ -1,6 +1,6 @@
 """Size and shape limits of everything a client sends the gateway, enforced before anything is admitted.
 
-Every boundary has a limit (DESIGN.md section 10), and each refusal names it and its setting:
+Every boundary has a limit (docs/gateway.md, "Limits"), and each refusal names it and its setting:
 
 - headers: count and total bytes (with the request target), checked by `HeaderLimitMiddleware` before
   any route runs: 431 `HeadersTooLargeError`;
@@ -38,7 +38,7 @@ class RequestLimits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # A 128k-token conversation is ~0.5-1 MB of JSON. The messages go to the object store, the `call`
-    # Update carries a reference (gateway/claims.py), so Temporal's 2 MB payload limit is not the bound;
+    # Update carries a reference (capture/claims.py), so Temporal's 2 MB payload limit is not the bound;
     # the gateway's memory per request is (a few times the parsed body).
     max_body_bytes: int = Field(4 * MiB, ge=1024)
     max_close_bytes: int = Field(256 * 1024, ge=1024)  # final answer + agents' outputs, one Update

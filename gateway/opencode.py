@@ -23,6 +23,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from chat.message_text import text_of
 from gateway.identity import (
     DEFAULT_AGENT,
     Identity,
@@ -40,15 +41,6 @@ SUMMARY_PROMPT = "You are a context summarization agent"
 COMPACTION_QUESTION = "What did we do so far?"
 COMPACTION_CONTINUE = "Continue if you have next steps"
 SESSION_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
-
-
-def text_of(content: Any) -> str:
-    """A message's text: the string, or its text parts joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
 
 
 def _leading_systems(messages: Sequence[dict[str, Any]]) -> int:

@@ -35,9 +35,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.identity import AGENT_HEADER, CONTEXT_HEADER, DEFAULT_AGENT
-from gateway.opencode import PARENT_SESSION_HEADER, SESSION_HEADER, text_of, worker_agent
-from gateway.records import ChatRecord
+from capture.records import ChatRecord
+from chat.message_text import text_of
+from gateway.identity import DEFAULT_AGENT
+from gateway.opencode import PARENT_SESSION_HEADER, SESSION_HEADER, worker_agent
+from grove.headers import AGENT_HEADER, CONTEXT_HEADER
 from harnesses.opencode_agents import subagent_name
 from storage.base import ObjectNotFoundError, ObjectStore, PutOutcome
 from trainer.staging_format import staging_prefix

@@ -44,10 +44,10 @@ from pydantic import BaseModel
 
 from chat.render import _canonical_tools, canonical_message, typed
 from gateway.identity import AUX_SEPARATOR, DEFAULT_AGENT, grove_identity
+from grove.headers import LAUNCH_HEADER
 from storage.base import ObjectNotFoundError, ObjectStore
 from trainer.staging_format import staging_prefix
 
-LAUNCH_HEADER = "x-grove-launch"
 MAX_LAUNCH = 1000
 # Alias keys of programs' agents; OpenCode session ids never contain '~' (opencode.SESSION_PATTERN).
 PROGRAM_SESSION_PREFIX = "agent~"

@@ -16,7 +16,7 @@ context without naming its agent is that context's agent's.
 
 An agent spawned several times (a worker invoked again with a fresh history) has several *live*
 contexts (none retired); `live_contexts` lists them and `spawn_target` opens the next one
-(gateway/capture.py chooses among them by the request's messages).
+(gateway/planning.py chooses among them by the request's messages).
 """
 
 from __future__ import annotations
@@ -27,12 +27,9 @@ from typing import Any
 
 from gateway import opencode
 from gateway.identity import (
-    AGENT_HEADER,
     AUX_SEPARATOR,
-    CONTEXT_HEADER,
     DEFAULT_AGENT,
     ID_PATTERN,
-    PARENT_CONTEXT_HEADER,
     Identity,
     RewriteMode,
     Spawner,
@@ -41,6 +38,7 @@ from gateway.identity import (
     grove_identity,
     header_value,
 )
+from grove.headers import AGENT_HEADER, CONTEXT_HEADER, PARENT_CONTEXT_HEADER
 from grove.receipts import ContextOrigin, ContextRecord
 from workflows.accounting import ContextSummary
 from workflows.context_view import ContextView, ViewRequest

@@ -34,13 +34,13 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
+from grove.headers import LAUNCH_HEADER
 from harnesses import opencode_delegation, opencode_reader, opencode_report
 from harnesses.opencode_agents import subagent_names
 from harnesses.sandbox import SYSTEM_PATH, sandbox_env
 
 PROVIDER = "grove"
 MODEL = "grove"  # the gateway's served model id (GatewaySettings.model_name), unless told otherwise
-LAUNCH_HEADER = "x-grove-launch"
 OFFLINE_ENV = {
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
     "OPENCODE_DISABLE_MODELS_FETCH": "1",

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from capture.records import CorruptChatRecordError
 from chat.content_tokens import ControlTextError, UnsupportedTokenizerError
 from chat.render import (
     ChatRenderError,
@@ -22,7 +23,7 @@ from chat.render import (
     UndeclaredDiscontinuityError,
 )
 from gateway.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
-from gateway.capture import (
+from gateway.capture_errors import (
     ContextConflictError,
     DeliveryRefusedError,
     EpisodeClosedError,
@@ -45,7 +46,6 @@ from gateway.episodes import (
 )
 from gateway.identity import InvalidIdentityHeaderError
 from gateway.limits import HeadersTooLargeError, RequestTooLargeError
-from gateway.records import CorruptChatRecordError
 from gateway.replay import InvalidLaunchHeaderError
 from gateway.routing import ContextOwnershipError, RoutingError
 from gateway.tokenization import TokenizerBusyError

@@ -13,13 +13,14 @@ import time
 
 from fastapi import APIRouter, Request
 
-from gateway.advice import WARNING_HEADER, compaction_loop, may_loop, say_once, tool_call_cut
+from capture.records import ChatRecord
+from gateway.advice import compaction_loop, may_loop, say_once, tool_call_cut
 from gateway.capture import Capture
 from gateway.chat_request import ResponsesApiNotServedError, UnknownModelError
 from gateway.chat_response import completion_body, sse_events, stream_chunks
 from gateway.delivery import DeliveredJSONResponse, DeliveredStreamingResponse
 from gateway.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
-from gateway.records import ChatRecord
+from grove.headers import AGENT_HEADER, CALL_ID_HEADER, CONTEXT_HEADER, WARNING_HEADER
 
 router = APIRouter(prefix="/episodes/{episode_ref}/v1", tags=["openai"])
 
@@ -27,9 +28,9 @@ router = APIRouter(prefix="/episodes/{episode_ref}/v1", tags=["openai"])
 def grove_headers(record: ChatRecord) -> dict[str, str]:
     """Where the call went, so a harness can name it (e.g. x-grove-spawned-by of a worker it starts)."""
     return {
-        "x-grove-call-id": record.call_id,
-        "x-grove-context": record.context_id,
-        "x-grove-agent": record.agent,
+        CALL_ID_HEADER: record.call_id,
+        CONTEXT_HEADER: record.context_id,
+        AGENT_HEADER: record.agent,
     }
 
 

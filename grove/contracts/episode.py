@@ -30,7 +30,7 @@ class CallRequest(BaseModel):
     branch: bool = False
     prompt: PromptSpec
     sampling: SamplingConfig | None = None  # default: the episode's
-    # The caller reads a large completion by reference (`CallResult.completion_ref`, gateway/claims.py).
+    # The caller reads a large completion by reference (`CallResult.completion_ref`, capture/claims.py).
     # False, as every caller of before the claim check sends (the field is new to them): the completion
     # comes back inline whatever its size, so a gateway of an earlier version served by a newer episode
     # worker (a rolling deploy) still gets what it can decode.
@@ -197,7 +197,7 @@ class RewardInput(BaseModel):
     outcome: HarnessOutcome
     # An external harness that closed without `outputs`: agent -> the call id of its last selected
     # action (Ledger.last_outputs); the reward activity reads those calls' responses from their chat
-    # records (gateway/records.py) into outcome.outputs before scoring.
+    # records (capture/records.py) into outcome.outputs before scoring.
     episode_id: str | None = None
     output_calls: dict[str, str] = Field(default_factory=dict)
 

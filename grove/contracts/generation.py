@@ -42,7 +42,7 @@ class ObjectRef(BaseModel):
 
 class Conversation(BaseModel):
     """What one native chat call saw and answered: its prompt's messages and tools, and the assistant
-    message its caller got. The generate activity stores it (gateway/claims.py `stash_conversation`)
+    message its caller got. The generate activity stores it (capture/claims.py `stash_conversation`)
     so the call's continuation can name it instead of carrying the conversation again."""
 
     messages: list[dict[str, Any]]
@@ -65,7 +65,7 @@ class PromptSpec(BaseModel):
 
     A chat prompt travels as `chat_ref` (the ChatPrompt's JSON in the object store) rather than inline
     `chat`: a request's messages can be megabytes, and Temporal payloads and history must stay small
-    (docs/design.md, "8. Durability"). The gateway stores it (gateway/claims.py); the activity loads and
+    (docs/design.md, "8. Durability"). The gateway stores it (capture/claims.py); the activity loads and
     verifies it. The native harness, which cannot write the store (it is workflow code), sends a
     continuation as `chat_delta` (its new messages and the parent's stored `Conversation`), its roots as
     `chat`.
@@ -98,7 +98,7 @@ class Completion(BaseModel):
 
 class _CompletionCarrier(BaseModel):
     """A completion inline (`completion_ids`, `text`, `assistant_message`) or by reference
-    (`completion_ref`: a `Completion` JSON in the object store, read with gateway/claims.py)."""
+    (`completion_ref`: a `Completion` JSON in the object store, read with capture/claims.py)."""
 
     # None when not carried (by reference; a native program's loaded completion): the ids are staged
     # at staging_key

@@ -14,9 +14,9 @@ framework already knows, so user code stays the agent program itself:
                                  Temporal-native runs (`temporalio.contrib.openai_agents`)
     harnesses.clients.report     what a program prints once its episode is closed (accounting, rows)
 
-Light on purpose: nothing here imports torch, vLLM, Temporal or the rest of grove, so a harness process
-(or a user's virtualenv with only `httpx` and its framework) can import it. The header names repeat
-gateway/identity.py's; a unit test keeps them equal.
+Light on purpose: nothing here imports torch, vLLM, Temporal or the rest of grove (only the header names,
+grove/headers.py, which the gateway reads too), so a harness process (or a user's virtualenv with only
+`httpx` and its framework) can import it.
 """
 
 from __future__ import annotations
@@ -28,14 +28,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-AGENT_HEADER = "x-grove-agent"
-CONTEXT_HEADER = "x-grove-context"
-SPAWNED_BY_HEADER = "x-grove-spawned-by"
-PARENT_CONTEXT_HEADER = "x-grove-parent-context"
-REWRITE_HEADER = "x-grove-rewrite"
-KIND_HEADER = "x-grove-call-kind"
-CALL_ID_HEADER = "x-grove-call-id"  # response: the call this request became
-LAUNCH_HEADER = "x-grove-launch"  # which launch of a runner-launched harness sent the request
+from grove.headers import AGENT_HEADER, CALL_ID_HEADER, LAUNCH_HEADER
+
 AUXILIARY = "auxiliary"
 ROOT_AGENT = "parent"  # the gateway's default agent; parent-only baselines train this one
 

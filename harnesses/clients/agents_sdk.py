@@ -70,17 +70,8 @@ from agents import (
 from agents.run_config import CallModelData, CallModelInputFilter, ModelInputData
 from openai import AsyncOpenAI
 
-from harnesses.clients import (
-    AGENT_HEADER,
-    AUXILIARY,
-    CALL_ID_HEADER,
-    KIND_HEADER,
-    REWRITE_HEADER,
-    ROOT_AGENT,
-    SPAWNED_BY_HEADER,
-    Episode,
-    header_safe,
-)
+from grove.headers import AGENT_HEADER, CALL_ID_HEADER, KIND_HEADER, REWRITE_HEADER, SPAWNED_BY_HEADER
+from harnesses.clients import AUXILIARY, ROOT_AGENT, Episode, header_safe
 from harnesses.clients.agents_handoffs import FAKE_ID, handoff_spawner, handoff_targets
 
 EPISODE_ARG = "grove_episode"  # model_settings.extra_args: {"base_url", "api_key"} (Temporal runs)

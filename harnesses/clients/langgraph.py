@@ -41,16 +41,8 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 from pydantic import Field
 
-from harnesses.clients import (
-    AGENT_HEADER,
-    AUXILIARY,
-    KIND_HEADER,
-    REWRITE_HEADER,
-    ROOT_AGENT,
-    SPAWNED_BY_HEADER,
-    Episode,
-    header_safe,
-)
+from grove.headers import AGENT_HEADER, KIND_HEADER, REWRITE_HEADER, SPAWNED_BY_HEADER
+from harnesses.clients import AUXILIARY, ROOT_AGENT, Episode, header_safe
 
 SERVED_MODEL = "grove-served-model"  # placeholder until the first request asks the gateway
 SUMMARY_SOURCE = "summarization"  # LangChain's `lc_source` of SummarizationMiddleware's call and message

@@ -1,229 +1,29 @@
-"""Helpers of the durability tests: grove worker subprocesses we can SIGKILL, and ways to watch Temporal.
+"""Helpers of the durability tests: a stack of killable grove worker subprocesses (infra/worker_process.py)
+on a dev server of its own, and ways to watch Temporal.
 
-A `WorkerProcess` is a real `grove worker --queues ...` process started in its own session, so a
-SIGKILL of its process group takes down the vLLM EngineCore and model-worker children with it (a
-crashed host), and nothing else: only the group we started is ever signalled, by its id.
-
-Waiting is always bounded; a wait that runs out raises `WaitTimeoutError` naming what was awaited
-and the tail of the worker logs, so a failure says where it stuck.
+Waiting is always bounded (infra/worker_process.py `wait_until`); a wait that runs out names what was
+awaited and the tail of the worker logs, so a failure says where it stuck.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from temporalio.api.enums.v1 import EventType, PendingActivityState, TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.workflow.v1 import PendingActivityInfo
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.service import RPCError, RPCStatusCode
 
 from grove import queues
 from grove.gates import GateControl
-from infra.procs import log_tail
+from infra.worker_process import WorkerExitedError, WorkerProcess, wait_until
 from tests.bounds import STATE_WAIT  # noqa: F401 (the kit's waits; tests import it from here too)
 
 T = TypeVar("T")
-
-# server answers that mean "not answered", not "no": a polled read asks again (wait_until)
-TRANSIENT_RPC = frozenset(
-    {RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE}
-)
-
-GROVE = Path(sys.executable).parent / "grove"
-
-
-class WaitTimeoutError(AssertionError):
-    """A bounded wait of a durability test ran out (the message names what it waited for)."""
-
-
-class WorkerExitedError(AssertionError):
-    """A worker subprocess exited while the test needed it alive."""
-
-
-class WorkerProcess:
-    """One `grove worker` subprocess serving `queues`, owned by the test (signalled by its group id)."""
-
-    def __init__(
-        self,
-        name: str,
-        queue_names: Iterable[str],
-        *,
-        address: str,
-        store_url: str,
-        model: Path,
-        log_dir: Path,
-        extra_env: dict[str, str] | None = None,
-    ) -> None:
-        self.name = name
-        self.extra_env = dict(extra_env or {})
-        self.queues = list(queue_names)
-        self.address = address
-        self.store_url = store_url
-        self.model = Path(model)
-        self.log_dir = Path(log_dir)
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-        self.ready_seconds: float | None = None  # start -> polling every queue, of the latest start
-        self.cwd: Path | None = None  # the process's working directory (None: the test's)
-
-    @property
-    def log_path(self) -> Path:
-        return self.log_dir / f"worker-{self.name}-{self.starts}.log"
-
-    @property
-    def pid(self) -> int:
-        if self.proc is None:
-            raise WorkerExitedError(f"worker {self.name!r} is not started")
-        return self.proc.pid
-
-    def env(self) -> dict[str, str]:
-        return dict(
-            os.environ,
-            GROVE_TEMPORAL_ADDRESS=self.address,
-            GROVE_STORE=self.store_url,
-            PYTHONUNBUFFERED="1",
-            **self.extra_env,
-        )
-
-    def command(self) -> list[str]:
-        queue_names = ",".join(self.queues)
-        return [str(GROVE), "worker", "--queues", queue_names, "--model", str(self.model), "--device", "cpu"]
-
-    def start(self) -> WorkerProcess:
-        self.starts += 1
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            # own session: the process group id is the worker's pid, so killpg reaches vLLM's children too
-            self.proc = subprocess.Popen(
-                self.command(), env=self.env(), cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the worker and every process it started (a crash, not a shutdown)."""
-        if self.proc is None:
-            return
-        pgid = self.proc.pid
-        _signal_group(pgid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self.proc = None
-        _wait_group_gone(pgid, self.name)
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the group, SIGKILL whatever is left after `timeout`."""
-        if self.proc is None:
-            return
-        _signal_group(self.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=timeout)
-        _signal_group(self.proc.pid, signal.SIGKILL)  # stragglers of the group (vLLM children)
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=30)
-        self.proc = None
-
-    def check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise WorkerExitedError(
-                f"worker {self.name!r} (pid {self.proc.pid}) exited with code {self.proc.returncode}. "
-                f"Log {self.log_path}:\n{log_tail(self.log_path, 40)}"
-            )
-
-    async def wait_ready(self, client: Client, timeout: float = STATE_WAIT) -> None:
-        """Until every queue of this worker has a poller whose identity is this process (pid@host)."""
-        started = time.monotonic()
-
-        async def polling() -> bool:
-            self.check_alive()
-            return all([await has_poller(client, q, self.pid) for q in self.queues])
-
-        await wait_until(
-            polling, timeout, f"worker {self.name!r} polling {self.queues}", logs=[self.log_path]
-        )
-        self.ready_seconds = time.monotonic() - started
-
-
-def _wait_group_gone(pgid: int, name: str, timeout: float = 15.0) -> None:
-    """Until no process of group `pgid` is left (vLLM's EngineCore and model worker die with it)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    raise WorkerExitedError(
-        f"worker {name!r}: processes of group {pgid} still alive {timeout:.0f} s after SIGKILL"
-    )
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-
-
-def _queue_type(name: str) -> int:
-    return (
-        TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
-        if name == queues.EPISODES
-        else TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
-    )
-
-
-async def has_poller(client: Client, queue: str, pid: int) -> bool:
-    """Whether process `pid` polls `queue` (Temporal's default worker identity is `pid@hostname`)."""
-    resp = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=_queue_type(queue)
-        )
-    )
-    return any(p.identity.startswith(f"{pid}@") for p in resp.pollers)
-
-
-async def wait_until(
-    predicate: Callable[[], Awaitable[T]],
-    timeout: float,
-    what: str,
-    *,
-    every: float = 0.1,
-    logs: Iterable[Path] = (),
-) -> T:
-    """Poll `predicate` until it returns a truthy value (returned); WaitTimeoutError after `timeout` s.
-
-    A read of the server's state that the server drops (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE) is an
-    answer not given yet, asked again within the same bound: a loaded dev server cancels such reads
-    (a describe_task_queue of `wait_ready` failed "operation was canceled" in a loaded suite run at load
-    ~20), and a test must not fail for a state read it may simply repeat."""
-    deadline = time.monotonic() + timeout
-    dropped: RPCError | None = None
-    while True:
-        try:
-            value = await predicate()
-        except RPCError as err:
-            if err.status not in TRANSIENT_RPC:
-                raise
-            value, dropped = None, err
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {p}:\n{log_tail(p, 25)}" for p in logs)
-            last = f" (last read dropped by the server: {dropped.status.name} {dropped})" if dropped else ""
-            raise WaitTimeoutError(f"waited {timeout:.0f} s for {what}; it did not happen{last}.\n{tails}")
-        await asyncio.sleep(every)
 
 
 # ---------------------------------------------------------------------------------------- workflows
@@ -380,7 +180,7 @@ class DurabilityStack:
             if not w.alive():
                 w.start()
         for w in (self.main, self.trainer):
-            await w.wait_ready(self.client)
+            await w.wait_ready(self.client, STATE_WAIT)
         return self
 
     def down(self) -> None:

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from tests.durability.helpers import WorkerProcess
+from infra.worker_process import WorkerProcess
 from tests.inference.checkpoints import perturbed_copy
 
 # The host's TMPDIR inside its namespaces: its own `tmp` folder, bound at a short path (vLLM's IPC sockets

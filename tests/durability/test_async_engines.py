@@ -35,9 +35,10 @@ from grove.gates import GateControl
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from infra.worker_process import WorkerProcess, wait_until
 from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
-from tests.durability.helpers import DurabilityStack, WorkerProcess, activity_results, wait_until
+from tests.durability.helpers import DurabilityStack, activity_results
 from trainer.checkpoint_layout import commit_key
 from workflows.training_run import TrainingRunWorkflow, step_specs
 

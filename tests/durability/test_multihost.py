@@ -73,6 +73,7 @@ from grove.sampling import SamplingConfig
 from harnesses import scenario
 from infra.s3server import ACCESS_KEY, SECRET_KEY, LocalBucketServer
 from infra.temporal import TemporalDevServer
+from infra.worker_process import wait_until
 from storage.base import ObjectStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import (
@@ -80,7 +81,6 @@ from tests.durability.helpers import (
     activity_identities,
     activity_results,
     decoded_inputs,
-    wait_until,
 )
 from tests.durability.hosts import Host, HostProcess, provision_model
 from tests.durability.test_worker_kill import ALL_CALLS, EXPECTED_ROWS, renamed

@@ -31,6 +31,7 @@ from grove.data_order import task_indices
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from infra.worker_process import wait_until
 from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import (
@@ -40,7 +41,6 @@ from tests.durability.helpers import (
     is_started,
     pending_activities,
     wait_held,
-    wait_until,
     workflow_ids_of_run,
 )
 from trainer.rows import rows_from_parquet

@@ -44,6 +44,7 @@ from grove.sampling import SamplingConfig
 from harnesses import scenario
 from infra.procs import free_port
 from infra.s3server import ACCESS_KEY, SECRET_KEY, LocalBucketServer
+from infra.worker_process import wait_until
 from storage.base import ObjectStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import (
@@ -53,7 +54,6 @@ from tests.durability.helpers import (
     decoded_inputs,
     pending_activities,
     wait_held,
-    wait_until,
 )
 from trainer.checkpoint import download_model_folder, read_manifest
 from trainer.checkpoint_layout import step_prefix

@@ -21,6 +21,7 @@ from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, Materialize
 from grove.receipts import CallState
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from infra.worker_process import wait_until
 from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import (
@@ -29,7 +30,6 @@ from tests.durability.helpers import (
     pending_activities,
     scheduled_call_ids,
     wait_held,
-    wait_until,
 )
 from trainer.rows import rows_from_parquet
 from workflows.accounting import LedgerSummary

@@ -19,8 +19,9 @@ from temporalio.client import Client
 from gateway.episodes import ALREADY_CLOSED, Episodes, EpisodeUpdateRejectedError
 from grove.client import workflow_runs
 from grove.contracts import CloseRequest, MaterializeInput
+from infra.worker_process import wait_until
 from tests.bounds import SERVICE_TEST_TIMEOUT
-from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_activities, wait_until
+from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_activities
 from tests.episodes.kit import (
     CountingEpisodes,
     branching_calls,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.claims import stash_prompt
-from gateway.prompt import ClaimCheckError, resolve_chat_ref
+from capture.claims import stash_prompt
+from capture.prompt import ClaimCheckError, resolve_chat_ref
 from grove.contracts import CallRequest, ChatPrompt, CloseRequest, PromptSpec, close_digest
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
 from storage.local import LocalStore

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
+from capture.records import ChatRecord, Usage
 from gateway import advice
 from gateway.advice import compaction_loop, may_loop, say_once, tool_call_cut
-from gateway.records import ChatRecord, Usage
 from grove.receipts import CallKind
 from tests.forest.kit import Episode, tokens
 

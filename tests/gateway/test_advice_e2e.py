@@ -9,8 +9,8 @@ import asyncio
 import httpx
 import pytest
 
-from gateway.advice import WARNING_HEADER
 from gateway.auth import issue_token
+from grove.headers import WARNING_HEADER
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.fixtures.agents_script import AgentsScriptStack
 from tests.gateway.test_app_e2e import MODEL, SECRET, base_url, start_episode

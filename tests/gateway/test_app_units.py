@@ -15,6 +15,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 
+from capture.records import ChatRecord, CorruptChatRecordError, Usage, load_record, record_key, save_record
 from gateway import opencode
 from gateway.app import create_app
 from gateway.auth import (
@@ -24,7 +25,8 @@ from gateway.auth import (
     check_token,
     issue_token,
 )
-from gateway.capture import Capture, ResponsePendingError
+from gateway.capture import Capture
+from gateway.capture_errors import ResponsePendingError
 from gateway.chat_request import (
     InvalidChatRequestError,
     InvalidSamplingError,
@@ -49,7 +51,6 @@ from gateway.identity import (
     canonical_agent,
     grove_identity,
 )
-from gateway.records import ChatRecord, CorruptChatRecordError, Usage, load_record, record_key, save_record
 from gateway.routes.errors import domain_error
 from gateway.routing import RoutingError, identify, live_contexts, route, spawn_target
 from gateway.settings import GatewaySettings, GatewaySettingsError

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from capture.records import ChatRecord, Usage
 from chat.render import Predecessor, render_chat, render_root
 from gateway import opencode
 from gateway.continuation import Move, UndeclaredDiscontinuityError, decide, is_empty_response
 from gateway.identity import RewriteMode
-from gateway.records import ChatRecord, Usage
 from grove.receipts import CallKind
 
 SYSTEM = {"role": "system", "content": "You are an agent."}

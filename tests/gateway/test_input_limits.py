@@ -14,12 +14,12 @@ import json
 import httpx
 import pytest
 
+from capture.records import ChatRecord, Usage, save_record
 from gateway.app import create_app
 from gateway.auth import issue_token
 from gateway.episode_ref import episode_ref
 from gateway.identity import MAX_ID_CHARS, InvalidIdentityHeaderError, check_headers
 from gateway.limits import RequestLimits
-from gateway.records import ChatRecord, Usage, save_record
 from gateway.settings import DEFAULT_MAX_MODEL_LEN, GatewaySettings
 from storage.local import LocalStore
 from trainer.staging_format import staging_key

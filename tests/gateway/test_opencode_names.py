@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from capture.records import ChatRecord, Usage
 from gateway.opencode_names import SubagentName, derive, session_names, task_calls
-from gateway.records import ChatRecord, Usage
 from grove.receipts import CallKind
 from harnesses.opencode_agents import subagent_name, subagent_names
 from storage.local import LocalStore

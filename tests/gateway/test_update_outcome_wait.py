@@ -18,8 +18,8 @@ from temporalio import workflow
 from temporalio.worker import Worker
 
 from gateway.episodes import Episodes
+from infra.worker_process import wait_until
 from tests.bounds import RESULT_WAIT, STATE_WAIT
-from tests.durability.helpers import wait_until
 
 
 @workflow.defn

@@ -4,7 +4,7 @@ driven by the harness runner and read what the engine served.
 
 The stack is module-scoped in each test file that uses it (`opencode_stack`); the harness queue is served
 by a `grove worker --queues harness --gateway-url <the test's gateway>` subprocess, which a test may
-SIGKILL and start again (tests/durability/helpers.py WorkerProcess).
+SIGKILL and start again (infra/worker_process.py WorkerProcess).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, OpenCodeOpt
 from grove.gates import GateControl
 from grove.sampling import SamplingConfig
 from harnesses import delegation
+from infra.worker_process import WorkerProcess, wait_until
 from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT
-from tests.durability.helpers import WorkerProcess, wait_until
 from tests.fixtures.worker import RecordingEngine
 
 SECRET = "opencode-test-secret-0123456789"

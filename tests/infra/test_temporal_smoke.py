@@ -13,8 +13,8 @@ from temporalio.worker import Worker
 
 from grove.client import connect
 from infra.temporal import SEARCH_ATTRIBUTES, TemporalDevServer
+from infra.worker_process import wait_until
 from tests.bounds import STATE_WAIT
-from tests.durability.helpers import wait_until
 
 
 class ShoutInput(BaseModel):

@@ -378,7 +378,7 @@ async def _by_ref_external(client) -> list:
     episodes = Episodes(client)
     await episodes.open_context(spec.episode_id, ROOT)
     calls = []
-    for i in range(9):  # as the gateway asks (gateway/capture.py): a large completion by reference
+    for i in range(9):  # as the gateway asks (gateway/admission.py): a large completion by reference
         request = call_request(spec.episode_id, i).model_copy(update={"completion_by_ref": True})
         calls.append(await episodes.call(spec.episode_id, request))
     await episodes.close(spec.episode_id, CloseRequest(final_answer="done"))

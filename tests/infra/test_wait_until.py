@@ -1,4 +1,4 @@
-"""The durability kit's `wait_until` asks again when the server drops a read, and only then.
+"""`wait_until` (infra/worker_process.py) asks again when the server drops a read, and only then.
 
 A loaded dev server answered a `describe_task_queue` of `wait_ready` with CANCELLED ("operation was
 canceled") in a loaded suite run, and the test failed at setup although the worker came up. A dropped
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from tests.durability.helpers import WaitTimeoutError, wait_until
+from infra.worker_process import WaitTimeoutError, wait_until
 
 
 def answers(*outcomes):

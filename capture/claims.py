@@ -5,7 +5,7 @@ again in the `generate` activity's input it would grow the episode's history by 
 call, until Temporal terminates the workflow (issue 12). `stash_prompt` writes the request's ChatPrompt
 (messages, tools, parent messages) as JSON under the call's staging folder — deleted with the staged
 arrays when the episode ends — and replaces it by an `ObjectRef` (key, sha256, size); the generate
-activity loads it and verifies the digest (gateway/prompt.py `resolve_chat_ref`).
+activity loads it and verifies the digest (capture/prompt.py `resolve_chat_ref`).
 
 Keys are deterministic per (episode, call, content), written with put_if_absent: a retried request
 finds its own bytes.
@@ -56,7 +56,7 @@ def stash_conversation(
     store: ObjectStore, episode_id: str, call_id: str, conversation: Conversation
 ) -> ObjectRef:
     """Store a native chat call's Conversation for its continuation's `ChatDelta` (deterministic key and
-    bytes: a re-run verifies its own); read back by gateway/prompt.py `resolve_chat_delta`."""
+    bytes: a re-run verifies its own); read back by capture/prompt.py `resolve_chat_delta`."""
     data = conversation.model_dump_json().encode()
     sha = sha256_hex(data)
     key = f"{conversation_prefix(episode_id, call_id)}{sha[:16]}.json"

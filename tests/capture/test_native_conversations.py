@@ -1,6 +1,6 @@
 """A native chat continuation as a delta (grove/contracts.py `ChatDelta`): the parent call's Conversation
-is in the store (the generate activity wrote it, gateway/claims.py `stash_conversation`), the call sends
-only its new messages, and gateway/prompt.py joins them into the ChatPrompt the native harness would
+is in the store (the generate activity wrote it, capture/claims.py `stash_conversation`), the call sends
+only its new messages, and capture/prompt.py joins them into the ChatPrompt the native harness would
 otherwise send whole. Pure parts on a real LocalStore and the tiny model's real tokenizer; the path
 through Temporal and vLLM is tests/episodes/test_claim_check.py.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from capture.claims import stash_conversation
+from capture.prompt import ClaimCheckError, PromptSpecError, build_prompt, resolve_chat_ref
 from chat.render import render_chat
-from gateway.claims import stash_conversation
-from gateway.prompt import ClaimCheckError, PromptSpecError, build_prompt, resolve_chat_ref
 from grove.contracts import ChatDelta, ChatPrompt, Conversation, PromptSpec
 from storage.local import LocalStore
 from trainer.staging_format import CallTokens, encode_call_tokens, staging_key

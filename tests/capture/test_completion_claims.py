@@ -1,4 +1,4 @@
-"""Claim-checked completions (gateway/claims.py, grove/contracts.py): a completion above the inline limit
+"""Claim-checked completions (capture/claims.py, grove/contracts.py): a completion above the inline limit
 travels as a reference to a `Completion` in the object store, read back verified. Pure parts on a real
 LocalStore; the path through Temporal, the gateway and vLLM is tests/gateway/test_completion_claim_e2e.py.
 """
@@ -10,7 +10,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from gateway.claims import (
+from capture.claims import (
     CompletionDigestError,
     CompletionMissingError,
     by_reference,

@@ -4,7 +4,7 @@ The gateway keeps no state of its own. After each call, and *before* the HTTP re
 writes the call's chat record (request messages, tools, the response message it returns, usage)
 beside the call's staged arrays, at a deterministic key, with put_if_absent. A completed call without
 a record, whose request no longer runs in this gateway, is a response that was never delivered (the
-gateway died in between): the next request of that context discards it (gateway/capture.py).
+gateway died in between): the next request of that context discards it (gateway/planning.py).
 
 Whether the harness got a response whole is not a record here: the ledger decides it (the `deliver`
 Update, workflows/delivery.py). Records are deleted with the episode's staging area when it closes.

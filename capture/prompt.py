@@ -5,7 +5,7 @@ A PromptSpec is exactly one of: ids (a context root), a parent + suffix_ids (`pr
 parent completion + suffix`, read from the parent's staged arrays), or a chat prompt rendered with the
 model's chat template (chat/render.py), splicing a parent's exact tokens when it names one. A chat
 prompt may be claim-checked (`chat_ref`): the gateway wrote it to the episode's staging
-(gateway/claims.py) and the call names its size and sha256; it is loaded and verified here. A native
+(capture/claims.py) and the call names its size and sha256; it is loaded and verified here. A native
 continuation may be a `chat_delta`: its new messages after the parent call's stored `Conversation`
 (written by the parent's generate activity), joined here into the ChatPrompt it stands for.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from capture.claims import ClaimErrors, conversation_prefix, read_claim
 from chat.render import Predecessor, render_chat
 from chat.tool_parsers import ToolCallParser
-from gateway.claims import ClaimErrors, conversation_prefix, read_claim
 from grove.contracts import ChatPrompt, Conversation, PromptSpec
 from storage.base import ObjectNotFoundError, ObjectStore
 from trainer.staging_format import CallTokens, decode_call_tokens, staging_key
@@ -97,7 +97,7 @@ _CONVERSATION_ERRORS = ClaimErrors(
 
 
 def resolve_chat_ref(spec: PromptSpec, episode_id: str, store: ObjectStore) -> PromptSpec:
-    """`spec` with its claim-checked chat prompt loaded from the store and verified (gateway/claims.py),
+    """`spec` with its claim-checked chat prompt loaded from the store and verified (capture/claims.py),
     or its chat delta joined to the parent's stored conversation (`resolve_chat_delta`)."""
     ref = spec.chat_ref
     if ref is None:
