@@ -98,7 +98,9 @@ with workflow.unsafe.imports_passed_through():
         split_pages,
         unpack_page,
     )
-    from workflows.ledger import ContextState, Ledger, LedgerError
+    from workflows.ledger import Ledger
+    from workflows.ledger_errors import LedgerError
+    from workflows.ledger_state import ContextState
     from workflows.step_metrics import TOOLS_OFFERED, call_stats
 
 STATUS = SearchAttributeKey.for_keyword("GroveStatus")
