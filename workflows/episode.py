@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         DiscardRequest,
         EpisodeProgress,
         EpisodeResult,
+        GenerateResult,
         HarnessOutcome,
         LoadCompletionInput,
         close_digest,
@@ -93,6 +94,9 @@ STATUS = SearchAttributeKey.for_keyword("GroveStatus")
 # A Temporal continue-as-new suggestion is followed only once the run has this many events of its own
 # (~280 calls at ~7 events each; Temporal's count suggestion comes at 4,096 events per run).
 HANDOVER_MIN_OWN_EVENTS = 2_000
+# Patch: a paged hand-over settles the ledger (drops calls older than the branch window, after writing
+# them) and carries only the live calls. Runs recorded before hand over the whole ledger as pages.
+SETTLE_PATCH = "grove-settle-calls"
 
 
 # An episode whose history its code can no longer replay fails at once instead of retrying its workflow
@@ -262,7 +266,9 @@ class EpisodeWorkflow:
         carry = EpisodeCarry(
             run_index=self.run_index + 1, updates_before=self.updates_before + self.updates_this_run
         )
-        await self.pages.hand_over(self.ledger, carry, closing=lambda: self.close_request is not None)
+        await self.pages.hand_over(
+            self.ledger, carry, closing=lambda: self.close_request is not None, settles=self._settles
+        )
         # A close accepted while draining or while the pages were written would be lost by a
         # continue-as-new (its Update has completed in this run): the episode finishes here instead.
         if self.close_request is not None:
@@ -270,6 +276,10 @@ class EpisodeWorkflow:
             self._set_status("running")
             return
         workflow.continue_as_new(self.spec.model_copy(update={"carry": carry}))
+
+    def _settles(self) -> bool:
+        """Runs recorded before the settle hand over the whole ledger as pages (replayed as they ran)."""
+        return workflow.patched(SETTLE_PATCH)
 
     # ---------------------------------------------------------------------------------- calls
 
@@ -312,7 +322,7 @@ class EpisodeWorkflow:
             except LedgerError as err:
                 raise ledger_failure(err) from err
             try:
-                result = await generate(self.spec, call_id, req)
+                result = await self._generate(call_id, req)
             except ActivityError as err:
                 if is_lost_attempt(err) and len(lost) < self.spec.max_lost_attempts:
                     self.ledger.abandon(call_id, f"lost attempt: {err.cause}")
@@ -344,6 +354,10 @@ class EpisodeWorkflow:
                 lost_attempts=lost,
                 conversation_ref=result.conversation_ref,  # a native chat call's: its continuation names it
             )
+
+    async def _generate(self, call_id: str, req: CallRequest) -> GenerateResult:
+        """One generation attempt of an admitted call (workflows/episode_activities.py)."""
+        return await generate(self.spec, call_id, req)
 
     # ---------------------------------------------------------------------------------- updates
 

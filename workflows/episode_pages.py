@@ -7,7 +7,7 @@ earlier hand-over, travels as snapshot pages (the pure splitting and joining is 
 - it remembers what the pages written so far hold, so a later write holds only what changed since
   (`store`);
 - at a hand-over (`hand_over`) the ledger goes into the next run's carry: inline when small, else as
-  pages; patched in (`grove-settle-calls`, `SETTLE_PATCH`), the pages are listed in this run's
+  pages; patched in (`grove-settle-calls`, decided by the workflow), the pages are listed in this run's
   `LedgerIndex` (a chain in the store, one link per hand-over), every call older than its context's
   branch window is settled (workflows/settlement.py) and only the live ledger is carried, inline or as
   pages of its own when it is too large for a payload. Runs recorded before the patch hand the whole
@@ -47,10 +47,6 @@ from workflows.handover import (
 )
 from workflows.ledger import Ledger
 from workflows.ledger_state import ContextState
-
-# Patch: a paged hand-over settles the ledger (drops calls older than the branch window, after writing
-# them) and carries only the live calls. Runs recorded before hand over the whole ledger as pages.
-SETTLE_PATCH = "grove-settle-calls"
 
 
 class LedgerPages:
@@ -101,14 +97,17 @@ class LedgerPages:
             return None
         return await self.store(ledger, "final")
 
-    async def hand_over(self, ledger: Ledger, carry: EpisodeCarry, closing: Callable[[], bool]) -> None:
-        """Put the ledger into the next run's carry; `closing`: a close was accepted meanwhile (the
-        episode then finishes in this run, and nothing more is written)."""
+    async def hand_over(
+        self, ledger: Ledger, carry: EpisodeCarry, closing: Callable[[], bool], settles: Callable[[], bool]
+    ) -> None:
+        """Put the ledger into the next run's carry. `closing`: a close was accepted meanwhile (the
+        episode then finishes in this run, and nothing more is written); `settles`: the run settles its
+        paged ledger (the workflow's patch decision, asked only once the pages are written)."""
         if closing() or not self.paged(ledger):
             carry.ledger = ledger
             return
         pages = await self.store(ledger, "handover")
-        if not closing() and workflow.patched(SETTLE_PATCH):
+        if not closing() and settles():
             await self._settle(ledger, carry, pages)
         else:
             carry.ledger_pages = pages
