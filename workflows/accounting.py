@@ -1,9 +1,9 @@
 """Per-call accounting of an episode's ledger: how many calls are in which state, and the closing record.
 
-The ledger (workflows/ledger.py) answers Temporal queries with a `LedgerSummary` while the episode
-runs, and returns a `LedgerAccounting` from `close()`: every admitted call id appears in exactly one
-terminal state, and `check_complete` proves it (admitted = selected + discarded + auxiliary +
-cancelled + failed, DESIGN.md section 6).
+The ledger answers Temporal queries with a `LedgerSummary` while the episode runs
+(workflows/ledger_report.py), and returns a `LedgerAccounting` from `close()` (workflows/settlement.py):
+every admitted call id appears in exactly one terminal state, and `check_complete` proves it (admitted =
+selected + discarded + auxiliary + cancelled + failed; docs/design.md section 2).
 
 Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandbox).
 """

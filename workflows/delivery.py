@@ -26,7 +26,8 @@ Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandb
 from __future__ import annotations
 
 from grove.receipts import CallState
-from workflows.ledger import Ledger, LedgerError
+from workflows.ledger import Ledger
+from workflows.ledger_errors import LedgerError
 
 # What an undelivered call's receipt says once the close discarded it (shown in the UI and the summary).
 UNDELIVERED_AT_CLOSE = (

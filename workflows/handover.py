@@ -10,7 +10,7 @@ Pages are incremental: a run writes only the contexts and calls that changed sin
 restored from (`changed_pages`), and a ledger is the pages of all runs joined in order, later pages
 overriding earlier ones (`join_pages`). Each run's history thus carries the calls of that run once
 on the way out. On the way in (patched in, `grove-settle-calls`) only the live ledger: after writing its
-pages the run settles every call older than its context's branch window (workflows/ledger.py `settle`),
+pages the run settles every call older than its context's branch window (workflows/settlement.py `settle`),
 lists its pages in a `LedgerIndex` (a chain in the store, one link per hand-over) and carries the live
 calls and the settled tails, so what a run restores is bounded by the live calls, not by the episode's
 length. The materialize activity joins every page of the chain. Runs handed over before the patch carry
@@ -36,7 +36,8 @@ from pydantic import BaseModel, Field
 
 from grove.contracts import EpisodeSpec
 from grove.receipts import CallReceipt
-from workflows.ledger import ContextState, Ledger
+from workflows.ledger import Ledger
+from workflows.ledger_state import ContextState
 
 
 class LedgerPage(BaseModel):
@@ -51,7 +52,7 @@ class EpisodeCarry(BaseModel):
     its snapshot pages in the object store) and counters for the UI.
 
     `settled` (patched in, `grove-settle-calls`): the previous run wrote its pages and settled its
-    ledger (workflows/ledger.py `settle`): every page of the episode is listed by the `ledger_index`
+    ledger (workflows/settlement.py `settle`): every page of the episode is listed by the `ledger_index`
     chain, for the materialize activity only; the run restores `ledger` (its live calls and the settled
     tails), plus `live_pages` when the live calls are too many for a payload (`ledger` then holds none
     of them). What a run restores is then bounded by the live calls, not by the episode's length."""

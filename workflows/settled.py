@@ -1,7 +1,7 @@
 """What an episode's ledger keeps of the calls it has settled (dropped from workflow state) (pure).
 
-A long episode's workflow hands over to its next run with only its *live* calls (workflows/ledger.py
-`Ledger.settle`); every other call is *settled*: written in the episode's ledger pages (which the
+A long episode's workflow hands over to its next run with only its *live* calls (workflows/settlement.py
+`settle`); every other call is *settled*: written in the episode's ledger pages (which the
 materialize activity joins) and dropped from the workflow. Per context the ledger keeps this small tail
 instead, so its checks and reports stay exact without the calls:
 

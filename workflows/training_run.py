@@ -71,7 +71,8 @@ with workflow.unsafe.imports_passed_through():
     from grove.data_order import task_indices
     from grove.visibility import GROVE_RUN
     from harnesses.programs import family
-    from workflows.episode import EpisodeWorkflow, rows_key
+    from workflows.episode import EpisodeWorkflow
+    from workflows.episode_outcome import rows_key
     from workflows.evaluation import eval_record, eval_specs, evaluates_at
     from workflows.step_metrics import rollout_metrics
 

@@ -102,7 +102,7 @@ class EpisodeSpec(BaseModel):
     # 2 MB limit).
     ledger_page_items: int = Field(1000, ge=1, le=2000)
     # A paged ledger hands over only its live calls: per context its last `branch_window` calls and
-    # its head's last `branch_window` ancestors, and calls still generating (workflows/ledger.py
+    # its head's last `branch_window` ancestors, and calls still generating (workflows/settlement.py
     # `settle`). Older calls are settled: in the pages, still trained, but extending, branching from,
     # discarding or spawning from one is refused (409 SettledCallError). At least 2: a retry extends
     # the head's parent.

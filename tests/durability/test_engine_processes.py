@@ -25,7 +25,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from infra.procs import log_tail
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import descendants, wait_exited
-from workflows.episode import _is_lost_attempt
+from workflows.episode_failures import is_lost_attempt
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
@@ -110,6 +110,6 @@ def test_an_engine_death_is_a_lost_attempt_and_other_failures_are_not():
     """The episode re-runs a call whose engine died (on a live worker) like one whose worker vanished,
     and still fails a call that failed for what it is (bad prompt, NaN weights)."""
     died = ApplicationError("engine died", type="EngineDiedError")
-    assert _is_lost_attempt(_activity_error(died))
+    assert is_lost_attempt(_activity_error(died))
     for kind in ("NonFiniteLogprobError", "PromptTooLongError", "GenerationAbortedError"):
-        assert not _is_lost_attempt(_activity_error(ApplicationError("x", type=kind)))
+        assert not is_lost_attempt(_activity_error(ApplicationError("x", type=kind)))

@@ -1,7 +1,7 @@
 """A long episode's hand-overs carry only its live calls (issue 12: history per run bounded).
 
 Each continue-as-new of a paged ledger writes the ledger's pages, settles every call older than its
-context's branch window (workflows/ledger.py `settle`) and carries the rest: what the next run restores
+context's branch window (workflows/settlement.py `settle`) and carries the rest: what the next run restores
 is bounded by the live calls, not by the episode's length. Measured here on the runs' real histories:
 the bytes each run restored (its start input, which carries the ledger, plus any `load_ledger_page`
 results) stay flat while the calls before it grow several-fold; and the settled calls are still every

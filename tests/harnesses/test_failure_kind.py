@@ -9,7 +9,7 @@ from __future__ import annotations
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_kind, failure_outcome
-from workflows.episode import _generation_failure_kind
+from workflows.episode_failures import generation_failure_kind
 
 
 def activity_error(cause: BaseException) -> ActivityError:
@@ -21,14 +21,14 @@ def activity_error(cause: BaseException) -> ActivityError:
 
 def test_generation_refused_for_the_policys_request_is_the_policys():
     for name in ("PromptTooLongError", "EmptyPromptError", "TokenIdOutOfRangeError", "PromptSpecError"):
-        assert _generation_failure_kind(activity_error(ApplicationError("x", type=name))) == "policy"
+        assert generation_failure_kind(activity_error(ApplicationError("x", type=name))) == "policy"
 
 
 def test_lost_attempts_and_engine_faults_are_the_infrastructures():
     timeout = TimeoutError("heartbeat", type=TimeoutType.HEARTBEAT, last_heartbeat_details=[])
-    assert _generation_failure_kind(activity_error(timeout)) == "infrastructure"
+    assert generation_failure_kind(activity_error(timeout)) == "infrastructure"
     for name in ("EngineBrokenError", "ParentNotStagedError", "GenerationAbortedError"):
-        assert _generation_failure_kind(activity_error(ApplicationError("x", type=name))) == "infrastructure"
+        assert generation_failure_kind(activity_error(ApplicationError("x", type=name))) == "infrastructure"
 
 
 def test_native_program_errors_and_tagged_generation_failures():

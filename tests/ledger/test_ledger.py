@@ -8,8 +8,10 @@ import pytest
 from grove.receipts import CallKind, CallState
 from tests.forest.kit import Episode, tokens
 from workflows.accounting import IncompleteAccountingError, LedgerAccounting
+from workflows.admission import AdmitRequest
 from workflows.ancestry import ancestry_evidence
-from workflows.ledger import AdmitRequest, Ledger, StaleContinuationError
+from workflows.ledger import Ledger
+from workflows.ledger_errors import StaleContinuationError
 
 
 def chain() -> Episode:

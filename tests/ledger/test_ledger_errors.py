@@ -7,7 +7,7 @@ import pytest
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
 from tests.forest.kit import Episode, tokens
 from workflows.ancestry import ancestry_evidence
-from workflows.ledger import (
+from workflows.ledger_errors import (
     AmbiguousAncestryError,
     ClosingWithOutstandingCallsError,
     CrossContextContinuationError,

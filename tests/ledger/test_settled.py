@@ -15,7 +15,8 @@ import pytest
 
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord, TokenDigests
 from workflows.handover import changed_pages, join_pages
-from workflows.ledger import DuplicateCallError, Ledger, LedgerError, SettledCallError
+from workflows.ledger import Ledger
+from workflows.ledger_errors import DuplicateCallError, LedgerError, SettledCallError
 from workflows.settled import IdRanges, canonical_index
 
 

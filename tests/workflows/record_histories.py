@@ -58,7 +58,7 @@ tests/workflows/histories/<name>.json, replacing the file there. Everything the 
 stopped (by PID) and its temporary folder deleted when it ends.
 
 When to re-record: only after an *intentional* change to workflows/ (or to code they run inside the
-sandbox: harnesses/native.py, harnesses/scenario.py, workflows/ledger.py, grove/data_order.py) that
+sandbox: harnesses/native.py, harnesses/scenario.py, grove/data_order.py) that
 changes the commands a workflow issues — then test_replay.py fails with a nondeterminism error, which
 is its job. Before re-recording, decide whether runs already in flight must survive the change: if
 so, guard the new behaviour with `workflow.patched(...)` instead (histories recorded before the change
