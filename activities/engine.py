@@ -11,9 +11,9 @@ separate model-worker process, the "mp" executor), which on CPU binds the model'
 its own core. Measured here with the tiny model: "0" (model inside the EngineCore, unbound threads)
 starts faster (13-18 s vs 27 s) but generates 4x slower at batch 16 (~670 vs ~2500 tokens/s).
 Everything sent to the model worker (`collective_rpc`) is a plain value (a folder path), never a
-tensor, so either setting works (pitfall 5 of shared/research/vllm_cpu.md section 4).
+tensor, so either setting works.
 
-Faults (issue 12, section 8):
+Faults (docs/reliability.md):
 - Chunked prefill is off on CPU: vLLM rewinds a seeded request's generator after a partial prefill with a
   CUDA-only offset call, so on CPU a group of long prompts that overflow one step's token budget
   killed the engine core. Without chunking each prompt is prefilled in one step (a step schedules

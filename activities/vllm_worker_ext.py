@@ -4,14 +4,14 @@ vLLM imports this class inside its engine-core process (`worker_extension_cls`),
 next to the model and are called from the driver through `collective_rpc("grove_...")`. Only plain
 values (paths, strings, lists) cross the process boundary.
 
-Why not plain `reload_weights`: on CPU two things go wrong (shared/research/vllm_cpu.md section 4):
+Why not plain `reload_weights`: on CPU (vLLM 0.32) two things go wrong:
 - tied embeddings: the output layer keeps its own pre-packed copy of the embedding matrix, which a
   reload never re-processes, so logits keep the old weights unless the head is repacked (pitfall 1);
 - a failure in the middle of a layerwise reload can leave parameters on the meta device, and the next
   forward pass then kills the engine (pitfall 6); we check for that and report it instead.
 
 Importing this module also ties the engine's processes to the process that owns the engine (the
-grove worker), so they never outlive it, not even a SIGKILL of it (shared issue 12, section 9). vLLM
+grove worker), so they never outlive it, not even a SIGKILL of it (docs/reliability.md). vLLM
 0.32 on CPU runs: grove worker -> `EngineCore` (multiprocessing spawn) -> `VLLM::Worker` (spawn, the
 model; this module is imported there when the worker class is built). Neither child watches the
 grove worker: EngineCore only reacts to signals, the model worker only to EngineCore's death pipe

@@ -1,4 +1,4 @@
-"""Benchmark: one external episode driven to N calls, closed and materialized (issue 12, section 2).
+"""Benchmark: one external episode driven to N calls, closed and materialized (docs/results.md section 3.5).
 
 Real services in one process: a Temporal dev server (temporary SQLite), a grove worker serving the
 episodes, io and inference queues with vLLM on the tiny-random model, a temporary local object store.

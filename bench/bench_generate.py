@@ -9,7 +9,7 @@ In one process, on one PolicyEngine (real vLLM), interleaved call by call so tha
              sends to EpisodeWorkflow) that executes the `generate` activity on the inference worker.
 
 Prints p50/p95 latency of each and the overhead over direct; then generation tokens/s at batch 1 and 16
-(256 tokens per request, ignore_eos, as in shared/research/vllm_cpu.md); then the time of weight
+(256 tokens per request, ignore_eos); then the time of weight
 publications (perturbed copies of the model, loaded in place).
 
     .venv/bin/python bench/bench_generate.py [--model tiny|tiny-random|smollm2|PATH] [--calls 40]

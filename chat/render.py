@@ -2,7 +2,7 @@
 
 A chat harness sends the whole conversation each time. Re-rendering it would re-tokenize what the
 model generated, and re-tokenized text is not always the sampled tokens; so when a request *extends*
-the predecessor call, the prompt is spliced instead (DESIGN.md section 5):
+the predecessor call, the prompt is spliced instead (docs/design.md section 4):
 
     prompt = predecessor.prompt_ids + predecessor.completion_ids + suffix_ids
 

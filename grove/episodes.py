@@ -7,7 +7,7 @@ train step gets one `EpisodeRecord` per episode the run started (the run workflo
 from its step's specs, however each child ended), and the advantage code computes every group
 baseline over these records, then fans the advantages out to the rows (trainer/advantages.py).
 
-Status and failure kind (the failure rule, DESIGN.md section 10):
+Status and failure kind (the failure rule, docs/design.md section 7):
 - `ok`: the episode's reward counts in its group's baseline; its rows train with its advantage.
 - `failed`, kind `policy`: the policy's own behaviour failed the attempt (a malformed tool call or
   other native-harness error, an external harness's reported failure, a prompt that grew too long, a

@@ -1,4 +1,4 @@
-"""Temporal task-queue names, in one place (DESIGN.md section 4)."""
+"""Temporal task-queue names, in one place (docs/design.md section 9)."""
 
 EPISODES = "episodes"  # EpisodeWorkflow and TrainingRunWorkflow
 INFERENCE = "inference"  # generate, publish_weights (hosts a vLLM engine)

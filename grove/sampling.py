@@ -11,7 +11,7 @@ mask the most likely token) and sets the rest to -inf. With top_p == 1 there is 
 must compute its new-policy logprobs with the same processing so that the importance ratio
 exp(logp_new - logp_behaviour) compares like with like (trainer/logprobs.py mirrors this).
 
-The processing travels with the tokens (DESIGN.md section 10): the generate activity records the
+The processing travels with the tokens (docs/design.md section 4): the generate activity records the
 `SamplingProcessing` it actually sampled with in the call's receipt (grove/receipts.py), the
 reconstruction copies it into every span of the rows (trainer/rows.py), and the learner scores each
 token under the processing of its own span. There is no run-wide learner temperature.

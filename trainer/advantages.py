@@ -6,7 +6,7 @@ before publishing any is still a logical rollout of its group, and rows alone ca
 
     advantages = episode_advantages(rows, episodes, std_scaling=True, eps=1e-6, failure_reward=0.0)
 
-Rules (DESIGN.md sections 7 and 10; NeMo RL's logical-owner GRPO is the prior art):
+Rules (docs/design.md section 7; NeMo RL's logical-owner GRPO is the prior art):
 - Every episode record counts once in its group, whether it has 0, 1 or many rows. Rows only
   carry the advantage to tokens: each row must belong to a record (`UnknownEpisodeError`), carry
   its record's reward and group and agree with its status (`EpisodeRowsMismatchError`), and when

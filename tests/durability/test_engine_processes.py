@@ -1,4 +1,4 @@
-"""A worker and its vLLM engine live and die together (issue 12, sections 8 and 9).
+"""A worker and its vLLM engine live and die together (docs/reliability.md).
 
 - SIGTERM of the worker process alone stops its engine processes too (before the fix, one was seen
   spinning on).

@@ -1,4 +1,4 @@
-"""Claim check (DESIGN.md section 10): a chat request's messages live in the object store; the `call`
+"""Claim check (docs/design.md section 8): a chat request's messages live in the object store; the `call`
 Update and the `generate` activity's input carry a key and a digest, so a megabyte request does not
 grow the episode's history by megabytes (issue 12: fourteen 1.9 MB requests terminated an episode).
 

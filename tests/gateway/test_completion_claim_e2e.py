@@ -1,4 +1,4 @@
-"""A long completion crosses Temporal as a claim check (DESIGN.md section 10, issue 12): the generate
+"""A long completion crosses Temporal as a claim check (docs/design.md section 8): the generate
 activity stores it beside the call's staged arrays and the activity result and the `call` Update's result
 carry a reference; the gateway reads it back (verified) and answers the harness.
 

@@ -2,7 +2,7 @@
 
 - A group of distinct prompts that together exceed one engine step's token budget used to make vLLM
   chunk a seeded prefill, which on CPU raises "CPU Generator does not use offset" and kills the engine
-  core (issue 12, section 8). Each prompt here is as long as the engine allows (max_model_len 1024,
+  core (docs/reliability.md). Each prompt here is as long as the engine allows (max_model_len 1024,
   minus the completion) and the group holds 4x the budget (2048 tokens a step).
 - Weights that give NaN logits must fail the call at generation with a named error.
 """
