@@ -1,4 +1,4 @@
-"""The harness runner: one external harness process per episode, owned by the run (docs/design.md section 3, docs/harnesses.md).
+"""The harness runner: one external harness process per episode, owned by the run (docs/harnesses.md).
 
     EpisodeWorkflow (harness.kind "opencode" or "python")
         -> run_harness(HarnessRunInput) on the `harness` task queue (this module)

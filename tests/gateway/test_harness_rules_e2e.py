@@ -1,4 +1,4 @@
-"""Gateway rules that fit real harnesses (issue 15 part 2), on real services: uvicorn, the Temporal dev
+"""Gateway rules that fit real harnesses (issue 15), on real services: uvicorn, the Temporal dev
 server, a grove worker with a real vLLM engine on the tiny model, a local object store (the fixtures of
 test_app_e2e.py).
 

@@ -1,4 +1,4 @@
-"""Size and shape limits at the gateway (issue 12 sections 5-6), on the real FastAPI app without its
+"""Size and shape limits at the gateway (issue 12), on the real FastAPI app without its
 lifespan: no Temporal client, no store, no tokenizer. A request that got past the limits would reach
 the missing capture service and fail with a 500, so every 4xx below was answered before anything
 could be admitted (the e2e module shows the same against a real episode: nothing admitted).
