@@ -218,8 +218,9 @@ def _entry_lock(
 
 # Who hears that a build starts and ends: on a fresh machine a build is minutes of CPU (tiny-tools and
 # its fine-tunes), and a caller with a screen (the test session: tests/fixtures/models.py) says so.
-# A listener gets (name, None) when a build starts and (name, seconds) when it is published.
-BuildListener = Callable[[str, "float | None"], None]
+# A listener gets (name, cache root, None) when a build starts and (name, cache root, seconds) when it is
+# published.
+BuildListener = Callable[[str, Path, "float | None"], None]
 _build_listeners: list[BuildListener] = []
 
 
@@ -229,9 +230,9 @@ def listen_to_builds(listener: BuildListener) -> Callable[[], None]:
     return lambda: _build_listeners.remove(listener)
 
 
-def _tell(name: str, seconds: float | None) -> None:
+def _tell(name: str, root: Path, seconds: float | None) -> None:
     for listener in list(_build_listeners):
-        listener(name, seconds)
+        listener(name, root, seconds)
 
 
 def _ensure_cached(root: Path, name: str, fingerprint: str, build: Callable[[Path], object]) -> Path:
@@ -245,7 +246,7 @@ def _ensure_cached(root: Path, name: str, fingerprint: str, build: Callable[[Pat
         for stale in root.glob(f".{entry.name}.tmp-*"):  # left by a killed build; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=root))
-        _tell(name, None)
+        _tell(name, root, None)
         started = time.monotonic()
         try:
             build(tmp)
@@ -254,7 +255,7 @@ def _ensure_cached(root: Path, name: str, fingerprint: str, build: Callable[[Pat
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _tell(name, time.monotonic() - started)
+        _tell(name, root, time.monotonic() - started)
     return entry
 
 

@@ -80,6 +80,7 @@ def renamed(call_id: str, lost: set[str]) -> str:
     return f"{call_id}.r1" if call_id in lost else call_id
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_worker_sigkill_mid_worker_call_discards_the_lost_attempt(stack):
     await stack.up()
     client, old = stack.client, stack.main

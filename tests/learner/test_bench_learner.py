@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = "temporalio,vllm,tests"
 
@@ -50,6 +52,7 @@ def test_the_blocker_blocks():
     assert out.returncode != 0 and "temporalio" in out.stderr
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 def test_every_section_runs_on_cpu_with_tiny_sizes():
     out = run_blocked(
         "bench/bench_learner.py", "--model-shape", "tiny", "--device", "cpu", "--parent-tokens", "64",

@@ -62,14 +62,14 @@ def test_listeners_hear_a_build_start_and_end_and_nothing_of_a_cached_entry(tmp_
         return real_build(out, spec)
 
     monkeypatch.setattr(registry, "build_tiny_model", observed_build)
-    remove = registry.listen_to_builds(lambda name, seconds: heard.append((name, seconds)))
+    remove = registry.listen_to_builds(lambda name, root, seconds: heard.append((name, seconds, root)))
     try:
         ensure_model("tiny-random", cache_dir=tmp_path)
         ensure_model("tiny-random", cache_dir=tmp_path)  # cached: no build, nothing said
     finally:
         remove()
-    assert order == [("build", [("tiny-random", None)])]
-    assert [name for name, _ in heard] == ["tiny-random", "tiny-random"]
+    assert order == [("build", [("tiny-random", None, tmp_path)])]
+    assert [(name, root) for name, _, root in heard] == [("tiny-random", tmp_path)] * 2
     assert heard[1][1] is not None and heard[1][1] > 0
     ensure_model("tiny-random", cache_dir=tmp_path / "other")  # built again elsewhere, listener removed
     assert len(heard) == 2

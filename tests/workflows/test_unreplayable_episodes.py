@@ -144,6 +144,7 @@ async def until_closed(handle: WorkflowHandle) -> None:
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_the_sweep_ends_an_episode_whose_task_fails_on_every_attempt_and_no_other(temporal_client):
     queue = f"wedge-{uuid.uuid4().hex[:8]}"
     run = f"wedge-{uuid.uuid4().hex[:6]}"
