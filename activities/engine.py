@@ -6,12 +6,11 @@ finish reason and the policy version that produced them out. Concurrent calls go
 engine, whose scheduler batches them; the worker never serialises generations.
 
 Process model: vLLM 0.32's AsyncLLM always runs its EngineCore in a child process (AsyncMPClient);
-`VLLM_ENABLE_V1_MULTIPROCESSING` only chooses where the model runs. We keep vLLM's default ("1": a
-separate model-worker process, the "mp" executor), which on CPU binds the model's OpenMP thread to
-its own core. Measured here with the tiny model: "0" (model inside the EngineCore, unbound threads)
-starts faster (13-18 s vs 27 s) but generates 4x slower at batch 16 (~670 vs ~2500 tokens/s).
-Everything sent to the model worker (`collective_rpc`) is a plain value (a folder path), never a
-tensor, so either setting works.
+`VLLM_ENABLE_V1_MULTIPROCESSING` only chooses where the model runs. We keep vLLM's default ("1": a separate
+model-worker process, the "mp" executor), which on CPU binds the model's OpenMP thread to its own core ("0",
+the model inside the EngineCore, leaves its threads unbound; its speed on CPU is unmeasured here:
+docs/results.md section 6). Everything sent to the model worker (`collective_rpc`) is a plain value (a
+folder path), never a tensor, so either setting works.
 
 Faults (docs/reliability.md):
 - Chunked prefill is off on CPU: vLLM rewinds a seeded request's generator after a partial prefill with a
@@ -142,7 +141,8 @@ class PolicyEngine:
 
     @classmethod
     async def start(cls, config: EngineConfig) -> PolicyEngine:
-        """Start the engine (10-30 s on CPU) and label its weights with `config.initial_version`.
+        """Start the engine (slow on CPU: it spawns vLLM's processes and loads the model; docs/results.md
+        section 5) and label its weights with `config.initial_version`.
         Raises an EngineLimitsError (before vLLM starts) for limits the model cannot honour."""
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs

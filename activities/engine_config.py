@@ -27,7 +27,7 @@ class EngineConfig(BaseModel):
     kv_cache_bytes: int = Field(default=DEFAULT_KV_CACHE_BYTES, ge=16 * 2**20)
     max_num_batched_tokens: int | None = Field(default=None, ge=16)  # None: step_token_budget's default
     max_num_seqs: int = Field(default=64, ge=1)
-    enforce_eager: bool = True  # torch.compile costs ~75 s of startup on CPU for no gain at this size
+    enforce_eager: bool = True  # eager: torch.compile's startup cost buys nothing at this model size
     enable_prefix_caching: bool = True
     seed: int = 0
     # The model family's tool-call format (chat/tool_parsers.py): grove's "hermes" or the name of a

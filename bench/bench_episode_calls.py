@@ -11,7 +11,7 @@ pages above `--page-items` contexts + calls). Prints calls/s per segment of `--p
 rate decay as the ledger grows?), close -> result time, then per workflow run: Updates, history events
 and bytes, so history per run and per call can be read off directly.
 
-    .venv/bin/python bench/bench_episode_calls.py                 # 20,000 calls (~20 min on 2 cores)
+    .venv/bin/python bench/bench_episode_calls.py                 # 20,000 calls (slow: results.md section 5)
     .venv/bin/python bench/bench_episode_calls.py --quick         # 600 calls, 200 per run: a smoke run
 
 `--pattern contexts` drives the other shape of a long episode: every call opens a new context (an agent

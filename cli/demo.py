@@ -55,32 +55,13 @@ from infra.procs import ServiceStartError, log_tail, stop_pid
 
 
 class DemoConfig(BaseModel):
-    """Defaults tuned so that, on the tiny model, the parent-and-workers run visibly learns in ~20 steps
-    (~10-15 min on 2 CPU cores); measured offline with the same prompts, reward and learner: mean reward
-    ~0.2 at steps 1-3 -> ~0.5 at steps 16-20 (three seeds), while the parent-only run stays <= ~0.2.
-    lr >= 2e-3 wrecks the base model's fragile copying in one step; temperature 1.0 learns about half
-    as fast as 0.7 (more junk samples, fewer successes per group).
-
-    `--harness opencode` (tiny-copy, stock OpenCode per episode) measured on the 2 shared cores under
-    heavy load, group 4 x 1 task per step, T 0.7, both runs at once: workers start in ~4-5 min, then
-    ~1.5-5 min per step. At lr 5e-4 the lead's `task`-call JSON broke within 3 updates (reward
-    0.38 -> 0.02 by step 4, then every lead call without a tool call: reward 0, no signal left), so
-    the opencode lr is 1e-4 (OPENCODE_LR). At 1e-4 the policy holds but does not learn within 21
-    steps: 0.334 -> 0.326 (parent+workers) and 0.331 -> 0.278 (parent-only), first vs last 10 steps'
-    mean; paired per-step difference +0.015 (parent+workers ahead at 12 of 21 steps). The reward's
-    parent half stays ~0 (tiny-copy never repeats the words after the task results) and the workers'
-    half moves with the string similarity of made-up words (group std ~0.04), a weak, noisy signal.
-    Those runs scored the parent half by exact presence; it is `read_back_score` now, and with
-    `--model tiny-resume` the pair measured 0.712 -> 0.725 (parent+workers) vs 0.659 -> 0.458
-    (parent-only), first vs last 10 of 20 steps (docs/tool_model.md); with 8 episodes per step, lr 2e-4
-    and kl_coef 0.04, 0.691 -> 0.645 vs 0.703 -> 0.687: no rise either. `family="opencode-reader"`
-    (tiny-reader; each worker reads notes.txt and compacts once, 2 compactions per episode): 0.648 ->
-    0.692 vs 0.608 -> 0.592 and 0.603 -> 0.595 vs 0.700 -> 0.522 (group 4 x 1 task, two pairs, seed 0);
-    seed 1: 0.554 -> 0.374 (parent-only stopped at step 10), seed 2: 0.572 -> 0.572 vs 0.560 -> 0.584.
-    A small training set (`--set num_tasks=4`, each task trained every other step, 2 tasks x 4 per step):
-    0.604 -> 0.623 vs 0.535 -> 0.468, ahead at 17 of 20 steps (seed 0); 0.528 -> 0.464 vs 0.566 -> 0.587,
-    ahead at 3 of 10 (seed 1). group_size/tasks_per_step keep the native defaults (8 x 2: 4x the
-    episodes of the measured configuration, not measured with OpenCode)."""
+    """The demo's settings. The defaults are the native demo's (tiny, 20 steps, 2 tasks x 8 episodes, lr
+    5e-4, T 0.7): on them the parent-and-workers run's reward rises while parent-only's does not
+    (docs/results.md section 1.1). `--harness langgraph|agents-sdk` keep them (sections 1.2-1.3). `--harness
+    opencode` uses tiny-copy at OPENCODE_LR, since a larger lr breaks the lead's `task`-call JSON within a
+    few updates; on the OpenCode families parent-and-workers has not yet risen apart from parent-only
+    (sections 1.4-1.6). group_size and tasks_per_step keep the native defaults for every harness; the
+    OpenCode pairs measured used 4 x 1 or 4 x 2 on 2 cores."""
 
     name: str = "demo"
     # native: harnesses/delegation.py inside the episode workflows; opencode: stock OpenCode launched per
@@ -121,9 +102,8 @@ OPENCODE_CONTEXT = 4096  # tiny-copy's engines and OpenCode's `limit.context`: h
 # OpenCode's `limit.output`: the lead's two `task` calls, each with a made-up word written twice, take
 # ~90-105 tokens (at 64 the second call was cut, and a cut call leaves the whole reply plain text)
 OPENCODE_MAX_TOKENS = 128
-# GRPO on tiny-copy's OpenCode episodes: at 5e-4 (the native demo's lr) the lead's `task`-call JSON broke
-# within 3 updates (malformed or no calls 0.5 -> 0.8 -> 1.0 of the lead's calls, reward 0.38 -> 0.02 by step
-# 4, then 0 with no signal left); measured runs in the class docstring
+# GRPO on tiny-copy's OpenCode episodes: at the native demo's 5e-4 the lead's task-call JSON broke
+# within a few updates and the reward fell to 0 (docs/results.md section 1.4, D1)
 OPENCODE_LR = 1e-4
 # a progress query nobody answered yet, not one that was refused: the server's query timeout (a loaded
 # machine), a dropped call, or FAILED_PRECONDITION "no poller seen" while the workers are still starting

@@ -170,12 +170,12 @@ def check_project_path(task: TaskSpec, path: str) -> None:
 
 
 def _timeouts(seconds: float | None) -> dict[str, int | bool]:
-    """OpenCode's provider fetch gives up on a response whose headers take 5 minutes, or a stream silent
-    for 5 minutes, then re-sends the request. The gateway sends its headers when generation ends, and a
-    call can queue longer than that behind a group's long prompts on a loaded engine (a demo step's
-    first calls here took 2.5 min): the re-sent request would find the first still generating (409)
-    until OpenCode gave up. `false` switches either wait off (OpenCode 1.18.33: `headerTimeout ===
-    false`, `chunkTimeout` not a positive number); the launch's own deadline still bounds the episode."""
+    """OpenCode's provider fetch gives up on a response whose headers take 5 minutes, or a stream silent for
+    5 minutes, then re-sends the request. The gateway sends its headers when generation ends, and a call can
+    queue longer than that behind a group's long prompts on a loaded engine: the re-sent request would find
+    the first still generating (409) until OpenCode gave up. `false` switches either wait off (OpenCode
+    1.18.33: `headerTimeout === false`, `chunkTimeout` not a positive number); the launch's own deadline
+    still bounds the episode."""
     if seconds is None:
         return {"headerTimeout": False, "chunkTimeout": False}
     ms = max(1, round(seconds * 1000))

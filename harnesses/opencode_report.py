@@ -30,7 +30,8 @@ Why per text and not half and half: every agent's rows in an episode share the e
 the lead's final answer is credited with its workers' reports and the other way round. On simulated
 episodes (harnesses/opencode_delegation_sim.py, GRPO at the demo's lr and group) the half-and-half split
 let the lead's more fragile answer, pushed about by its workers' spread, cancel most of what the workers
-learned; docs/tool_model.md has those figures, measured before any run of this family.
+learned (docs/tool_model.md; the figures, measured before any run of this family, in docs/results.md
+section 6).
 
 The starting policy must write these shapes in some episodes and not in others, or a group's rewards
 are all equal and GRPO has nothing to go on: `tiny-report` (models/registry.py) is `tiny-reader` drilled

@@ -1,7 +1,7 @@
 """`tiny-copy`: `tiny-tools` fine-tuned to copy made-up words, in OpenCode's real request format.
 
-`tiny-tools` emits well-formed `task` calls but copies none of the user's made-up words (docs/tool_model.md:
-0% held-out), so every `opencode-delegation` episode scores the same and GRPO has nothing to learn from.
+`tiny-tools` emits well-formed `task` calls but copies none of the user's made-up words (docs/results.md
+section 2.2), so every `opencode-delegation` episode scores the same and GRPO has nothing to learn from.
 Copying a made-up word means copying 4-8 tokens of this tokenizer: it needs induction (attend to the token
 after the previous occurrence of the current one), which the tool drills, with one or two words per
 dialogue, never taught. This fine-tune teaches it in two phases, from a seeded stream of training-side
@@ -88,12 +88,11 @@ class CopyTuneSpec(BaseModel):
     real_workers: int = Field(4, ge=0)
     real_dense: int = Field(4, ge=0)
     # `resume` steps (after the real ones): lead resumptions whose loss is the final answer only (the
-    # words read back from the two task results), the part tiny-copy never learned (resume 0.000)
+    # words read back from the two task results), the part tiny-copy never learned
     resume_steps: int = Field(0, ge=0)
     resume_leads: int = Field(8, gt=0)
     # first lead turns (their `task` calls, full loss) beside each resume step's finals: without them the
-    # final-only loss taught the lead to answer at once and stop calling (tiny-resume v1, 200 steps:
-    # simulated workers 0.61 -> 0.00)
+    # final-only loss taught the lead to answer at once and stop calling (tiny-resume v1, 200 steps)
     resume_firsts: int = Field(0, ge=0)
     # `reader` steps (after the resume ones): an `opencode-reader` worker's requests (models/reader_drills.py:
     # the read call, the word after the long result, the compaction summary, the word from the summary),
@@ -347,7 +346,7 @@ def _prefixed_loss(model: torch.nn.Module, batch: list[Example], pad_id: int) ->
     """Like `_group_loss` for examples that share a long unweighted prefix (OpenCode's system prompt and
     tool schema, ~1,000 tokens): the prefix runs once, without gradient, and each example's rest attends
     to its keys and values. Gradients then skip the prefix's own activations (they carry no loss), which
-    makes a lead request ~4x cheaper to train on."""
+    makes a lead request much cheaper to train on."""
     n = _common_prefix(batch)
     if any(any(e.weights[: n + 1]) for e in batch):  # token n is predicted from the prefix: not trained
         raise ValueError(f"copy tune: the shared prefix of {n} tokens holds loss tokens")

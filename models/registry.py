@@ -34,8 +34,8 @@ from models.manifest import read_manifest
 from models.smollm2 import convert_smollm2, find_smollm2_source
 from models.tiny import TinyModelSpec, ToolDrillSpec, build_tiny_model
 
-# "tiny": 200 copy-drill steps then 160 corpus steps, each of 16 x 128 tokens (737k tokens), ~100 s on one
-# core of the dev machine. It then ends turns with <|im_end|>, emits hermes tool calls, and sometimes
+# "tiny": 200 copy-drill steps then 160 corpus steps, each of 16 x 128 tokens (737k tokens; build time:
+# docs/results.md section 2.1). It then ends turns with <|im_end|>, emits hermes tool calls, and sometimes
 # repeats a word it is given (the `delegation` demo's RL sharpens that; models/tiny.py says why the drills).
 TINY_PRETRAIN_STEPS = 160
 TINY_SPECS: dict[str, TinyModelSpec] = {
@@ -58,9 +58,7 @@ TINY_SPECS: dict[str, TinyModelSpec] = {
 # Fine-tunes of a built model (models/copy_tune.py): "tiny-copy" is tiny-tools drilled to copy made-up
 # words in OpenCode's requests, so `opencode-delegation` episodes score unevenly and GRPO has a signal.
 # "tiny-resume" is tiny-copy drilled further on the lead's resumption (the words read back from the task
-# results), beside first lead turns so the lead keeps calling. Teacher-forced on 12 held-out
-# resumptions, the final answer's tokens: tiny-copy 48%, tiny-resume 79% (exact answers 0 and 1 of 12);
-# without the first turns (200 steps) the lead stopped calling (simulated workers 0.61 -> 0.00).
+# results), beside first lead turns, so the lead keeps calling its workers.
 COPY_SPECS: dict[str, CopyTuneSpec] = {
     "tiny-copy": CopyTuneSpec(),
     "tiny-resume": CopyTuneSpec(

@@ -19,8 +19,8 @@ never see padding):
   context key is visible) and queries x the segment itself (causal), merged by their logsumexps
   (`_ContextCausal`). A single call over [context + segment] needs an explicit mask, and a masked
   kernel computes every pair of the [Lq, context + Lq] rectangle, the upper triangle of the
-  segment's own square included: on the tree of bench/bench_learner.py (b) that was 1.25x the real
-  pairs and, masked, ~1.4x the time of the split calls. The backward of each part is the flash
+  segment's own square included: on the tree of bench/bench_learner.py (b) a quarter more pairs
+  than the real ones (tests/learner/test_packing.py counts them). The backward of each part is the flash
   backward with the merged output and logsumexp (the blockwise identity ring attention uses), so
   the gradient is exact up to float rounding;
 - segments with context elsewhere (CUDA without Triton): one SDPA call with the explicit

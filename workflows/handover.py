@@ -136,8 +136,8 @@ def _same_context(saved: ContextState | None, now: ContextState) -> bool:
 
 
 def _paged(contexts: dict, calls: dict, max_items: int) -> list[LedgerPage]:
-    """Contexts (without their call lists: every run rewrote a context's whole list, ~2/3 of the packed
-    bytes of a 20,000-call episode's pages, growing with the square of its hand-overs), then calls."""
+    """Contexts (without their call lists: every run rewrote a context's whole list, a share of the pages
+    growing with the square of the hand-overs; docs/results.md section 3.6), then calls."""
     pages: list[LedgerPage] = []
     page = LedgerPage()
     for kind, items in (("contexts", contexts), ("calls", calls)):

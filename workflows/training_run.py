@@ -333,9 +333,10 @@ class TrainingRunWorkflow:
 
     async def _bound_history(self) -> None:
         """Keep the last `carried_history_steps` StepRecords in the state (one payload, carried through
-        continue-as-new: ~1 KB per step would pass Temporal's 2 MB payload limit at ~2,000 steps); older
-        records go to the store first (deterministic keys, verify-if-present). A store that stays down
-        past the retries only delays this: the records stay carried and the next step tries again.
+        continue-as-new: a record per step would pass Temporal's 2 MB payload limit on a long run; measured:
+        docs/results.md section 3.7); older records go to the store first (deterministic keys,
+        verify-if-present). A store that stays down past the retries only delays this: the records stay
+        carried and the next step tries again.
         Patched in: a run recorded before the bound carries more records than it and never archived
         them; it replays without the archive (and keeps them until its next continue-as-new)."""
         assert self.state is not None
