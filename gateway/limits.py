@@ -1,13 +1,16 @@
 """Size and shape limits of everything a client sends the gateway, enforced before anything is admitted.
 
-Every boundary has a limit (DESIGN.md section 10), and each refusal names it and its setting:
+Every boundary has a limit, and each refusal names it and its setting:
 
 - headers: count and total bytes (with the request target), checked by `HeaderLimitMiddleware` before
   any route runs: 431 `HeadersTooLargeError`;
 - bodies: routes never let FastAPI read a body for them; `read_body` runs *after* the bearer token
   was checked, refuses a declared Content-Length over the route's cap without reading a byte, and
   streams the rest with a running count: 413 `RequestTooLargeError` at the first byte over the cap.
-  So an unauthenticated or oversized body costs the gateway at most one cap of memory;
+  So an unauthenticated or oversized body costs the gateway at most one cap of memory, and a body
+  refused before it was read whole (`body_unread`) is answered with `Connection: close`, so that the
+  server stops receiving it (gateway/routes/errors.py). Large chat bodies are admitted before they are
+  read (gateway/body_admission.py);
 - JSON: nesting depth (a deep body fails in Temporal's converter, not here) and lone surrogates
   (text that cannot be encoded as UTF-8, again failing later): 400 `InvalidJsonError` with the path.
 
@@ -69,18 +72,36 @@ class TooManyItemsError(ChatRequestError):
     """More messages or tools than the gateway accepts in one request."""
 
 
+def declared_size(request: Request, limit: int, setting: str) -> int | None:
+    """The body's declared Content-Length (None: not declared, e.g. chunked); RequestTooLargeError when
+    it is over `limit`, before a byte is read."""
+    declared = request.headers.get("content-length")
+    if declared is None or not declared.isdigit():
+        return None
+    if int(declared) > limit:
+        raise _too_large(int(declared), limit, setting, declared=True)
+    return int(declared)
+
+
 async def read_body(request: Request, limit: int, setting: str) -> bytes:
     """The request's body, read only up to `limit` bytes (RequestTooLargeError beyond)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit, setting, declared=True)
+    declared_size(request, limit, setting)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise _too_large(size, limit, setting, declared=False)
         chunks.append(chunk)
+    request.state.body_read = True
     return b"".join(chunks)
+
+
+def body_unread(request: Request) -> bool:
+    """Whether the request has a body that was not read whole (refused before or while reading it)."""
+    if getattr(request.state, "body_read", False):
+        return False
+    length = request.headers.get("content-length")
+    return length != "0" if length is not None else "transfer-encoding" in request.headers
 
 
 def _too_large(size: int, limit: int, setting: str, *, declared: bool) -> RequestTooLargeError:

@@ -22,6 +22,8 @@ from chat.render import (
     UndeclaredDiscontinuityError,
 )
 from gateway.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
+from gateway.body_admission import LargeBodyBacklogError
+from gateway.body_parse import BodyWorkerLostError
 from gateway.capture import (
     ContextConflictError,
     DeliveryRefusedError,
@@ -44,7 +46,7 @@ from gateway.episodes import (
     TemporalUnavailableError,
 )
 from gateway.identity import InvalidIdentityHeaderError
-from gateway.limits import HeadersTooLargeError, RequestTooLargeError
+from gateway.limits import HeadersTooLargeError, RequestTooLargeError, body_unread
 from gateway.records import CorruptChatRecordError
 from gateway.replay import InvalidLaunchHeaderError
 from gateway.routing import ContextOwnershipError, RoutingError
@@ -94,6 +96,8 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     CorruptChatRecordError: (500, "server_error"),
     StorageError: (503, "server_error"),
     TokenizerBusyError: (503, "server_error"),
+    LargeBodyBacklogError: (429, "rate_limit_error"),
+    BodyWorkerLostError: (503, "server_error"),
 }
 # Ledger errors (and the workflow's own) that say "not now / not any more" rather than "wrong request".
 CONFLICT_TYPES = frozenset(
@@ -145,17 +149,24 @@ def _code(exc: Exception) -> str:
     return getattr(exc, "openai_code", None) or type(exc).__name__
 
 
-def error_response(exc: Exception) -> JSONResponse:
-    """The JSON error answer of a domain exception (also sent by a response whose delivery was refused)."""
+def error_response(exc: Exception, *, close: bool = False) -> JSONResponse:
+    """The JSON error answer of a domain exception (also sent by a response whose delivery was refused);
+    `close`: end the connection after it."""
     status, kind = _status(exc)
+    headers = {}
     retry_after = getattr(exc, "retry_after", None)  # a "not yet" that clears by itself: say when to retry
-    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    if retry_after is not None:
+        headers["retry-after"] = str(retry_after)
+    if close:
+        headers["connection"] = "close"
     body = error_body(str(exc), kind, _code(exc), _param(exc))
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 async def domain_error(request: Request, exc: Exception) -> JSONResponse:
-    return error_response(exc)
+    # A body refused before it was read whole (over its cap, or a large body's backlog) closes the
+    # connection: otherwise the server would go on receiving and discarding the rest of it.
+    return error_response(exc, close=body_unread(request))
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
