@@ -10,7 +10,8 @@ admitted before a byte of it is read:
   arrival order, their bytes left in the socket (TCP holds the client back: waiting costs neither side
   any CPU);
 - per episode, at most `max_waiting` wait; one more is refused at once with 429 `LargeBodyBacklogError`
-  and `Retry-After` (the connection is closed, so its body is never received);
+  and `Retry-After`, before its body is read or decoded (the server still receives and drops the rest of
+  it: closing the connection instead loses the answer for a client still sending);
 - over all episodes, at most `max_bytes_in_progress` bytes of large bodies are being read or parsed at
   once (one body alone always is); the others wait. So the gateway's memory for bodies is bounded by
   that cap, not by how many large requests arrive, and another episode's requests (small ones never

@@ -7,10 +7,8 @@ Every boundary has a limit, and each refusal names it and its setting:
 - bodies: routes never let FastAPI read a body for them; `read_body` runs *after* the bearer token
   was checked, refuses a declared Content-Length over the route's cap without reading a byte, and
   streams the rest with a running count: 413 `RequestTooLargeError` at the first byte over the cap.
-  So an unauthenticated or oversized body costs the gateway at most one cap of memory, and a body
-  refused before it was read whole (`body_unread`) is answered with `Connection: close`, so that the
-  server stops receiving it (gateway/routes/errors.py). Large chat bodies are admitted before they are
-  read (gateway/body_admission.py);
+  So an unauthenticated or oversized body costs the gateway at most one cap of memory. Large chat
+  bodies are admitted before they are read (gateway/body_admission.py);
 - JSON: nesting depth (a deep body fails in Temporal's converter, not here) and lone surrogates
   (text that cannot be encoded as UTF-8, again failing later): 400 `InvalidJsonError` with the path.
 
@@ -92,16 +90,7 @@ async def read_body(request: Request, limit: int, setting: str) -> bytes:
         if size > limit:
             raise _too_large(size, limit, setting, declared=False)
         chunks.append(chunk)
-    request.state.body_read = True
     return b"".join(chunks)
-
-
-def body_unread(request: Request) -> bool:
-    """Whether the request has a body that was not read whole (refused before or while reading it)."""
-    if getattr(request.state, "body_read", False):
-        return False
-    length = request.headers.get("content-length")
-    return length != "0" if length is not None else "transfer-encoding" in request.headers
 
 
 def _too_large(size: int, limit: int, setting: str, *, declared: bool) -> RequestTooLargeError:

@@ -46,7 +46,7 @@ from gateway.episodes import (
     TemporalUnavailableError,
 )
 from gateway.identity import InvalidIdentityHeaderError
-from gateway.limits import HeadersTooLargeError, RequestTooLargeError, body_unread
+from gateway.limits import HeadersTooLargeError, RequestTooLargeError
 from gateway.records import CorruptChatRecordError
 from gateway.replay import InvalidLaunchHeaderError
 from gateway.routing import ContextOwnershipError, RoutingError
@@ -149,24 +149,17 @@ def _code(exc: Exception) -> str:
     return getattr(exc, "openai_code", None) or type(exc).__name__
 
 
-def error_response(exc: Exception, *, close: bool = False) -> JSONResponse:
-    """The JSON error answer of a domain exception (also sent by a response whose delivery was refused);
-    `close`: end the connection after it."""
+def error_response(exc: Exception) -> JSONResponse:
+    """The JSON error answer of a domain exception (also sent by a response whose delivery was refused)."""
     status, kind = _status(exc)
-    headers = {}
     retry_after = getattr(exc, "retry_after", None)  # a "not yet" that clears by itself: say when to retry
-    if retry_after is not None:
-        headers["retry-after"] = str(retry_after)
-    if close:
-        headers["connection"] = "close"
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
     body = error_body(str(exc), kind, _code(exc), _param(exc))
-    return JSONResponse(body, status_code=status, headers=headers or None)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def domain_error(request: Request, exc: Exception) -> JSONResponse:
-    # A body refused before it was read whole (over its cap, or a large body's backlog) closes the
-    # connection: otherwise the server would go on receiving and discarding the rest of it.
-    return error_response(exc, close=body_unread(request))
+    return error_response(exc)
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -108,15 +108,6 @@ async def test_a_declared_content_length_over_the_cap_is_refused_without_reading
     assert body.pulled == 0
 
 
-async def test_a_body_refused_before_it_was_read_whole_closes_the_connection(app):
-    # else the server goes on receiving (and discarding) the rest of it
-    body = CountingBody(2 * MiB)
-    r = await send(app, "POST", CHAT, content=body, headers={**AUTH, "content-length": str(2 * MiB)})
-    assert r.status_code == 413 and r.headers["connection"] == "close"
-    r = await send(app, "POST", CHAT, json=chat([USER] * 9), headers=AUTH)  # read whole, then refused
-    assert r.status_code == 400 and "connection" not in r.headers
-
-
 async def test_a_large_body_gets_the_same_answers_from_the_body_worker(app):
     # over `bodies.large_from` (64 KiB): decoded and checked in a worker process, not on the event loop
     pad = {"role": "assistant", "content": "p" * 70_000}
