@@ -63,14 +63,27 @@ def _peak_mb(pid: int) -> float:
         return int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
 def _base(url: str, episode_id: str) -> str:
     return f"{url}/episodes/{episode_ref(episode_id)}/v1"
 
 
-def _sender(url: str, episode_id: str, chars: int, stop, latencies) -> None:
-    """A process sending over-long prompts to episode A until told to stop; records each refusal's time.
-    It stands for a client on another machine: its body is encoded once and it runs niced, so what the
-    bench measures is the gateway's cost of the load, not the load generator's CPU on the same cores."""
+def _sender(url: str, episode_id: str, chars: int, stop, latencies, busy) -> None:
+    """A process sending over-long prompts to episode A until told to stop; records each refusal's time
+    (a 429/503 "not now", which a hostile client ignores and re-sends at once, in `busy`). It stands for a
+    client on another machine: its body is encoded once and it runs niced, so what the bench measures is
+    the gateway's cost of the load, not the load generator's CPU on the same cores."""
     os.nice(19)
     body = {"model": "grove", "messages": [{"role": "user", "content": "x" * chars}], "max_tokens": 1}
     data = json.dumps(body).encode()
@@ -82,6 +95,9 @@ def _sender(url: str, episode_id: str, chars: int, stop, latencies) -> None:
         while not stop.is_set():
             t = time.monotonic()
             r = http.post("/chat/completions", content=data)
+            if r.status_code in (429, 503) and "retry-after" in r.headers:
+                busy.append(time.monotonic() - t)
+                continue
             if r.status_code != 400 or r.json()["error"]["code"] != "context_length_exceeded":
                 raise RuntimeError(f"over-long prompt: {r.status_code} {r.text[:300]}")
             latencies.append(time.monotonic() - t)
@@ -141,17 +157,22 @@ async def _measure(args: argparse.Namespace, up: Services, url: str, gateway_pid
     rss0 = _peak_mb(gateway_pid)
     alone = await _calls(url, b.episode_id, args.calls, 100)
     ctx = mp.get_context("spawn")
-    stop, refusals = ctx.Event(), ctx.Manager().list()
+    manager = ctx.Manager()
+    stop, refusals, busy = ctx.Event(), manager.list(), manager.list()
     chars = int(args.mb * 1_000_000)
     senders = [
-        ctx.Process(target=_sender, args=(url, a.episode_id, chars, stop, refusals))
+        ctx.Process(target=_sender, args=(url, a.episode_id, chars, stop, refusals, busy))
         for _ in range(args.senders)
     ]
     for p in senders:
         p.start()
     while len(refusals) < args.senders:  # every sender has been refused once: the load is on
         await asyncio.sleep(0.1)
+    pool = _children(gateway_pid)  # the gateway's worker processes (tokenizer, body decoding) by now
+    cpu0, pool0, t0 = _cpu_s(gateway_pid), sum(map(_cpu_s, pool)), time.monotonic()
     loaded = await _calls(url, b.episode_id, args.calls, 1000)
+    wall = time.monotonic() - t0
+    cpu, pool_cpu = _cpu_s(gateway_pid) - cpu0, sum(map(_cpu_s, pool)) - pool0
     stop.set()
     for p in senders:
         p.join()
@@ -163,6 +184,12 @@ async def _measure(args: argparse.Namespace, up: Services, url: str, gateway_pid
     ratio = statistics.median(loaded) / statistics.median(alone)
     print(f"slow-down of B's median: {ratio:.2f}x (goal <= 2x)")
     print(f"over-long prompts refused: {len(refusals)}, each in {_figures(list(refusals))}")
+    if busy:
+        print(f"answered 429/503 (retry later): {len(busy)}, each in {_figures(list(busy))}")
+    print(
+        f"under the load: gateway process {cpu / wall:.0%} of a core, its {len(pool)} worker processes "
+        f"{pool_cpu / wall:.0%} (niced)"
+    )
     print(f"gateway peak RSS: {rss0:.0f} MB before the load, {_peak_mb(gateway_pid):.0f} MB after it")
 
 

@@ -19,6 +19,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway.body_admission import BodyAdmission
+from gateway.body_parse import BodyParser
 from gateway.capture import Capture
 from gateway.context_window import ContextWindow
 from gateway.episodes import Episodes
@@ -48,13 +50,17 @@ def create_app(settings: GatewaySettings, store: ObjectStore | None = None) -> F
         tokens = Tokenization(window, settings.policy_model, settings.tokenization)
         app.state.episodes = Episodes(client, settings.worker_wait_s)
         app.state.capture = Capture(app.state.episodes, store, window, tokens)
+        app.state.body_parser.bound = tokens.bound  # large bodies' worker processes refuse by it too
         try:
             yield
         finally:
+            await asyncio.to_thread(app.state.body_parser.shutdown)
             await asyncio.to_thread(tokens.shutdown)
 
     app = FastAPI(title="grove capture gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
+    app.state.body_admission = BodyAdmission(settings.bodies)
+    app.state.body_parser = BodyParser(settings.bodies.processes, settings.bodies.retry_after)
     app.add_middleware(HeaderLimitMiddleware, limits=settings.limits)
     install_error_handlers(app)
     app.include_router(health.router)

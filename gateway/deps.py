@@ -13,13 +13,16 @@ from fastapi import Depends, Request
 from pydantic import ValidationError
 
 from gateway.auth import check_token
+from gateway.body_admission import BodyAdmission
+from gateway.body_parse import BodyParser, check_chat_body
 from gateway.capture import Capture
-from gateway.chat_request import ChatCompletionRequest, parse_chat_request
-from gateway.context_window import check_max_tokens
+from gateway.chat_request import ChatCompletionRequest
+from gateway.context_window import ContextLengthExceededError
 from gateway.episode_ref import episode_id_of
 from gateway.episodes import Episodes
 from gateway.identity import check_headers
-from gateway.limits import InvalidBodyError, check_counts, parse_json, read_body
+from gateway.limits import InvalidBodyError, declared_size, parse_json, read_body
+from gateway.replay import launch_of
 from gateway.settings import GatewaySettings
 from grove.contracts import CloseRequest
 
@@ -51,17 +54,28 @@ def authorized_episode(episode_ref: str, request: Request, settings: SettingsDep
 EpisodeIdDep = Annotated[str, Depends(authorized_episode)]
 
 
-async def chat_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> ChatCompletionRequest:
+async def chat_body(
+    request: Request, settings: SettingsDep, episode_id: EpisodeIdDep
+) -> ChatCompletionRequest:
     """The request body as a validated chat-completions request (OpenAI-style 4xx otherwise); read
-    only after the token was checked, and only up to the body cap (gateway/limits.py)."""
+    only after the token was checked, and only up to the body cap (gateway/limits.py). A small body is
+    read and checked here; a large one waits its episode's turn unread (gateway/body_admission.py) and is
+    checked in a worker process (gateway/body_parse.py)."""
     check_headers(request.headers)
     limits = settings.limits
-    body = parse_json(await read_body(request, limits.max_body_bytes, "max_body_bytes"), limits)
-    if isinstance(body, dict):
-        check_counts(body, limits)
-    chat = parse_chat_request(body, settings.model_name)
-    check_max_tokens(chat, settings.max_model_len)
-    return chat
+    admission: BodyAdmission = request.app.state.body_admission
+    size = declared_size(request, limits.max_body_bytes, "max_body_bytes")
+    if not admission.is_large(size):
+        raw = await read_body(request, limits.max_body_bytes, "max_body_bytes")
+        return check_chat_body(raw, limits, settings.model_name, settings.max_model_len)
+    async with admission.turn(episode_id, limits.max_body_bytes if size is None else size):
+        raw = await read_body(request, limits.max_body_bytes, "max_body_bytes")
+        parser: BodyParser = request.app.state.body_parser
+        checked = await parser.parse(episode_id, raw, limits, settings.model_name, settings.max_model_len)
+    if isinstance(checked, ContextLengthExceededError):  # the prompt's lower bound refused it
+        launch_of(request.headers)  # whose refusal comes first in gateway/capture.py
+        raise checked
+    return checked
 
 
 async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> CloseRequest:

@@ -7,7 +7,8 @@ Every boundary has a limit (docs/gateway.md, "Limits"), and each refusal names i
 - bodies: routes never let FastAPI read a body for them; `read_body` runs *after* the bearer token
   was checked, refuses a declared Content-Length over the route's cap without reading a byte, and
   streams the rest with a running count: 413 `RequestTooLargeError` at the first byte over the cap.
-  So an unauthenticated or oversized body costs the gateway at most one cap of memory;
+  So an unauthenticated or oversized body costs the gateway at most one cap of memory. Large chat
+  bodies are admitted before they are read (gateway/body_admission.py);
 - JSON: nesting depth (a deep body fails in Temporal's converter, not here) and lone surrogates
   (text that cannot be encoded as UTF-8, again failing later): 400 `InvalidJsonError` with the path.
 
@@ -69,11 +70,20 @@ class TooManyItemsError(ChatRequestError):
     """More messages or tools than the gateway accepts in one request."""
 
 
+def declared_size(request: Request, limit: int, setting: str) -> int | None:
+    """The body's declared Content-Length (None: not declared, e.g. chunked); RequestTooLargeError when
+    it is over `limit`, before a byte is read."""
+    declared = request.headers.get("content-length")
+    if declared is None or not declared.isdigit():
+        return None
+    if int(declared) > limit:
+        raise _too_large(int(declared), limit, setting, declared=True)
+    return int(declared)
+
+
 async def read_body(request: Request, limit: int, setting: str) -> bytes:
     """The request's body, read only up to `limit` bytes (RequestTooLargeError beyond)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit, setting, declared=True)
+    declared_size(request, limit, setting)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from gateway.body_admission import BodyAdmissionLimits
 from gateway.limits import RequestLimits
 from gateway.tokenization import TokenizationLimits
 from gateway.worker_wait import WORKER_PATIENCE_S
@@ -43,6 +44,7 @@ class GatewaySettings(BaseModel):
     # how long a request waits for a grove worker to poll its episode's queue (gateway/worker_wait.py)
     worker_wait_s: float = Field(WORKER_PATIENCE_S, ge=0)
     tokenization: TokenizationLimits = Field(default_factory=TokenizationLimits)
+    bodies: BodyAdmissionLimits = Field(default_factory=BodyAdmissionLimits)
 
     @field_validator("secret")
     @classmethod

@@ -23,6 +23,8 @@ from chat.render import (
     UndeclaredDiscontinuityError,
 )
 from gateway.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
+from gateway.body_admission import LargeBodyBacklogError
+from gateway.body_parse import BodyWorkerLostError
 from gateway.capture_errors import (
     ContextConflictError,
     DeliveryRefusedError,
@@ -94,6 +96,8 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     CorruptChatRecordError: (500, "server_error"),
     StorageError: (503, "server_error"),
     TokenizerBusyError: (503, "server_error"),
+    LargeBodyBacklogError: (429, "rate_limit_error"),
+    BodyWorkerLostError: (503, "server_error"),
 }
 # Ledger errors (and the workflow's own) that say "not now / not any more" rather than "wrong request".
 CONFLICT_TYPES = frozenset(

@@ -108,6 +108,23 @@ async def test_a_declared_content_length_over_the_cap_is_refused_without_reading
     assert body.pulled == 0
 
 
+async def test_a_large_body_gets_the_same_answers_from_the_body_worker(app):
+    # over `bodies.large_from` (64 KiB): decoded and checked in a worker process, not on the event loop
+    pad = {"role": "assistant", "content": "p" * 70_000}
+    try:
+        r = await send(app, "POST", CHAT, json=chat([pad] + [USER] * 8), headers=AUTH)
+        assert r.status_code == 400 and error(r)["code"] == "TooManyItemsError"
+        assert (
+            "the request has 9 messages" in error(r)["message"] and "max_messages = 8" in error(r)["message"]
+        )
+        r = await send(app, "POST", CHAT, json=chat([pad, USER], max_tokens=1024), headers=AUTH)
+        assert r.status_code == 400 and error(r)["code"] == "MaxTokensOverContextError"
+        r = await send(app, "POST", CHAT, json=chat([pad, USER]), headers=AUTH)
+        assert r.status_code == 500  # past every limit: it reached the (missing) capture service
+    finally:
+        app.state.body_parser.shutdown()
+
+
 async def test_an_invalid_close_body_is_a_400_naming_the_field(app):
     r = await send(app, "POST", CLOSE, json={"final_answer": ["not", "text"]}, headers=AUTH)
     assert r.status_code == 400 and error(r)["code"] == "InvalidBodyError"

@@ -21,8 +21,11 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
+from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
@@ -42,26 +45,37 @@ LARGER = LARGE + LARGE[:600]  # ~1.6 KB: with LARGE being measured, past the 2 K
 OVERLONG = "x" * 3_900_000
 
 
-@pytest.fixture(scope="module")
-async def gateway(
-    temporal_server, grove_worker, e2e_store, tiny_model_dir, recording_engine, tmp_path_factory
-):
-    root = tmp_path_factory.mktemp("gates")
+@asynccontextmanager
+async def gated_gateway(
+    root, temporal_server, e2e_store, tiny_model_dir, recording_engine, **settings
+) -> AsyncIterator[tuple[str, FastAPI]]:
+    """A gateway on the tiny model with test gates under `root` (its spawned worker processes inherit
+    them): its URL and app."""
     previous = os.environ.get(GATES_ENV)
-    os.environ[GATES_ENV] = str(root)  # the pool's worker process is spawned with it
+    os.environ[GATES_ENV] = str(root)
     settings = GatewaySettings(
         temporal_address=temporal_server.address, store=str(e2e_store.root), secret=SECRET, model_name=MODEL,
-        policy_model=str(tiny_model_dir), max_model_len=recording_engine.config.max_model_len,
-        tokenization=LIMITS,
+        policy_model=str(tiny_model_dir), max_model_len=recording_engine.config.max_model_len, **settings,
     )  # fmt: skip
+    app = create_app(settings)
     try:
-        async with serving(create_app(settings)) as url:
-            yield url, GateControl(root)
+        async with serving(app) as url:
+            yield url, app
     finally:
         if previous is None:
             os.environ.pop(GATES_ENV, None)
         else:
             os.environ[GATES_ENV] = previous
+
+
+@pytest.fixture(scope="module")
+async def gateway(
+    temporal_server, grove_worker, e2e_store, tiny_model_dir, recording_engine, tmp_path_factory
+):
+    root = tmp_path_factory.mktemp("gates")
+    services = (temporal_server, e2e_store, tiny_model_dir, recording_engine)
+    async with gated_gateway(root, *services, tokenization=LIMITS) as (url, _):
+        yield url, GateControl(root)
 
 
 def ask(text: str) -> dict:
