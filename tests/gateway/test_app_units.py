@@ -15,7 +15,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 
-from capture.records import ChatRecord, CorruptChatRecordError, Usage, load_record, record_key, save_record
+from capture.records import CorruptChatRecordError, load_record, record_key, save_record
 from gateway import opencode
 from gateway.app import create_app
 from gateway.auth import (
@@ -36,14 +36,7 @@ from gateway.chat_request import (
     sampling_for,
 )
 from gateway.chat_response import completion_body, sse_events, stream_chunks
-from gateway.continuation import Move, UndeclaredDiscontinuityError, decide
 from gateway.episode_ref import InvalidEpisodeRefError, episode_id_of, episode_ref
-from gateway.hints import (
-    MissingIdentityHeadersError,
-    UndeclaredAuxiliaryCallError,
-    UndeclaredRewriteError,
-    diagnose,
-)
 from gateway.identity import (
     InvalidIdentityHeaderError,
     RewriteMode,
@@ -57,13 +50,11 @@ from gateway.settings import GatewaySettings, GatewaySettingsError
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
 from storage.local import LocalStore
+from tests.gateway.chat_kit import SYSTEM, TOOL_RESPONSE, TOOLS, USER, record
 from workflows.accounting import ContextSummary
 from workflows.context_view import ContextView
 
 SECRET = "unit-test-secret-0123456789"
-SYSTEM = {"role": "system", "content": "You are an agent."}
-USER = {"role": "user", "content": "Read a.txt"}
-TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
 
 # ---------------------------------------------------------------------------------------------- refs
 
@@ -289,204 +280,6 @@ def test_a_worker_spawned_again_has_several_live_contexts_and_the_next_spawn_is_
         None,
         ContextRecord(context_id="w.2", agent="w", origin=ContextOrigin.SPAWN, spawned_by_call="parent.0.c1"),
     )
-
-
-# ---------------------------------------------------------------------------------------------- decision
-
-
-def record(messages, response, tools=None, call_id="parent.0.c0", extends=None) -> ChatRecord:
-    return ChatRecord(
-        episode_id="ep/1", call_id=call_id, context_id="parent.0", agent="parent", kind=CallKind.ACTION,
-        extends=extends, messages=messages, tools=tools, response=response, finish_reason="stop",
-        usage=Usage(prompt_tokens=10, completion_tokens=3), policy_version=0,
-    )  # fmt: skip
-
-
-TOOL_RESPONSE = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {
-            "id": "call_x_0",
-            "type": "function",
-            "function": {"name": "read", "arguments": '{"path": "a.txt", "n": 2}'},
-        }
-    ],
-}
-
-
-def test_a_generated_tool_call_reserialised_compact_is_a_continuation():
-    head = record([SYSTEM, USER], TOOL_RESPONSE, TOOLS)
-    echoed = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call_x_0",
-                "type": "function",
-                "function": {"name": "read", "arguments": '{"n":2,"path":"a.txt"}'},
-            }
-        ],
-    }
-    messages = [SYSTEM, USER, echoed, {"role": "tool", "tool_call_id": "call_x_0", "content": "hello"}]
-    assert decide(messages, TOOLS, head, RewriteMode.NONE).move == Move.CONTINUE
-
-
-OK = {"role": "assistant", "content": "ok"}
-
-
-def test_decisions_root_retry_rewrite():
-    head = record([SYSTEM, USER], OK)
-    assert decide([SYSTEM, USER], None, None, RewriteMode.NONE).move == Move.ROOT
-    retry = decide([SYSTEM, USER], None, head, RewriteMode.NONE)
-    assert retry.move == Move.RETRY and retry.head == head
-    extension = [SYSTEM, USER, OK, {"role": "user", "content": "more"}]
-    assert decide(extension, None, head, RewriteMode.NONE).move == Move.CONTINUE
-    assert decide(extension, None, head, RewriteMode.DECLARED).move == Move.REWRITE  # declared wins
-    assert decide(extension, None, head, RewriteMode.IF_NOT_EXTENSION).move == Move.CONTINUE
-    other = [SYSTEM, {"role": "user", "content": "new topic"}]
-    assert decide(other, None, head, RewriteMode.IF_NOT_EXTENSION).move == Move.REWRITE
-    # the same messages with other tools is neither a continuation nor a retry
-    with pytest.raises(UndeclaredDiscontinuityError):
-        decide([SYSTEM, USER], TOOLS, head, RewriteMode.NONE)
-
-
-@pytest.mark.parametrize("mode", list(RewriteMode))
-def test_a_repeated_request_is_a_retry_in_every_rewrite_mode(mode):
-    """The OpenAI client re-sends a request (headers included) after a timeout: a re-sent
-    `x-grove-rewrite: 1` request, or OpenCode's post-compaction request sent twice, must discard the
-    first response instead of opening a second rewrite and keeping the first one selected."""
-    head = record([SYSTEM, USER], OK)
-    decision = decide([SYSTEM, USER], None, head, mode)
-    assert decision.move == Move.RETRY and decision.head == head
-    # the retry of a rewrite request lands in the rewrite context, whose head is its first call (a root)
-    rewritten = [SYSTEM, {"role": "user", "content": "Summary: read a.txt. Continue."}]
-    first = record(rewritten, OK, call_id="parent.1.c0")
-    assert decide(rewritten, None, first, mode).move == Move.RETRY
-
-
-@pytest.mark.parametrize(
-    ("seen", "sent"),
-    [
-        ('{"path": "a.txt", "recursive": true}', '{"path": "a.txt", "recursive": 1}'),
-        ('{"path": "a.txt", "n": 1}', '{"path": "a.txt", "n": true}'),
-        ('{"path": "a.txt", "n": 10}', '{"path": "a.txt", "n": 10.0}'),
-        ('{"path": "a.txt", "n": 0}', '{"path": "a.txt", "n": false}'),
-        ('{"path": "a.txt", "n": [1, 2.5]}', '{"path": "a.txt", "n": [1.0, 2.5]}'),
-    ],
-)
-def test_history_comparison_is_type_strict(seen, sent):
-    """`true == 1` and `10 == 10.0` in Python; in JSON they are different values, so a history with the
-    model's `true` turned into `1` is not what the model saw: neither a continuation nor a retry."""
-
-    def call(args: str) -> dict:
-        return {"id": "call_x_0", "type": "function", "function": {"name": "read", "arguments": args}}
-
-    response = {"role": "assistant", "content": None, "tool_calls": [call(seen)]}
-    head = record([SYSTEM, USER], response, TOOLS)
-    changed = {"role": "assistant", "content": "", "tool_calls": [call(sent)]}
-    tool = {"role": "tool", "tool_call_id": "call_x_0", "content": "hello"}
-    with pytest.raises(UndeclaredDiscontinuityError) as err:
-        decide([SYSTEM, USER, changed, tool], TOOLS, head, RewriteMode.NONE)
-    assert (err.value.index, err.value.field) == (2, "tool_calls")
-    # the same values re-serialised (spacing, key order) still continue
-    same = {"role": "assistant", "content": "", "tool_calls": [call(json.dumps(json.loads(seen)))]}
-    assert decide([SYSTEM, USER, same, tool], TOOLS, head, RewriteMode.NONE).move == Move.CONTINUE
-    # a repeated prompt whose earlier tool call changed type is not a retry either
-    retry_head = record([SYSTEM, USER, response, tool], OK, TOOLS, call_id="parent.0.c1")
-    with pytest.raises(UndeclaredDiscontinuityError):
-        decide([SYSTEM, USER, changed, tool], TOOLS, retry_head, RewriteMode.NONE)
-
-
-def test_tool_lists_are_compared_type_strictly():
-    strict = [{"type": "function", "function": {"name": "read", "strict": True, "parameters": {}}}]
-    loose = [{"type": "function", "function": {"name": "read", "strict": 1, "parameters": {}}}]
-    head = record([SYSTEM, USER], OK, strict)
-    with pytest.raises(UndeclaredDiscontinuityError) as err:
-        decide([SYSTEM, USER, OK, MORE], loose, head, RewriteMode.NONE)
-    assert err.value.index is None
-    with pytest.raises(UndeclaredDiscontinuityError):
-        decide([SYSTEM, USER], loose, head, RewriteMode.NONE)  # not a retry either
-
-
-MORE = {"role": "user", "content": "more"}
-
-
-@pytest.mark.parametrize(
-    ("head_prompt", "messages", "index", "field"),
-    [
-        ([SYSTEM, USER], [SYSTEM, {"role": "user", "content": "Read b.txt"}, OK, MORE], 1, "content"),  # edit
-        (
-            [SYSTEM, USER],
-            [SYSTEM, USER, {"role": "assistant", "content": "OK"}, MORE],
-            2,
-            "content",
-        ),  # response
-        (
-            [SYSTEM, USER],
-            [SYSTEM, USER, OK, {"role": "assistant", "content": "x"}],
-            3,
-            "role",
-        ),  # made-up turn
-        ([SYSTEM, USER, MORE], [SYSTEM, USER], 2, "role"),  # a shorter history
-        ([SYSTEM, USER], [SYSTEM, {**USER, "name": "bob"}, OK, MORE], 1, "name"),
-    ],
-)
-def test_undeclared_discontinuity_names_the_first_differing_message(head_prompt, messages, index, field):
-    with pytest.raises(UndeclaredDiscontinuityError) as err:
-        decide(messages, None, record(head_prompt, OK), RewriteMode.NONE)
-    assert (err.value.index, err.value.field) == (index, field)
-
-
-def _diagnosed(messages, tools, headers, head, summaries=()):
-    """The error the gateway answers for `messages` against `head` (they must not extend it)."""
-    identity = grove_identity(headers)
-    with pytest.raises(UndeclaredDiscontinuityError) as err:
-        decide(messages, tools, head, identity.rewrite)
-    return diagnose(err.value, messages, tools, identity, head, list(summaries))
-
-
-def test_common_wiring_mistakes_get_errors_that_name_the_fixing_header():
-    head = record([SYSTEM, USER], OK, TOOLS)
-    # a worker without any identity header lands in the parent's context
-    worker = [{"role": "system", "content": "You are a worker."}, {"role": "user", "content": "Count."}]
-    err = _diagnosed(worker, TOOLS, {}, head)
-    assert isinstance(err, MissingIdentityHeadersError) and "x-grove-agent" in str(err)
-    assert "x-grove-spawned-by" in str(err) and err.index == 0
-    # the parent editing its own history (same start, an assistant turn) is a plain discontinuity
-    edited = [SYSTEM, {"role": "user", "content": "Read b.txt"}, OK, MORE]
-    assert type(_diagnosed(edited, TOOLS, {}, head)) is UndeclaredDiscontinuityError
-    # the same request naming its agent is a plain discontinuity
-    assert type(_diagnosed(worker, TOOLS, {"x-grove-agent": "parent"}, head)) is UndeclaredDiscontinuityError
-    # a summary call (no tools, one user message) without the auxiliary header
-    summarise = [{"role": "user", "content": "Summarise the conversation: ..."}]
-    err = _diagnosed(summarise, None, {"x-grove-agent": "parent"}, head)
-    assert isinstance(err, UndeclaredAuxiliaryCallError) and "x-grove-call-kind: auxiliary" in str(err)
-    # the history rewritten with the summary an auxiliary call returned, without the rewrite header
-    text = "We read a.txt and found the answer 42."
-    aux = record([*summarise], {"role": "assistant", "content": text}, call_id="parent~aux.0.c0")
-    rewritten = [SYSTEM, {"role": "user", "content": f"Summary so far: {text}"}, MORE]
-    err = _diagnosed(rewritten, TOOLS, {"x-grove-agent": "parent"}, head, [aux])
-    assert isinstance(err, UndeclaredRewriteError) and "x-grove-rewrite: 1" in str(err)
-    assert "'parent~aux.0.c0'" in str(err) and (err.index, err.field) == (1, "content")
-    # LangChain's SummarizationMiddleware message is recognised by its text alone
-    langchain = [SYSTEM, {"role": "user", "content": "Here is a summary of the conversation to date:\n\nx"}]
-    assert isinstance(_diagnosed(langchain, TOOLS, {}, head), UndeclaredRewriteError)
-
-
-def test_a_history_replaced_by_a_summary_is_an_undeclared_rewrite_whoever_wrote_it():
-    """The probe: the parent's history replaced by a summary the harness wrote itself (no auxiliary call of
-    the agent returned it), sent without `x-grove-rewrite` and without identity headers. Refused (right),
-    but the code named the identity headers; the cause is the missing rewrite declaration."""
-    head = record([SYSTEM, USER, OK, MORE], OK, TOOLS)
-    compacted = [SYSTEM, {"role": "user", "content": "Summary of the conversation so far: we read a.txt."}]
-    err = _diagnosed(compacted, TOOLS, {}, head)
-    assert isinstance(err, UndeclaredRewriteError) and "x-grove-rewrite: 1" in str(err)
-    assert (err.index, err.field) == (1, "content")
-    # another agent's first request (other tools) stays an identity-header mistake
-    count = [{"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}]
-    worker = [SYSTEM, {"role": "user", "content": "Summarise a.txt"}]
-    assert isinstance(_diagnosed(worker, count, {}, head), MissingIdentityHeadersError)
 
 
 # ---------------------------------------------------------------------------------------------- requests
