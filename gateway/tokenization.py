@@ -17,7 +17,7 @@ gateway grew from 453 MB to 1.94 GB, and another episode's calls slowed from 0.4
    are built in a thread (milliseconds); larger ones in a pool of `processes` worker processes (spawned:
    their own GIL; niced, so the gateway's loop and the engines keep the CPU), each with the model's
    tokenizer. A continuation's parent arrays are read by the gateway and handed to the worker. The pool
-   starts with its first large prompt (a worker costs ~360 MB: transformers imports torch), or at
+   starts with its first large prompt (a worker is heavy: transformers imports torch), or at
    `start()`; one process by default. Like any `spawn` pool it imports the program's main module again
    in each worker: a script that serves a gateway keeps its work under `if __name__ == "__main__":`.
 3. **A cap on bytes being measured at once** (`max_bytes`): a request that would pass it while others are
