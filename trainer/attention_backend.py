@@ -11,7 +11,8 @@ backend `choose_backend` picks:
 - **CUDA: flex** (trainer/flex_attention.py): compiled FlexAttention with a BlockMask built from the
   tree, one kernel over the whole micro-batch, tiles without a visible pair skipped (issue 32
   reports it ahead of the bucketed segment attention on an H200, output within bf16 rounding of a
-  float32 dense-mask reference; this code's own CUDA figures: docs/results.md section 3.2). Requires Triton; without it CUDA falls back to segments.
+  float32 dense-mask reference; this code's own CUDA figures: docs/results.md section 3.2).
+  Requires Triton; without it CUDA falls back to segments.
 
 **SDPA backends on CUDA: FLASH and MATH only** (`learner_sdpa`, wrapped around every forward *and*
 backward of a learner pass, so activation-checkpoint recomputes are covered). Issue 32 reports, from an H200
