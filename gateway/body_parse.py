@@ -14,16 +14,14 @@ Test gate (grove/gates.py): `body_parse` (key: the episode id) holds a body's de
 
 from __future__ import annotations
 
-import asyncio
-import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from gateway.chat_request import ChatCompletionRequest, parse_chat_request
 from gateway.context_window import ContextLengthExceededError, check_max_tokens
 from gateway.limits import RequestLimits, check_counts, parse_json
 from gateway.tokenization import PromptBound
+from gateway.worker_pool import WorkerPool
 from grove.gates import Gates
 
 NICE = 10  # workers yield the CPU to the gateway's loop, Temporal and the engines
@@ -82,20 +80,11 @@ class BodyParser:
         self.bound: PromptBound | None = None
         self.processes = processes
         self.retry_after = retry_after
-        self._pool: ProcessPoolExecutor | None = None
-
-    def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            max_workers=self.processes,
-            mp_context=multiprocessing.get_context("spawn"),  # the gateway has threads: never fork it
-            initializer=_start_worker,
-            initargs=(self.bound,),
-        )
+        self._workers: WorkerPool | None = None  # started with the bound, once it is set
 
     def shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._workers is not None:
+            self._workers.shutdown()
 
     async def parse(
         self, episode_id: str, raw: bytes, limits: RequestLimits, served_model: str, max_model_len: int
@@ -103,14 +92,13 @@ class BodyParser:
         """The validated request, or the lower bound's refusal of its prompt (returned: the caller raises
         it after its own checks that come first); a ChatRequestError of the body raised here as the worker
         raised it."""
-        loop = asyncio.get_running_loop()
-        args = (episode_id, raw, limits, served_model, max_model_len)
-        if self._pool is None:
-            self._pool = self._new_pool()
+        if self._workers is None:
+            self._workers = WorkerPool(self.processes, _start_worker, (self.bound,))
         try:
-            return await loop.run_in_executor(self._pool, _parse_in_worker, *args)
+            return await self._workers.run(
+                _parse_in_worker, episode_id, raw, limits, served_model, max_model_len
+            )
         except BrokenProcessPool:  # a worker died: a new pool serves the retry
-            self._pool = None
             raise BodyWorkerLostError(
                 f"episode {episode_id!r}: the gateway's worker process decoding this {len(raw)}-byte body "
                 f"died; retry in {self.retry_after} s",

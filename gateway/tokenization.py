@@ -35,10 +35,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import multiprocessing
 import os
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,6 +44,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.context_window import ContextLengthExceededError, ContextWindow
+from gateway.worker_pool import WorkerPool
 from grove.contracts import PromptSpec
 from grove.gates import Gates
 from grove.sampling import SamplingConfig
@@ -241,24 +240,15 @@ class Tokenization:
         self.bound = PromptBound.of(window.tokenizer)
         self.measuring = 0  # prompt bytes being measured now
         self.policy_model = policy_model
-        self._pool = self._new_pool()
-
-    def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            max_workers=self.limits.processes,
-            mp_context=multiprocessing.get_context("spawn"),  # the gateway has threads: never fork it
-            initializer=_start_worker,
-            initargs=(self.policy_model, self.window.max_model_len),
-        )
+        self._workers = WorkerPool(self.limits.processes, _start_worker, (policy_model, window.max_model_len))
 
     async def start(self) -> None:
         """Start the pool's workers and load their tokenizers now (else the first prompt of at least
         `in_process_below` bytes starts them: most gateways never need them)."""
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._pool, _warm) for _ in range(self.limits.processes)))
+        await asyncio.gather(*(self._workers.run(_warm) for _ in range(self.limits.processes)))
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._workers.shutdown()
 
     def refuse_unfit(self, messages: Sequence[dict[str, Any]]) -> None:
         """The lower bound's refusal (ContextLengthExceededError), if the text alone cannot fit."""
@@ -282,13 +272,9 @@ class Tokenization:
 
     async def _in_pool(self, key: str, episode_id: str, prompt: PromptSpec, sampling: SamplingConfig) -> int:
         objects = await asyncio.to_thread(_parent_objects, self.window.store, prompt)
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
-                self._pool, _worker_count, key, episode_id, prompt, sampling, objects
-            )
+            return await self._workers.run(_worker_count, key, episode_id, prompt, sampling, objects)
         except BrokenProcessPool:  # a worker died (killed): a new pool serves the retry
-            self._pool = self._new_pool()
             raise TokenizerBusyError(
                 f"the gateway's tokenization worker died while measuring this prompt; retry in "
                 f"{self.limits.retry_after} s",
