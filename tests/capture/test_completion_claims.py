@@ -1,7 +1,7 @@
-"""Claim-checked completions (capture/claims.py, grove/contracts/generation.py): a completion above the inline limit
-travels as a reference to a `Completion` in the object store, read back verified. Pure parts on a real
-LocalStore; the path through Temporal, the gateway and vLLM is tests/gateway/test_completion_claim_e2e.py.
-"""
+"""Claim-checked completions (capture/claims.py, grove/contracts/generation.py): a completion above the inline
+limit travels as a reference to a `Completion` in the object store, read back verified. Pure parts on a
+real LocalStore; the path through Temporal, the gateway and vLLM is
+tests/gateway/test_completion_claim_e2e.py."""
 
 from __future__ import annotations
 
