@@ -1,4 +1,4 @@
-"""Benchmark: another episode's calls while a gateway is sent concurrent over-long prompts (issue 33).
+"""Benchmark: another episode's calls while a gateway is sent concurrent over-long prompts.
 
 Before: four concurrent authorised 3.9 MB over-long prompts of one episode were refused one after
 another (11.5 / 23 / 35 / 46 s), the gateway grew from 453 MB to 1.94 GB, and another episode's calls

@@ -73,7 +73,7 @@ def word_score(answer: str, word: str, vocabulary: tuple[str, ...] = WORDS) -> f
 
     Plain `similarity` pays some wrong answers on every task ("sand" earns 0.26 on average over WORDS,
     "xyz" 0), so GRPO can raise the reward by learning one constant word instead of copying (the
-    LangGraph run of issue 15 did: every agent answered "sand"). Here the credit is the similarity to the
+    LangGraph runs do that: every agent answers "sand"). Here the credit is the similarity to the
     word minus the mean similarity to the other words, divided by that margin for the word itself
     (so the word scores 1); over tasks that draw each word equally often, any fixed answer's credit
     averages ~0 (within 0.02 over WORDS), so only answers that depend on the task can gain.

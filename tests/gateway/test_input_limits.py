@@ -1,4 +1,4 @@
-"""Size and shape limits at the gateway (issue 12), on the real FastAPI app without its
+"""Size and shape limits at the gateway, on the real FastAPI app without its
 lifespan: no Temporal client, no store, no tokenizer. A request that got past the limits would reach
 the missing capture service and fail with a 500, so every 4xx below was answered before anything
 could be admitted (the e2e module shows the same against a real episode: nothing admitted).
@@ -144,7 +144,8 @@ async def test_too_many_headers_or_header_bytes_get_431_before_auth(app):
 
 
 async def test_a_228_character_context_header_is_a_400_naming_the_limit(app):
-    # Matched the old pattern (96 + 4 x 33 characters), then failed the call with ENAMETOOLONG (502).
+    # 96 + 4 x 33 characters: a context id this long would reach the store as a key whose file name is too
+    # long (ENAMETOOLONG, a 502 after admission), so the header's own limit refuses it first.
     context = "a" * 96 + ".bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" * 4
     assert len(context) == 228
     r = await send(app, "POST", CHAT, json=chat([USER]), headers={**AUTH, "x-grove-context": context})
