@@ -177,7 +177,7 @@ def test_the_longest_accepted_ids_make_object_keys_a_real_store_accepts(tmp_path
 
 @pytest.mark.parametrize("depth", [500, 200_000])
 async def test_deeply_nested_json_is_a_400(app, depth):
-    # 500 levels failed in Temporal's converter after an empty context was opened (500 InternalError)
+    # 500 levels would fail in Temporal's converter after an empty context is opened (500 InternalError)
     nested = "[" * depth + "]" * depth
     raw = f'{{"model": "m", "messages": [{{"role": "user", "content": "x", "metadata": {nested}}}]}}'
     r = await send(app, "POST", CHAT, content=raw.encode(), headers=AUTH)
@@ -253,7 +253,7 @@ def test_limits_come_from_the_environment():
 
 
 def test_temperature_above_the_engines_maximum_is_refused():
-    # vLLM refuses temperature > 2; SamplingConfig allowed up to 100, so 3.0 was admitted and failed (502)
+    # vLLM refuses temperature > 2: a request above it must be refused before admission, not fail there (502)
     from gateway.chat_request import InvalidSamplingError, parse_chat_request, sampling_for
     from grove.sampling import SamplingConfig
 
