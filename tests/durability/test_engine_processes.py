@@ -79,9 +79,9 @@ async def test_sigterm_of_a_worker_stops_its_engine_processes(stack):
     """A plain `kill <pid>` of the worker: it shuts its engine down and exits; nothing keeps running.
 
     The worker itself stops the engine: it exits with code 0 ("worker stopped", not killed by the
-    signal), and its EngineCore has already exited when it does (the worker's shutdown joined it). A
-    worker that only died of SIGTERM would leave its engine processes to notice by themselves, which
-    the SIGKILL test above covers."""
+    signal), and its EngineCore has already exited when it does (stopped by the worker, not left to
+    notice its owner's death). A worker that only died of SIGTERM would leave its engine processes to
+    find out by themselves, which the SIGKILL test above covers."""
     await stack.up()
     worker = stack.main
     pid = worker.pid
