@@ -113,7 +113,7 @@ def test_a_result_carries_its_completion_inline_or_by_reference_never_both_or_ne
 
 
 def test_results_recorded_before_references_still_validate():
-    # a GenerateResult / CallResult as histories recorded before this change hold them (all inline)
+    # a GenerateResult / CallResult as histories recorded without references hold them (all inline)
     recorded = {**RECEIPT, "digests": DIGESTS.model_dump(), "staging_key": "k", "completion_ids": [5, 6]}
     recorded |= {"text": "hi", "assistant_message": {"role": "assistant", "content": "hi"}}
     for model in (GenerateResult, CallResult):
