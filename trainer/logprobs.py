@@ -114,7 +114,8 @@ def token_tie_weight(scaled_token: Tensor, cut: TopPCut) -> Tensor:
 
 
 def top_p_mask(scaled: Tensor, top_p: float | Tensor) -> Tensor:
-    """Tokens at weight 0 under top-p: scaled logits [N, V], top_p scalar or [N] -> bool [N, V] (True = masked)."""
+    """Tokens at weight 0 under top-p: scaled logits [N, V], top_p scalar or [N] -> bool [N, V] (True:
+    masked)."""
     return scaled < top_p_cut_sorted(scaled, top_p).value.unsqueeze(-1)
 
 

@@ -149,7 +149,8 @@ def shape_rounding_linear(real):
         out = real(x, w, b)
         if out.shape[0] % 2 == 0:
             return out
-        bits = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16}[out.dtype]
+        ints = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16}
+        bits = ints[out.dtype]
         step = torch.where(out >= 0, 1, -1).to(bits)  # toward +inf: magnitude up if >= 0, down if < 0
         return (out.contiguous().view(bits) + step).view(out.dtype)
 
@@ -174,7 +175,9 @@ def test_mixed_chunks_read_the_cut_from_their_own_matmul(monkeypatch, compute):
     top_ps = torch.where(greedy, top_ps, separated_top_p(logits / temps.unsqueeze(-1), top_ps))
     want = processed_logprobs(logits, tokens, temperature=temps, top_p=top_ps)
     h = hidden.clone().requires_grad_()
-    got = chunked_logprobs(h, weight, None, tokens, temperature=temps, top_p=top_ps, compute_dtype=compute, rows=8)
+    got = chunked_logprobs(
+        h, weight, None, tokens, temperature=temps, top_p=top_ps, compute_dtype=compute, rows=8
+    )
     assert torch.equal(got.detach(), want)
     assert bool(torch.isfinite(got[greedy]).all())  # every greedy token kept
     got[torch.isfinite(got)].sum().backward()
@@ -222,7 +225,8 @@ def test_float32_values_equal_an_independent_float64_reference(vocab, spread):
     that, so the kept sets are the same on any CPU; values within 2e-5 (float32 log_softmax)."""
     hidden, weight, tokens, temps, top_ps = case(96, 32, vocab, seed=3, spread=spread)
     logits = (hidden @ weight.T).float()
-    error = 2 * (logit_error_bound(hidden.float(), weight.float(), torch.float32) + 1e-6 * logits.abs().max(-1).values)
+    bound = logit_error_bound(hidden.float(), weight.float(), torch.float32)
+    error = 2 * (bound + 1e-6 * logits.abs().max(-1).values)  # + rounding the float64 logits to float32
     top_ps = separated_top_p(logits.double() / temps.unsqueeze(-1), top_ps, gap=error / temps)
     got = chunked_logprobs(
         hidden.float(), weight.float(), None, tokens, temperature=temps, top_p=top_ps, rows=40
