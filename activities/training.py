@@ -39,6 +39,7 @@ from activities.failures import retryable_storage_failure
 from activities.train_ranks import (
     ADVANTAGES_FILE,
     CHECKPOINT_DIR,
+    GUARD_FILE,
     METRICS_FILE,
     OUT_DIR,
     RankJob,
@@ -179,11 +180,7 @@ class TrainerActivities:
         if inp.max_policy_lag is not None:  # the run's staleness bound (trainer/off_policy.py)
             check_policy_lag(rows, inp.step - 1, inp.max_policy_lag)
         learner.is_cap = inp.off_policy_is_cap
-        try:
-            metrics = learner.step(rows, records)
-        except GradientRefusal as refusal:
-            self._record_refusal(inp, refusal.evidence, "fail")
-            raise
+        metrics = learner.step(rows, records)
         if learner.last_refusal is not None:  # skipped or accepted (LearnerConfig.guard_refusal)
             self._record_refusal(inp, learner.last_refusal, inp.learner.guard_refusal)
         values = {k: float(v) for k, v in metrics.model_dump().items() if isinstance(v, int | float)}
@@ -234,6 +231,7 @@ class TrainerActivities:
                 f"train_step {inp.run_id} step {inp.step}: {exc}", type="PolicyLagError", non_retryable=True
             ) from exc
         except GradientRefusal as exc:  # deterministic: the same rows and weights refuse again
+            await asyncio.to_thread(self._record_refusal, inp, exc.evidence, "fail")
             raise ApplicationError(
                 f"train_step {inp.run_id} step {inp.step}: {exc} (evidence: "
                 f"{guard_refusal_key(inp.run_id, inp.step)})",
@@ -300,5 +298,8 @@ class TrainerActivities:
         metrics = {**json.loads((out / METRICS_FILE).read_text()), **lag}
         self.store.put(metrics_key(inp.run_id, inp.step), json.dumps(metrics, sort_keys=True).encode())
         self.store.put(episodes_key(inp.run_id, inp.step), (out / ADVANTAGES_FILE).read_bytes())
+        if (out / GUARD_FILE).exists():  # skipped or accepted (LearnerConfig.guard_refusal)
+            evidence = json.loads((out / GUARD_FILE).read_text())
+            self._record_refusal(inp, evidence, inp.learner.guard_refusal)
         commit_files(self.store, inp.run_id, inp.step, local_checkpoint_files(out / CHECKPOINT_DIR))
         return metrics
