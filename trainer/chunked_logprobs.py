@@ -79,7 +79,7 @@ def top_p_cut(scaled: Tensor, top_p: Tensor, first_k: int = TOP_P_FIRST_K) -> To
         masked[:, -1] = False  # the most likely token always survives
         done = masked[:, 0] if k < vocab else torch.ones_like(masked[:, 0])
         kept = (~masked).sum(-1)  # kept candidates: the top `kept` of the descending list
-        candidates = scaled[todo].gather(-1, idx)
+        candidates = scaled[todo.unsqueeze(-1), idx]  # [rows, k]: no copy of the whole rows
         cut = candidates.gather(-1, (kept - 1).unsqueeze(-1))  # the least likely kept token's logit
         in_kept = torch.arange(k, device=scaled.device) < kept.unsqueeze(-1)
         at_cut = ((candidates == cut) & in_kept).sum(-1)
