@@ -59,3 +59,20 @@ def test_skip_completes_the_step_without_an_update(learner_model_dir, tmp_path, 
     assert result.metrics["guard_refused"] == 1.0 and result.metrics["skipped"] == 1.0
     assert result.metrics["grad_norm"] == 0.0
     assert json.loads(store.get(guard_refusal_key("guard", 1)))["outcome"] == "skip"
+
+
+def test_a_rank_refusal_is_raised_as_the_error_it_was(tmp_path):
+    """The supervisor of ranks > 1 (activities/train_ranks.py): a rank that exited REFUSED_EXIT after
+    writing its refusal makes the attempt raise that refusal (non-retryable in train_step), not the
+    retryable RankLostError; any other exit is not a refusal."""
+    from activities.train_ranks import REFUSED_EXIT, _raise_refusal, refusal_file
+    from trainer.grad_guard import NonFiniteError
+
+    evidence = {"kind": "non-finite", "step": 3, "pass": 2, "rows": ["r1"], "grad_norm": "nan"}
+    record = {"type": "NonFiniteError", "message": "step 3: micro-batch 2 of 4 ...", "evidence": evidence}
+    refusal_file(tmp_path, 1).write_text(json.dumps(record))
+    _raise_refusal(tmp_path, 1, 1)  # a crash, not a refusal: the caller raises RankLostError
+    _raise_refusal(tmp_path, 0, REFUSED_EXIT)  # no file from rank 0
+    with pytest.raises(NonFiniteError, match="rank 1: step 3") as raised:
+        _raise_refusal(tmp_path, 1, REFUSED_EXIT)
+    assert raised.value.evidence == evidence
