@@ -15,6 +15,9 @@ downloaded and sha256-verified (none at step 1: the base model). It then starts 
 - the supervisor waits for the processes' exits (no polling). The first rank that exits non-zero
   or is killed makes the attempt fail with RankLostError (retryable: Temporal runs the activity
   again) after every other rank is SIGKILLed and reaped; cancellation of the activity does the same.
+  A rank whose step the gradient guard refused (trainer/grad_guard.py: every rank refuses the same
+  pass, the guard's numbers being global) writes the refusal to `refusal-<rank>.json` and exits with
+  REFUSED_EXIT: the supervisor raises that refusal (deterministic, so not retried);
   A rank also dies with the worker process (PR_SET_PDEATHSIG), so none outlives the activity;
 - only when every rank exited 0 does the activity upload the files and write COMMIT last
   (trainer/checkpoint.py commit_files). A failed attempt has written nothing to the store, so the
@@ -48,6 +51,8 @@ OUT_DIR = "out"
 CHECKPOINT_DIR = "checkpoint"  # under OUT_DIR: the files of the step's checkpoint, by relative name
 METRICS_FILE = "metrics.json"  # under OUT_DIR
 ADVANTAGES_FILE = "advantages.json"  # under OUT_DIR
+GUARD_FILE = "guard_refusal.json"  # under OUT_DIR: a skipped or accepted refusal's evidence
+REFUSED_EXIT = 3  # a rank's step was refused by the gradient guard (refusal-<rank>.json says how)
 PARENT_ENV = "GROVE_RANK_PARENT"
 ROOT = Path(__file__).resolve().parents[1]
 LOG_TAIL_BYTES = 3000
@@ -121,6 +126,7 @@ async def run_ranks(attempt_dir: Path, job: RankJob) -> None:
             failed = sorted((waits[t], t.result()) for t in done if t.result() != 0)
             if failed:
                 rank, code = failed[0]
+                _raise_refusal(Path(attempt_dir), rank, code)
                 raise RankLostError(
                     f"run {job.run_id!r} step {job.step}: rank {rank} of {job.world} {_exit_text(code)}; "
                     "the attempt is lost (nothing was committed) and the other ranks were stopped. "
@@ -134,6 +140,22 @@ async def run_ranks(attempt_dir: Path, job: RankJob) -> None:
                     p.kill()
         for p in procs:
             await p.wait()
+
+
+def refusal_file(attempt_dir: Path, rank: int) -> Path:
+    return attempt_dir / f"refusal-{rank}.json"
+
+
+def _raise_refusal(attempt_dir: Path, rank: int, code: int) -> None:
+    """The rank's gradient-guard refusal, raised as the error it was, if that is why it exited."""
+    path = refusal_file(attempt_dir, rank)
+    if code != REFUSED_EXIT or not path.exists():
+        return
+    from trainer.grad_guard import ImplausibleGradientError, NonFiniteError
+
+    refusal = json.loads(path.read_text())
+    kind = {"NonFiniteError": NonFiniteError, "ImplausibleGradientError": ImplausibleGradientError}
+    raise kind[refusal["type"]](f"rank {rank}: {refusal['message']}", refusal["evidence"])
 
 
 # ------------------------------------------------------------------------------- a rank (its process)
@@ -170,6 +192,7 @@ def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
         load_sharded_optimizer,
         save_sharded_optimizer,
     )
+    from trainer.grad_guard import GradientRefusal
     from trainer.rows import rows_from_parquet
 
     device = f"cuda:{rank}" if job.device == "cuda" else "cpu"
@@ -199,7 +222,12 @@ def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
             RANK_GATE, rank_gate_key(job.run_id, job.step, rank, k)
         )
     rows = [row for path in job.rows for row in rows_from_parquet(Path(path).read_bytes())]
-    metrics = learner.step(rows, job.episodes)
+    try:
+        metrics = learner.step(rows, job.episodes)
+    except GradientRefusal as refusal:
+        record = {"type": type(refusal).__name__, "message": str(refusal), "evidence": refusal.evidence}
+        refusal_file(attempt_dir, rank).write_text(json.dumps(record))
+        raise SystemExit(REFUSED_EXIT) from refusal
     if learner.step_count != job.step:
         raise RuntimeError(f"rank {rank}: trained step {learner.step_count}, the job is step {job.step}")
     out = attempt_dir / OUT_DIR
@@ -218,6 +246,8 @@ def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
     (out / METRICS_FILE).write_text(json.dumps(values, sort_keys=True))
     advantages = {e: dataclasses.asdict(a) for e, a in learner.last_advantages.items()}
     (out / ADVANTAGES_FILE).write_text(json.dumps(advantages, sort_keys=True))
+    if learner.last_refusal is not None:  # skipped or accepted (LearnerConfig.guard_refusal)
+        (out / GUARD_FILE).write_text(json.dumps(learner.last_refusal, sort_keys=True))
 
 
 def main(job_path: str, rank_text: str) -> None:

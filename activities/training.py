@@ -39,6 +39,7 @@ from activities.failures import retryable_storage_failure
 from activities.train_ranks import (
     ADVANTAGES_FILE,
     CHECKPOINT_DIR,
+    GUARD_FILE,
     METRICS_FILE,
     OUT_DIR,
     RankJob,
@@ -60,7 +61,7 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.checkpoint_layout import commit_key, step_prefix
-from trainer.learner import Learner
+from trainer.learner import GradientRefusal, Learner
 from trainer.off_policy import PolicyLagError, check_policy_lag, lag_metrics
 from trainer.rows import Row, rows_from_parquet
 
@@ -69,6 +70,11 @@ HEARTBEAT_EVERY_S = 10.0
 
 def metrics_key(run_id: str, step: int) -> str:
     return step_prefix(run_id, step) + "metrics.json"
+
+
+def guard_refusal_key(run_id: str, step: int) -> str:
+    """The gradient guard's evidence of a refused step (trainer/grad_guard.py): which pass, rows, norms."""
+    return step_prefix(run_id, step) + "guard_refusal.json"
 
 
 def episodes_key(run_id: str, step: int) -> str:
@@ -175,6 +181,8 @@ class TrainerActivities:
             check_policy_lag(rows, inp.step - 1, inp.max_policy_lag)
         learner.is_cap = inp.off_policy_is_cap
         metrics = learner.step(rows, records)
+        if learner.last_refusal is not None:  # skipped or accepted (LearnerConfig.guard_refusal)
+            self._record_refusal(inp, learner.last_refusal, inp.learner.guard_refusal)
         values = {k: float(v) for k, v in metrics.model_dump().items() if isinstance(v, int | float)}
         values.update(lag_metrics(rows, inp.step - 1))
         self.store.put(metrics_key(inp.run_id, inp.step), json.dumps(values, sort_keys=True).encode())
@@ -182,6 +190,10 @@ class TrainerActivities:
         self.store.put(episodes_key(inp.run_id, inp.step), json.dumps(episodes, sort_keys=True).encode())
         save_checkpoint(self.store, inp.run_id, learner)
         return values
+
+    def _record_refusal(self, inp: TrainStepInput, evidence: dict, outcome: str) -> None:
+        record = {"guard_refused": 1, "outcome": outcome, **evidence}
+        self.store.put(guard_refusal_key(inp.run_id, inp.step), json.dumps(record, sort_keys=True).encode())
 
     @activity.defn(name="train_step")
     async def train_step(self, inp: TrainStepInput) -> TrainStepResult:
@@ -217,6 +229,15 @@ class TrainerActivities:
         except PolicyLagError as exc:  # the same rows would fail again: fail the step, name the call
             raise ApplicationError(
                 f"train_step {inp.run_id} step {inp.step}: {exc}", type="PolicyLagError", non_retryable=True
+            ) from exc
+        except GradientRefusal as exc:  # deterministic: the same rows and weights refuse again
+            await asyncio.to_thread(self._record_refusal, inp, exc.evidence, "fail")
+            raise ApplicationError(
+                f"train_step {inp.run_id} step {inp.step}: {exc} (evidence: "
+                f"{guard_refusal_key(inp.run_id, inp.step)})",
+                exc.evidence,
+                type=type(exc).__name__,
+                non_retryable=True,
             ) from exc
         except StorageError as err:  # an outage: retried by the run's policy, shown short in the UI
             raise retryable_storage_failure(f"train_step {inp.step}", err) from None
@@ -277,5 +298,8 @@ class TrainerActivities:
         metrics = {**json.loads((out / METRICS_FILE).read_text()), **lag}
         self.store.put(metrics_key(inp.run_id, inp.step), json.dumps(metrics, sort_keys=True).encode())
         self.store.put(episodes_key(inp.run_id, inp.step), (out / ADVANTAGES_FILE).read_bytes())
+        if (out / GUARD_FILE).exists():  # skipped or accepted (LearnerConfig.guard_refusal)
+            evidence = json.loads((out / GUARD_FILE).read_text())
+            self._record_refusal(inp, evidence, inp.learner.guard_refusal)
         commit_files(self.store, inp.run_id, inp.step, local_checkpoint_files(out / CHECKPOINT_DIR))
         return metrics

@@ -20,9 +20,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# Fields that say where a step runs, not what it computes; left out of the fingerprint (and so a config
-# written before they existed keeps its fingerprint).
-NOT_FINGERPRINTED = {"ranks"}
+# Fields that say where a step runs, or how the operator answers a gradient-guard refusal, not what a step
+# computes; left out of the fingerprint (and so a config written before they existed keeps its fingerprint).
+NOT_FINGERPRINTED = {"ranks", "guard_refusal"}
 
 
 class LearnerConfig(BaseModel):
@@ -107,6 +107,15 @@ class LearnerConfig(BaseModel):
     # gloo on CPU, NCCL on CUDA) and the checkpoint's optimizer state is sharded per rank.
     ranks: int = Field(1, ge=1, le=64, description="learner processes of one step (data parallel, FSDP2)")
 
+    # the operator's answer to a gradient-guard refusal (trainer/grad_guard.py, docs/learner.md); not
+    # fingerprinted: it decides whether a refused step is taken, and a checkpoint resumes under any
+    guard_refusal: Literal["fail", "skip", "accept"] = Field(
+        "fail",
+        description="what a gradient-guard refusal does: 'fail' the step (non-retryable; the run stops), "
+        "'skip' the refused step (no update, the run goes on), or 'accept' an implausible (finite) "
+        "pass and train it; a non-finite pass is skipped under 'accept'. Metric: guard_refused",
+    )
+
     @model_validator(mode="after")
     def _schedule_needs_total(self) -> LearnerConfig:
         if self.lr_schedule != "constant" and self.total_rollouts is None:
@@ -128,7 +137,7 @@ class LearnerConfig(BaseModel):
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of every field that changes what a step computes (all but
-        `ranks`): a checkpoint only resumes the same config, on any number of ranks."""
+        `ranks` and `guard_refusal`): a checkpoint only resumes the same config, on any number of ranks."""
         fields = self.model_dump(mode="json", exclude=NOT_FINGERPRINTED)
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

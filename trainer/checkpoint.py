@@ -99,8 +99,10 @@ class TrainerState(BaseModel):
     rng: RngStates
     ranks: int = 1  # processes that trained this step
     optimizer_format: Literal["full", "sharded"] = "full"  # optimizer.pt, or optimizer/ DCP shards
-    # the gradient guard's reference history (trainer/grad_guard.py); empty in older checkpoints
+    # the gradient guard's anchor and recent accepted scales (trainer/grad_guard.py); a checkpoint
+    # without an anchor (older ones) makes the next step measure it
     gradient_scales: list[float] = []
+    gradient_anchor: float | None = None
 
 
 def capture_rng() -> RngStates:
@@ -195,13 +197,14 @@ def trainer_state(
         ranks=ranks,
         optimizer_format=optimizer_format,
         gradient_scales=list(learner.guard.history),
+        gradient_anchor=learner.guard.anchor,
     )
 
 
 def restore_trainer_state(learner: Learner, state: TrainerState) -> None:
     """What a learner carries across steps besides weights and optimizer: RNG states, guard history."""
     restore_rng(state.rng)
-    learner.guard = GradientGuard(state.gradient_scales)
+    learner.guard = GradientGuard(state.gradient_anchor, state.gradient_scales)
 
 
 def _checkpoint_files(run_id: str, learner: Learner) -> dict[str, bytes]:

@@ -6,11 +6,14 @@ does not grow with tokens x vocabulary:
 
 - **Chunks.** The LM head is applied to `chunk_rows(vocab)` scored tokens at a time (a [chunk, vocab]
   float32 buffer of at most `CHUNK_BYTES`), inside one autograd Function that keeps only the hidden
-  states it was given, the head weight (a parameter, already held) and two float32 numbers per
-  token (its temperature and top-p cut). Each chunk is the full path's own computation (linear,
-  / T, the top-p mask, log_softmax), so the values are the full path's; backward recomputes the
-  chunk's log_softmax and applies d logp / d logits = (onehot - softmax over the kept set) / T, then
-  the head's two matmuls.
+  states it was given, the head weight (a parameter, already held) and three float32 numbers per
+  token (its temperature, its top-p cut and the cut's tie weight). Each chunk makes **one** head
+  matmul, and the top-p cut is read from that very tensor before its log_softmax: a cut taken from
+  another matmul (the top_p < 1 rows alone, say) can differ from it in the last bit, because a BLAS
+  blocks and rounds each shape its own way, and a cut one bit above the kept token's logit masks it
+  (-inf, or NaN when it was the only one kept, as a greedy token at a tiny top_p is). Backward
+  recomputes the chunk's logits with the same call on the same rows, and applies d logp / d logits =
+  (onehot - softmax over the kept set) / T, then the head's two matmuls.
   Per scored token the step keeps O(hidden) bytes, whatever the vocabulary.
 - **Top-p without a full sort.** A token with top_p == 1 is never sorted (vLLM skips the mask too).
   For top_p < 1 the kept set is the smallest suffix of the ascending order whose cumulative mass
@@ -19,13 +22,15 @@ does not grow with tokens x vocabulary:
   its least likely member is itself masked (then every token below it is too, and the mask is
   decided): the cumulative sums are the candidates' ascending sums plus the exact mass of every
   token outside them. A set that never closes ends as a full sort (k = vocab). The kept set is then
-  stored as a cut on the scaled logit (kept iff scaled >= cut), so backward needs no mask.
+  stored as a cut on the scaled logit and the tie weight of the tokens equal to it (trainer/logprobs.py
+  `TopPCut`: vLLM's tie rule, whichever tied tokens the engine's sort kept), so backward needs no mask.
 
-Same values as trainer/logprobs.py up to the rounding of a differently blocked matmul (tests:
-tests/learner/test_chunked_logprobs.py, against it and against a float64 reference written apart);
-the kept top-p set differs only when two tokens tie at the boundary or a cumulative sum ties
-1 - top_p to the last float bit. Matmuls run in `compute_dtype` (bf16 under CUDA autocast, as the model's own
-LM head would), the softmax in float32 (float64 for a float64 model, in tests).
+Given the same logits, the values are trainer/logprobs.py's bit for bit and the kept sets are the
+same, unless a cumulative sum lies within rounding of 1 - top_p (the two sum the same probabilities in
+another order); from different matmuls (another chunking, the full [tokens, vocab] product) the logits
+themselves differ in the last bits (tests: tests/learner/test_chunked_logprobs.py, which says which
+comparison is exact and which bound applies). Matmuls run in `compute_dtype` (bf16 under CUDA
+autocast, as the model's own LM head would), the softmax in float32 (float64 for a float64 model).
 
 `logprob_head(model, ...)` makes a Hugging Face causal LM return these logprobs instead of logits:
 its LM head's forward is replaced for the duration of one call, so the model's own forward (and
@@ -42,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trainer.logprobs import TopPCut, apply_cut_, tie_log_weight, token_tie_weight
+
 CHUNK_BYTES = 256 * 2**20  # one float32 [chunk, vocab] buffer; backward holds ~4 of them at once
 CHUNK_MAX_ROWS = 512  # small vocabularies: beyond this a bigger chunk saves nothing measurable
 TOP_P_FIRST_K = 64  # first candidate set for top-p; grows x4 until it decides the mask
@@ -54,14 +61,13 @@ def chunk_rows(vocab: int) -> int:
     return max(1, min(CHUNK_MAX_ROWS, CHUNK_BYTES // (4 * vocab)))
 
 
-def top_p_cut(scaled: Tensor, top_p: Tensor, first_k: int = TOP_P_FIRST_K) -> Tensor:
-    """Per row, the smallest scaled logit vLLM's top-p mask keeps: [R, V], [R] -> [R].
-
-    Kept iff `scaled >= cut` (module docstring). Float32 (float64) like `scaled`.
-    """
+def top_p_cut(scaled: Tensor, top_p: Tensor, first_k: int = TOP_P_FIRST_K) -> TopPCut:
+    """Per row, vLLM's top-p cut of scaled logits [R, V] (trainer/logprobs.py `TopPCut`, ties
+    included) without a full sort (module docstring). Float32 (float64) like `scaled`."""
     r, vocab = scaled.shape
     probs = scaled.softmax(dim=-1)
-    cut = torch.empty(r, dtype=scaled.dtype, device=scaled.device)
+    value = torch.empty(r, dtype=scaled.dtype, device=scaled.device)
+    kept_at_cut = torch.empty(r, dtype=torch.long, device=scaled.device)
     todo = torch.arange(r, device=scaled.device)
     k = min(first_k, vocab)
     while todo.numel():
@@ -73,12 +79,15 @@ def top_p_cut(scaled: Tensor, top_p: Tensor, first_k: int = TOP_P_FIRST_K) -> Te
         masked[:, -1] = False  # the most likely token always survives
         done = masked[:, 0] if k < vocab else torch.ones_like(masked[:, 0])
         kept = (~masked).sum(-1)  # kept candidates: the top `kept` of the descending list
-        last = idx.gather(-1, (kept - 1).unsqueeze(-1))  # the least likely kept token
-        value = scaled[todo].gather(-1, last).squeeze(-1)
-        cut[todo[done]] = value[done]
+        candidates = scaled[todo.unsqueeze(-1), idx]  # [rows, k]: no copy of the whole rows
+        cut = candidates.gather(-1, (kept - 1).unsqueeze(-1))  # the least likely kept token's logit
+        in_kept = torch.arange(k, device=scaled.device) < kept.unsqueeze(-1)
+        at_cut = ((candidates == cut) & in_kept).sum(-1)
+        value[todo[done]] = cut.squeeze(-1)[done]
+        kept_at_cut[todo[done]] = at_cut[done]
         todo = todo[~done]
         k = min(4 * k, vocab)
-    return cut
+    return TopPCut(value, tie_log_weight(scaled, value, kept_at_cut))
 
 
 @dataclass(frozen=True)
@@ -88,29 +97,34 @@ class _Chunking:
     rows: int
 
 
-def _log_softmax(h: Tensor, w: Tensor, b: Tensor | None, temperature: Tensor, cut: Tensor, ch: _Chunking):
-    """log_softmax over the kept set of h W^T / T (-inf outside it): [rows, V], as the full path does."""
-    scaled = F.linear(h.to(ch.compute_dtype), w, b).to(ch.out_dtype).div_(temperature.unsqueeze(-1))
-    scaled.masked_fill_(scaled < cut.unsqueeze(-1), float("-inf"))
-    return scaled.log_softmax(dim=-1)
+def _scaled(h: Tensor, w: Tensor, b: Tensor | None, temperature: Tensor, ch: _Chunking) -> Tensor:
+    """h W^T / T of one chunk [rows, V]: its one matmul (forward and backward make the same call)."""
+    return F.linear(h.to(ch.compute_dtype), w, b).to(ch.out_dtype).div_(temperature.unsqueeze(-1))
 
 
-def _chunk_logprobs(hidden, w, b, tokens, temperature, top_p, ch: _Chunking) -> tuple[Tensor, Tensor]:
-    """One chunk's (logprob of its tokens [rows], top-p cut [rows]); its [rows, V] buffers die on return,
-    so the next chunk's never coexist with them."""
-    cut = torch.full(tokens.shape, float("-inf"), dtype=ch.out_dtype, device=hidden.device)
+def _chunk_cut(scaled: Tensor, top_p: Tensor) -> TopPCut:
+    """The chunk's top-p cut, read from the very logits its log_softmax uses (rows with top_p < 1)."""
+    cut = TopPCut.none(scaled.shape[0], scaled.dtype, scaled.device)
     rows = torch.nonzero(top_p < 1.0).squeeze(-1)
     if rows.numel():
-        scaled = F.linear(hidden[rows].to(ch.compute_dtype), w, b).to(ch.out_dtype)
-        cut[rows] = top_p_cut(scaled.div_(temperature[rows].unsqueeze(-1)), top_p[rows])
-        del scaled
-    logp = _log_softmax(hidden, w, b, temperature, cut, ch)
-    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), cut
+        part = top_p_cut(scaled[rows], top_p[rows])
+        cut.value[rows], cut.tie[rows] = part.value, part.tie
+    return cut
 
 
-def _chunk_grad(hidden, w, b, tokens, temperature, cut, grad, ch: _Chunking) -> Tensor:
+def _chunk_logprobs(hidden, w, b, tokens, temperature, top_p, ch: _Chunking) -> tuple[Tensor, TopPCut]:
+    """One chunk's (logprob of its tokens [rows], top-p cut); its [rows, V] buffers die on return,
+    so the next chunk's never coexist with them."""
+    scaled = _scaled(hidden, w, b, temperature, ch)
+    cut = _chunk_cut(scaled, top_p)
+    own = token_tie_weight(scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), cut)
+    logp = apply_cut_(scaled, cut).log_softmax(dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - own, cut
+
+
+def _chunk_grad(hidden, w, b, tokens, temperature, cut: TopPCut, grad, ch: _Chunking) -> Tensor:
     """d loss / d logits of one chunk [rows, V] in the head's compute dtype."""
-    logp = _log_softmax(hidden, w, b, temperature, cut, ch)
+    logp = apply_cut_(_scaled(hidden, w, b, temperature, ch), cut).log_softmax(dim=-1)
     # d logp[token] / d scaled = onehot(token) - softmax (0 outside the kept set, and no onehot for a
     # token outside it: its -inf logprob is constant there)
     g = grad.to(ch.out_dtype).unsqueeze(-1)
@@ -138,19 +152,20 @@ class _ChunkedLogprobs(torch.autograd.Function):
         b = None if bias is None else bias.to(chunking.compute_dtype)
         n = hidden.shape[0]
         out = torch.empty(n, dtype=chunking.out_dtype, device=hidden.device)
-        cut = torch.empty_like(out)
+        cut, tie = torch.empty_like(out), torch.empty_like(out)
         for s in range(0, n, chunking.rows):
             e = min(n, s + chunking.rows)
-            out[s:e], cut[s:e] = _chunk_logprobs(
+            out[s:e], part = _chunk_logprobs(
                 hidden[s:e], w, b, tokens[s:e], temperature[s:e], top_p[s:e], chunking
             )
-        ctx.save_for_backward(hidden, weight, bias, tokens, temperature, cut)
+            cut[s:e], tie[s:e] = part.value, part.tie
+        ctx.save_for_backward(hidden, weight, bias, tokens, temperature, cut, tie)
         ctx.chunking = chunking
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        hidden, weight, bias, tokens, temperature, cut = ctx.saved_tensors
+        hidden, weight, bias, tokens, temperature, cut, tie = ctx.saved_tensors
         ch: _Chunking = ctx.chunking
         w = weight.to(ch.compute_dtype)
         b = None if bias is None else bias.to(ch.compute_dtype)
@@ -162,7 +177,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for s in range(0, n, ch.rows):
             e = min(n, s + ch.rows)
             h = hidden[s:e].to(ch.compute_dtype)
-            d = _chunk_grad(h, w, b, tokens[s:e], temperature[s:e], cut[s:e], grad[s:e], ch)
+            chunk_cut = TopPCut(cut[s:e], tie[s:e])
+            d = _chunk_grad(h, w, b, tokens[s:e], temperature[s:e], chunk_cut, grad[s:e], ch)
             if need_h:
                 dh[s:e] = (d @ w).to(hidden.dtype)
             if need_w:

@@ -54,7 +54,10 @@ from trainer.attention_backend import AttentionBackend, choose_backend
 from trainer.batch import MicroBatch, plan_micro_batches, trained_rows, unique_eligible_tokens, validate_rows
 from trainer.chunked_logprobs import plain_head
 from trainer.grad_guard import (
+    PROBE_TEMPERATURE,
+    PROBE_TOKENS,
     GradientGuard,
+    GradientRefusal,
     ImplausibleGradientError,
     NonFiniteError,
     PassCheck,
@@ -70,7 +73,8 @@ from trainer.packing import plan_packed_micro_batches, unique_prefix_tokens
 from trainer.rows import Row
 from trainer.scoring import forward_kwargs, pass_kernels, score_tokens
 
-__all__ = ["ImplausibleGradientError", "NonFiniteError", "score_tokens"]  # re-exported for callers
+# re-exported for callers
+__all__ = ["GradientRefusal", "ImplausibleGradientError", "NonFiniteError", "score_tokens"]
 
 
 class RolloutCountError(ValueError):
@@ -113,7 +117,12 @@ class StepMetrics(BaseModel):
     is_truncated_frac: float = 0.0  # fraction of the stale tokens whose weight was capped
     grad_norm: float
     lr: float
-    skipped: bool  # no loss tokens: counters advance, weights and optimizer state do not change
+    skipped: bool  # no loss tokens, or a guard refusal skipped: counters advance, weights do not change
+    # gradient guard (trainer/grad_guard.py): 1 when a pass was refused and LearnerConfig.guard_refusal
+    # skipped the step or accepted the pass; the largest pass scale / anchor of the step; the anchor
+    guard_refused: int = 0
+    guard_ratio: float = 0.0
+    guard_anchor: float = 0.0
     seconds: float
     tokens_per_s: float  # forwarded_tokens / seconds
 
@@ -131,7 +140,7 @@ class BatchLoss:
     stale: int = 0  # tokens trained with truncated IS
     is_truncated: int = 0  # of which capped
     is_weight_sum: float = 0.0  # sum of their IS weights
-    loss_weight: float = 0.0  # sum of |d loss / d logp| over the tokens (trainer/grad_guard.py)
+    loss_weight: float = 0.0  # sum of |d loss / d logp| / T over the tokens (trainer/grad_guard.py)
     per_micro_batch: list[float] = field(default_factory=list)
 
     def add(self, out: LossOutputs, value: float, loss_weight: float) -> None:
@@ -276,7 +285,7 @@ def accumulate_gradients(
             value, lw = 0.0, 0.0
             if weight != 0:
                 value = float(out.loss.detach())
-                lw = float(logprobs.grad.abs().sum()) / abs(weight) if logprobs.grad is not None else 0.0
+                lw = _loss_weight(logprobs, mb, device) / abs(weight)
                 total.add(out, value, lw)
             if opts.guard is not None:  # before the pass's gradient joins the accumulated one
                 _check_pass(opts, model, params, PassCheck(k, len(micro_batches), mb.row_ids, out.tokens,
@@ -284,6 +293,14 @@ def accumulate_gradients(
         if opts.after_pass is not None:
             opts.after_pass(k)
     return total
+
+
+def _loss_weight(logprobs: Tensor, mb: MicroBatch, device: torch.device) -> float:
+    """sum_i |d loss / d logp_i| / T_i: the pass's loss weight in temperature-free units
+    (trainer/grad_guard.py: grad logp_i carries a 1 / T_i the scale must not)."""
+    if logprobs.grad is None:
+        return 0.0
+    return float((logprobs.grad.abs() / mb.temperature.to(device, logprobs.grad.dtype)).sum())
 
 
 def _check_pass(opts: PassOptions, model: nn.Module, params: list[nn.Parameter], local: PassCheck) -> None:
@@ -346,6 +363,20 @@ def probe_micro_batch(
     return plan_micro_batches([row], per_episode, len(row.input_ids))[0]
 
 
+def probe_scale(model: nn.Module, mb: MicroBatch, config: LearnerConfig, device: torch.device) -> float:
+    """The gradient guard's anchor (trainer/grad_guard.py): the gradient norm of T / m times the sum of
+    the logprobs of the probe row's first m = PROBE_TOKENS tokens at T = PROBE_TEMPERATURE and top_p 1
+    (loss weight 1), on the reference computations. Leaves its gradient in `.grad`."""
+    hot = dataclasses.replace(
+        mb, temperature=torch.full_like(mb.temperature, PROBE_TEMPERATURE), top_p=torch.ones_like(mb.top_p)
+    )
+    with pass_kernels(device, trusted=True):
+        logp = score_tokens(model, hot, config, device, trusted=True)
+        m = min(PROBE_TOKENS, logp.numel())
+        (logp[:m].sum() * (PROBE_TEMPERATURE / m)).backward()
+    return grad_norm(p for p in model.parameters() if p.requires_grad)
+
+
 class Learner:
     """The policy, its optimizer and the run's counters; `step(rows)` takes one optimizer step."""
 
@@ -389,7 +420,8 @@ class Learner:
         # attention kernel of packed/tree micro-batches (trainer/attention_backend.py; a benchmark may
         # set "segments" or "flex" to compare them)
         self.attention_backend: str = choose_backend(self.device)
-        self.guard = GradientGuard()  # its history is checkpointed (trainer/checkpoint.py)
+        self.guard = GradientGuard()  # its anchor and history are checkpointed (trainer/checkpoint.py)
+        self.last_refusal: dict | None = None  # evidence of the last step's skipped or accepted refusal
         self.full_logits = False  # True: score from whole [tokens, vocab] logits (benchmark comparison)
 
     def _check_rollouts(self, episodes: int) -> None:
@@ -413,21 +445,43 @@ class Learner:
         rollouts = len(batch.advantages)
         lr = self.config.lr_at(self.rollouts_consumed + rollouts)
         self.optimizer.zero_grad(set_to_none=True)
-        total, grad_norm = BatchLoss(), 0.0
+        total, grad_norm, guard = BatchLoss(), 0.0, {}
+        self.last_refusal = None
         if batch.denominator > 0:
-            try:
-                self.guard.begin_step()
-                self._probe(batch, rows)
-                total = self._accumulate(batch)
-                grad_norm = self._apply_update(lr)
-            except (NonFiniteError, ImplausibleGradientError):
-                self.optimizer.zero_grad(set_to_none=True)  # nothing of the refused step survives
-                raise
-            self.guard.commit()
+            total, grad_norm, guard = self._guarded_update(batch, rows, lr)
         self.step_count += 1
         self.rollouts_consumed += rollouts
         self.last_advantages = batch.advantages
-        return self._metrics(batch, rows, total, rollouts, grad_norm, lr, time.perf_counter() - started)
+        metrics = self._metrics(batch, rows, total, rollouts, grad_norm, lr, time.perf_counter() - started)
+        return metrics.model_copy(update=guard)
+
+    def _guarded_update(
+        self, batch: PreparedBatch, rows: Sequence[Row], lr: float
+    ) -> tuple[BatchLoss, float, dict]:
+        """Accumulate, check and apply one step; a refusal raises (guard_refusal "fail") or leaves the
+        weights and optimizer untouched ("skip"; "accept" trains an implausible pass as computed)."""
+        mode = self.config.guard_refusal
+        try:
+            self.guard.begin_step(accept_implausible=mode == "accept")
+            self._probe(batch, rows)
+            total = self._accumulate(batch)
+            grad_norm = self._apply_update(lr)
+        except GradientRefusal as refusal:
+            self.optimizer.zero_grad(set_to_none=True)  # nothing of the refused step survives
+            if mode == "fail":
+                raise
+            self.last_refusal = refusal.evidence
+            guard = {"guard_refused": 1, "guard_anchor": self.guard.reference() or 0.0, "skipped": True}
+            self.guard.begin_step()  # the refused step's scales and probe are not kept
+            return BatchLoss(), 0.0, guard
+        self.last_refusal = self.guard.accepted
+        guard = {
+            "guard_refused": int(self.guard.accepted is not None),
+            "guard_ratio": self.guard.worst_ratio(),
+            "guard_anchor": self.guard.reference() or 0.0,
+        }
+        self.guard.commit()
+        return total, grad_norm, guard
 
     def _options(self, **overrides) -> PassOptions:
         """This learner's pass options for the step being taken."""
@@ -445,7 +499,7 @@ class Learner:
         )  # fmt: skip
 
     def _probe(self, batch: PreparedBatch, rows: Sequence[Row]) -> None:
-        """A learner without a gradient-scale history measures one on the reference computations first
+        """A learner without an anchor measures it on the reference computations first
         (trainer/grad_guard.py); its gradient is dropped. Every rank runs the same probe."""
         if not self.guard.needs_probe():
             return
@@ -453,14 +507,9 @@ class Learner:
         if mb is None:
             return
         self.optimizer.zero_grad(set_to_none=True)
-        probe = accumulate_gradients(
-            self.model, [mb], batch.denominator, self.config, self.device, self.reference,
-            options=self._options(guard=None, trusted=True),
-        )  # fmt: skip
-        norm = grad_norm(self.model.parameters())
+        scale = probe_scale(self.model, mb, self.config, self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        if probe.loss_weight > 0:
-            self.guard.calibrate(norm / probe.loss_weight)
+        self.guard.calibrate(scale)
 
     def _metrics(
         self,
@@ -511,7 +560,8 @@ class Learner:
             raise NonFiniteError(
                 f"step {self.step_count + 1}: gradient norm is {norm}; the optimizer step was not taken. "
                 "Look for -inf logprobs (a sampled token outside the current top-p set with kl_coef > 0) "
-                "or corrupt behaviour logprobs"
+                "or corrupt behaviour logprobs",
+                {"kind": "non-finite", "step": self.step_count + 1, "pass": None, "grad_norm": str(norm)},
             )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
