@@ -355,7 +355,8 @@ class _ExitNotingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
         self.exited: asyncio.Future[int] = loop.create_future()
 
     def process_exited(self) -> None:
-        code = self._transport.get_returncode()  # read first: the base class may drop the transport
+        # read first: the base class may drop the transport (a private attribute typeshed does not declare)
+        code = self._transport.get_returncode()  # type: ignore[attr-defined]
         super().process_exited()
         if not self.exited.done():
             self.exited.set_result(code)
@@ -372,7 +373,9 @@ class _Launch:
         self.events: list[dict] = []
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES)
         self.last_event: str | None = None
-        self.calls, self.last_request = 0, None  # the episode's, as of the last heartbeat
+        # the episode's, as of the last heartbeat
+        self.calls: int = 0
+        self.last_request: str | None = None
         self._readers: list[asyncio.Task] = []
         self._exited: asyncio.Future[int] | None = None
         self._t0 = time.monotonic()

@@ -196,15 +196,15 @@ def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
     from trainer.rows import rows_from_parquet
 
     device = f"cuda:{rank}" if job.device == "cuda" else "cpu"
+    start = None if job.start_dir is None else Path(job.start_dir)
     state = None
-    if job.start_dir is not None:
-        state = TrainerState.model_validate_json((Path(job.start_dir) / STATE_FILE).read_bytes())
+    if start is not None:
+        state = TrainerState.model_validate_json((start / STATE_FILE).read_bytes())
     learner = DistributedLearner(
         Path(job.model_dir), job.config, device=device,
         step_count=state.step if state else 0, rollouts_consumed=state.rollouts_consumed if state else 0,
     )  # fmt: skip
-    if state is not None:
-        start = Path(job.start_dir)
+    if start is not None and state is not None:
         if state.optimizer_format == "sharded":
             load_sharded_optimizer(learner.model, learner.optimizer, start / SHARDS_DIR)
         else:

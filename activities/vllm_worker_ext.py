@@ -34,6 +34,7 @@ import os
 import select
 import signal
 import threading
+from typing import Any
 
 import torch
 
@@ -70,7 +71,7 @@ def tie_engine_to_owner() -> None:
     """Make this engine process die with its owner; a no-op outside an engine child process."""
     owner = os.environ.get(OWNER_PID_ENV)
     parent = multiprocessing.parent_process()
-    if not owner or parent is None or int(owner) == os.getpid():
+    if not owner or parent is None or parent.pid is None or int(owner) == os.getpid():
         return  # not a process spawned for a PolicyEngine's engine
     _die_with_parent(parent.pid)
     threading.Thread(
@@ -83,6 +84,8 @@ tie_engine_to_owner()
 
 class GroveWorkerExtension:
     """Mixed into vLLM's worker class; `self.model_runner` is the worker's model runner."""
+
+    model_runner: Any  # the vLLM worker's, which this class is mixed into
 
     def grove_reload_weights(self, weights_path: str) -> list[str]:
         """Reload every weight from the HF folder `weights_path` in place; returns repacked module names."""

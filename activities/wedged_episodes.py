@@ -82,7 +82,7 @@ async def find_wedged(
             continue
         attempt = raw.pending_workflow_task.attempt
         problems = [str(p) for p in (execution.search_attributes or {}).get(PROBLEMS, [])]
-        bars = [min_attempts.get(p) for p in problems if p in min_attempts]
+        bars = [min_attempts[p] for p in problems if p in min_attempts]
         if bars and attempt >= min(bars):
             found.append(
                 WedgedEpisode(

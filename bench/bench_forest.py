@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -82,8 +84,10 @@ class _Builder:
     def agent(self, agent: str, record: ContextRecord, n_calls: int) -> str:
         """Play one agent's calls; returns its first call id."""
         self.ledger.open_context(record)
-        ctx, segment, head, parent_of_head = record.context_id, 0, None, None
-        first = None
+        ctx, segment = record.context_id, 0
+        head: str | None = None
+        parent_of_head: str | None = None
+        first: str | None = None
         for turn in range(n_calls):
             if head is not None and self.tokens[head].prompt_ids.size + 250 > self.max_ctx:
                 summary = self.tokens[head].completion_ids  # the last call wrote the summary
@@ -104,7 +108,7 @@ class _Builder:
                 retry = self.call(ctx, prompt, head)
                 del self.tokens[retry]  # discarded arrays are never needed by the reconstruction
                 self.ledger.discard(retry, "retry")
-            if turn % 20 == 19 and parent_of_head is not None:  # a kept side branch
+            if turn % 20 == 19 and parent_of_head is not None and head is not None:  # a kept side branch
                 side = np.concatenate([self.full(parent_of_head), self.ids(100, 200)])
                 self.call(ctx, side, parent_of_head, branch=True)
                 prompt = np.concatenate([self.full(head), self.ids(100, 200)])
@@ -114,6 +118,8 @@ class _Builder:
             )
             parent_of_head = extends
             first = first or head
+        if first is None:
+            raise ValueError(f"agent {agent!r} played no call: n_calls must be at least 1, got {n_calls}")
         return first
 
 
@@ -164,8 +170,8 @@ def naive_reconstruct(receipts: list[CallReceipt], tokens: dict[str, CallTokens]
 
     def chain(c: str) -> list[str]:
         out = [c]
-        while parent[out[-1]] is not None:
-            out.append(parent[out[-1]])
+        while (up := parent[out[-1]]) is not None:
+            out.append(up)
         return out[::-1]
 
     by_id = {r.call_id: r for r in used}
@@ -174,7 +180,7 @@ def naive_reconstruct(receipts: list[CallReceipt], tokens: dict[str, CallTokens]
         (c for c in parent if c not in children), key=lambda c: (by_id[c].context_id, len(chain(c)), c)
     )
     eligible = {r.call_id for r in used if r.kind == CallKind.ACTION}
-    owner = {}
+    owner: dict[str, str] = {}
     for e in endpoints:
         for c in chain(e):
             owner.setdefault(c, e)
@@ -191,6 +197,8 @@ def naive_reconstruct(receipts: list[CallReceipt], tokens: dict[str, CallTokens]
             if owned:
                 mask[start:end], lps[start:end] = True, tokens[c].logprobs
             r = by_id[c]
+            if r.policy_version is None:
+                raise AssertionError(f"used call {c} has no policy version in its receipt")
             spans.append(
                 Span(
                     c,
@@ -222,7 +230,7 @@ def naive_reconstruct(receipts: list[CallReceipt], tokens: dict[str, CallTokens]
 # ----------------------------------------------------------------------------------- measurement
 
 
-def best_times(fns: dict[str, object], repeat: int) -> dict[str, tuple[float, float]]:
+def best_times(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, tuple[float, float]]:
     """Min (wall, CPU) seconds per function, runs interleaved so that load from other processes on a
     shared machine hits every size alike; CPU time (process_time) is the one-core measure."""
     best = {k: (float("inf"), float("inf")) for k in fns}
@@ -244,7 +252,7 @@ def main() -> None:
 
     episodes = {"half": synthetic_episode(args.calls // 2), "full": synthetic_episode(args.calls)}
     fast_t = best_times(
-        {k: (lambda ep=ep: reconstruct(EPISODE, ep.receipts, ep.tokens)) for k, ep in episodes.items()},
+        {k: partial(reconstruct, EPISODE, ep.receipts, ep.tokens) for k, ep in episodes.items()},
         args.repeat,
     )
     print(
@@ -273,10 +281,10 @@ def main() -> None:
         "2x small": synthetic_episode(args.naive_calls, seed=1),
     }
     naive_t = best_times(
-        {k: (lambda ep=ep: naive_reconstruct(ep.receipts, ep.tokens)) for k, ep in small.items()}, 1
+        {k: partial(naive_reconstruct, ep.receipts, ep.tokens) for k, ep in small.items()}, 1
     )
     fast_small = best_times(
-        {k: (lambda ep=ep: reconstruct(EPISODE, ep.receipts, ep.tokens)) for k, ep in small.items()},
+        {k: partial(reconstruct, EPISODE, ep.receipts, ep.tokens) for k, ep in small.items()},
         args.repeat,
     )
     print("\nnaive reference (all-pairs parent verification), measured on small episodes (cpu seconds):")

@@ -62,6 +62,9 @@ def main() -> None:
         port = s.getsockname()[1]
     proc = mp.get_context("spawn").Process(target=_serve, args=(port,), daemon=True)
     proc.start()
+    pid = proc.pid
+    if pid is None:  # set by start()
+        raise RuntimeError("the gateway process did not start")
     base = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
@@ -70,14 +73,14 @@ def main() -> None:
         except httpx.HTTPError:
             time.sleep(0.1)
     url = f"{base}/episodes/{episode_ref(EPISODE)}/close"
-    print(f"idle gateway: peak RSS {_peak_mb(proc.pid):.0f} MB")
+    print(f"idle gateway: peak RSS {_peak_mb(pid):.0f} MB")
     answer = _post(url, args.mb, {})
-    print(f"{args.mb} MB close, no token: {answer}; peak RSS {_peak_mb(proc.pid):.0f} MB")
+    print(f"{args.mb} MB close, no token: {answer}; peak RSS {_peak_mb(pid):.0f} MB")
     auth = {"authorization": f"Bearer {issue_token(SECRET, EPISODE)}"}
     answer = _post(url, args.mb, auth)
-    print(f"{args.mb} MB close, valid token: {answer}; peak RSS {_peak_mb(proc.pid):.0f} MB")
+    print(f"{args.mb} MB close, valid token: {answer}; peak RSS {_peak_mb(pid):.0f} MB")
     answer = _post(f"{base}/episodes/{episode_ref(EPISODE)}/v1/chat/completions", args.mb, auth)
-    print(f"{args.mb} MB chat request, valid token: {answer}; peak RSS {_peak_mb(proc.pid):.0f} MB")
+    print(f"{args.mb} MB chat request, valid token: {answer}; peak RSS {_peak_mb(pid):.0f} MB")
     proc.kill()
 
 

@@ -56,8 +56,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -76,13 +79,14 @@ from bench.forests import (  # noqa: E402
 from bench.learner_agreement import run_agreement  # noqa: E402
 from bench.learner_shapes import (  # noqa: E402
     build_shape_model,
+    hf_model,
     matmul_peak,
     micro_batch_flops,
     parameter_counts,
 )
 from grove.learner_config import LearnerConfig  # noqa: E402
 from models.registry import ensure_model  # noqa: E402
-from trainer.learner import Learner, accumulate_gradients, prepare_batch  # noqa: E402
+from trainer.learner import Learner, StepMetrics, accumulate_gradients, prepare_batch  # noqa: E402
 from trainer.packing import unique_prefix_tokens  # noqa: E402
 from trainer.rows import Row  # noqa: E402
 
@@ -97,12 +101,15 @@ LAYOUT_LABELS = {
 # ---- measuring a step ---------------------------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class Sample:
+class Sample(Generic[T]):
     seconds: float  # CPU: process CPU seconds; CUDA: wall seconds, device synchronised
     wall: float
     peak_mb: float  # CUDA: max allocated over the step; CPU: peak RSS over the RSS before it
-    out: object
+    out: T  # what the measured function returned
 
 
 def _status_kb(field: str) -> int:
@@ -110,7 +117,7 @@ def _status_kb(field: str) -> int:
     return int(line.split()[1])
 
 
-def measure(fn, device: torch.device) -> Sample:
+def measure(fn: Callable[[], T], device: torch.device) -> Sample[T]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -164,19 +171,19 @@ def run_layouts(
         return out
 
     warmup = reps > 1 or device.type == "cuda"  # the first step allocates AdamW state, compiles kernels
-    samples: dict[str, list[Sample]] = {label: [] for label in variants}
+    samples: dict[str, list[Sample[StepMetrics]]] = {label: [] for label in variants}
     if device.type == "cpu":  # every learner resident, steps interleaved: machine load hits all alike
         learners = {label: learner(layout) for label, (_, layout) in variants.items()}
         for rep in range(reps + warmup):
             for label, (vrows, _) in variants.items():
-                sample = measure(lambda lr=learners[label], vr=vrows: lr.step(vr), device)
+                sample = measure(partial(learners[label].step, vrows), device)
                 if rep or not warmup:
                     samples[label].append(sample)
     else:  # one learner resident at a time: its peak memory is its own
         for label, (vrows, layout) in variants.items():
             one = learner(layout)
             for rep in range(reps + warmup):
-                sample = measure(lambda lr=one, vr=vrows: lr.step(vr), device)
+                sample = measure(partial(one.step, vrows), device)
                 if rep or not warmup:
                     samples[label].append(sample)
             del one
@@ -229,7 +236,8 @@ def run_mfu(model_dir: Path, a, device: torch.device) -> None:
                       device=device)  # fmt: skip
     if a.attention:
         learner.attention_backend = a.attention
-    config = learner.model.config
+    model = hf_model(learner.model)
+    config = model.config
     rows = single_call_rows(n_rows, length, length // 4, config.vocab_size)
     batch = prepare_batch(rows, learner.config)
     (mb,) = batch.plan
@@ -238,7 +246,7 @@ def run_mfu(model_dir: Path, a, device: torch.device) -> None:
         int(mb.loss_positions.numel()),
         n_rows * length * (length + 1) // 2,
     )
-    non_embedding, embedding = parameter_counts(learner.model)
+    non_embedding, embedding = parameter_counts(model)
     flops = micro_batch_flops(config, non_embedding, tokens, scored, pairs)
     peak, what = matmul_peak(device)
 
@@ -322,7 +330,7 @@ def hf_step(model, plan, optimizer, *, device) -> None:
 def run_hf(model_dir: Path, reps: int, device: torch.device) -> None:
     cfg = LearnerConfig(lr=1e-6)
     learner = Learner(model_dir, cfg, device=device)
-    rows = single_call_rows(8, 1024, 256, learner.model.config.vocab_size)
+    rows = single_call_rows(8, 1024, 256, hf_model(learner.model).config.vocab_size)
     plan = prepare_batch(rows, cfg).plan
     real = sum(mb.real_tokens for mb in plan)
     runs = {

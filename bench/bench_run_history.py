@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli.worker import run_worker  # noqa: E402
 from grove import queues  # noqa: E402
 from grove.client import connect, workflow_runs  # noqa: E402
-from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState  # noqa: E402
+from grove.contracts import HarnessSpec, RunConfig, RunState  # noqa: E402
 from grove.learner_config import LearnerConfig  # noqa: E402
 from grove.sampling import SamplingConfig  # noqa: E402
 from harnesses import scenario  # noqa: E402
@@ -63,7 +63,6 @@ async def main(args: argparse.Namespace) -> None:
         t0 = time.monotonic()
         result = await client.execute_workflow(
             TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
-            result_type=RunResult,
         )  # fmt: skip
         print(f"run {cfg.run_id}: {result.steps} steps in {time.monotonic() - t0:.0f} s")
         runs = await workflow_runs(client, cfg.run_id)

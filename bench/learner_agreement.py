@@ -26,6 +26,7 @@ from bench.forests import (
     rows_from_calls,
     with_mixed_sampling,
 )
+from bench.learner_shapes import hf_model
 from grove.learner_config import LearnerConfig
 from trainer.learner import Learner, PassOptions, accumulate_gradients, prepare_batch
 
@@ -62,7 +63,7 @@ def run_agreement(model_dir: Path, a, device: torch.device) -> None:
     learner = Learner(model_dir, LearnerConfig(lr=1e-6), device=device)
     if a.attention:
         learner.attention_backend = a.attention
-    vocab = learner.model.config.vocab_size
+    vocab = hf_model(learner.model).config.vocab_size
     episodes = agreement_episodes(vocab, min(a.parent_tokens, 512))
     rows = [r for ep in episodes for r in rows_from_calls(ep)]
     calls = per_call_rows(episodes)
@@ -81,7 +82,7 @@ def run_agreement(model_dir: Path, a, device: torch.device) -> None:
             loss, grads = _gradients(learner, vrows, layout, budget, trusted=False)
             loss_err = abs(loss - ref_loss) / abs(ref_loss)
             errs = {n: float((grads[n] - g).norm() / g.norm()) for n, g in ref.items() if float(g.norm()) > 0}
-            worst = max(errs, key=errs.get)
+            worst = max(errs, key=errs.__getitem__)
             ok = loss_err <= loss_tol and errs[worst] <= grad_tol
             failed += not ok
             verdict = "ok" if ok else "FAIL"

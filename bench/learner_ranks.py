@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grove.learner_config import LearnerConfig
 from models.registry import ensure_model
-from trainer.learner import Learner
+from trainer.learner import Learner, StepMetrics
 
 BENCH = Path(__file__).with_name("bench_learner.py")
 
@@ -35,6 +35,7 @@ def rank_probe(a, scenario_rows: Callable) -> None:
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     rows = scenario_rows(model_dir, a.rank_probe, a.parent_tokens, vocab)
     ranked = "WORLD_SIZE" in os.environ
+    learner: Learner
     if ranked:
         from trainer.distributed import DistributedLearner
 
@@ -43,7 +44,8 @@ def rank_probe(a, scenario_rows: Callable) -> None:
     else:
         learner = Learner(model_dir, cfg, device="cpu")
     sync = dist.barrier if ranked else (lambda: None)
-    times, metrics = [], None
+    times: list[float] = []
+    metrics: StepMetrics | None = None
     for rep in range(a.reps + 1):
         sync()
         t = time.perf_counter()
@@ -53,6 +55,8 @@ def rank_probe(a, scenario_rows: Callable) -> None:
             times.append(time.perf_counter() - t)
         metrics = metrics or m
     world = dist.get_world_size() if ranked else 1
+    if metrics is None:
+        raise ValueError(f"no step ran: --reps is {a.reps}")
     if not ranked or dist.get_rank() == 0:
         out = {"world": world, "seconds": statistics.median(times), "forwarded": metrics.forwarded_tokens}
         print(json.dumps({**out, "loss": metrics.loss}))

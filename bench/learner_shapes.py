@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 SHAPES: dict[str, dict] = {
     "tiny": {},  # the tiny-random model's own config
@@ -72,7 +72,14 @@ def build_shape_model(
     return out_dir
 
 
-def parameter_counts(model: torch.nn.Module) -> tuple[int, int]:
+def hf_model(model: torch.nn.Module) -> PreTrainedModel:
+    """`model` as the transformers model a Learner loads (its config, its embeddings)."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"expected a transformers model, got {type(model).__name__}")
+    return model
+
+
+def parameter_counts(model: PreTrainedModel) -> tuple[int, int]:
     """(non-embedding parameters, embedding parameters): input embeddings and an untied LM head are
     the embedding side; a tied head counts once."""
     embed = {id(p) for p in model.get_input_embeddings().parameters()}

@@ -158,4 +158,8 @@ def load_completion(store: ObjectStore, episode_id: str, ref: ObjectRef) -> Comp
 def completion_of(store: ObjectStore, episode_id: str, result: CallResult | GenerateResult) -> Completion:
     """The completion of a CallResult or GenerateResult: inline, or read from the store."""
     inline = result.inline_completion()
-    return inline if inline is not None else load_completion(store, episode_id, result.completion_ref)
+    if inline is not None:
+        return inline
+    if result.completion_ref is None:  # the carrier's validator refuses a result with neither
+        raise CompletionClaimError(f"call {result.call_id!r}: no completion inline and no completion_ref")
+    return load_completion(store, episode_id, result.completion_ref)

@@ -52,7 +52,7 @@ def check_prompt_spec(spec: PromptSpec, episode_id: str) -> None:
         raise PromptSpecError("a prompt given as ids is a context root; it cannot name a parent call")
     if ways == ["suffix_ids"] and not has_parent:
         raise PromptSpecError("suffix_ids continue a parent call: set parent_call_id and parent_staging_key")
-    if ways == ["chat"] and has_parent and spec.chat.parent_messages is None:
+    if ways == ["chat"] and has_parent and spec.chat is not None and spec.chat.parent_messages is None:
         raise PromptSpecError(
             "a chat continuation needs parent_messages (the messages the parent was rendered from)"
         )
@@ -150,12 +150,19 @@ def build_prompt(
     parent = None
     if spec.parent_staging_key is not None:
         parent = load_staged(store, spec.parent_staging_key, f"parent call {spec.parent_call_id}")
+    # check_prompt_spec has refused a spec that the three checks below find incomplete
     if spec.suffix_ids is not None:
+        if parent is None:
+            raise PromptSpecError("suffix_ids continue a parent call: set parent_staging_key")
         suffix = np.asarray(spec.suffix_ids, dtype=np.int32)
         return np.concatenate([parent.prompt_ids, parent.completion_ids, suffix]).astype(np.int32)
     chat = spec.chat
+    if chat is None:
+        raise PromptSpecError("a prompt spec needs exactly one of ids, suffix_ids, chat; got none")
     predecessor = None
     if parent is not None:
+        if chat.parent_messages is None:
+            raise PromptSpecError("a chat continuation needs parent_messages")
         predecessor = Predecessor(
             messages=chat.parent_messages,
             prompt_ids=parent.prompt_ids.tolist(),

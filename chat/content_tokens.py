@@ -123,10 +123,11 @@ class Shield:
 
     def hide(self, value: Any) -> Any:
         """`value` with every added-token string inside its strings replaced by its placeholder."""
-        if not self.active:
+        pattern = self.markers.pattern
+        if not self.active or pattern is None:  # no added tokens: no string can hold a marker
             return value
         if isinstance(value, str):
-            return self.markers.pattern.sub(lambda m: self.placeholders[m.group()], value)
+            return pattern.sub(lambda m: self.placeholders[m.group()], value)
         if isinstance(value, dict):
             return {self.hide(k): self.hide(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
@@ -134,7 +135,7 @@ class Shield:
         return value
 
     def restore(self, text: str) -> str:
-        if not self.active:
+        if not self.active or self.restore_pattern is None:  # nothing was hidden
             return text
         by_index = list(self.placeholders)
         return self.restore_pattern.sub(lambda m: by_index[int(m.group(1))], text)

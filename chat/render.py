@@ -350,7 +350,7 @@ def assistant_turn_text(tokenizer: Any, message: dict[str, Any], tools: Any = No
 def _ends_turn(tokenizer: Any, token_id: int, closing: str) -> bool:
     """Whether `token_id` is an atomic token that starts the template's turn closing (e.g. <|im_end|>)."""
     last = _atomic_text(tokenizer, token_id)
-    return bool(last) and closing.startswith(last)
+    return bool(last and closing.startswith(last))
 
 
 def response_of(
@@ -390,7 +390,7 @@ def _splice_suffix(
     covered = ""
     if pred.completion_ids and _ends_turn(tokenizer, pred.completion_ids[-1], closing):
         # The sampled end-of-turn token already is the start of the closing text.
-        covered = _atomic_text(tokenizer, pred.completion_ids[-1])
+        covered = _atomic_text(tokenizer, pred.completion_ids[-1]) or ""
     return encode(tokenizer, closing[len(covered) :] + full[len(upto) :], shield)
 
 

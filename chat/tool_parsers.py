@@ -58,7 +58,8 @@ class ToolParserUnavailableError(ToolParserError):
 
 
 class ToolCallParser(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: a frozen parser (HermesParser) serves too
 
     def parse(
         self, text: str, *, id_prefix: str = "call", tools: list[dict[str, Any]] | None = None

@@ -342,8 +342,8 @@ def reward_figure(histories: dict[str, list[StepRecord]], title: str):
             for j, part in enumerate(parts):
                 points = [(r.step, r.reward_components[part]) for r in history if part in r.reward_components]
                 if points:
-                    steps, values = zip(*points, strict=True)
-                    ax.plot(steps, smooth(list(values)), styles[j % len(styles)], color=f"C{i}",
+                    xs, values = zip(*points, strict=True)
+                    ax.plot(xs, smooth(list(values)), styles[j % len(styles)], color=f"C{i}",
                             label=f"{run_id}: {part}")  # fmt: skip
         _decorate(ax, f"reward components (mean of last {SMOOTH_WINDOW})", "component reward")
     fig.tight_layout()
@@ -534,8 +534,8 @@ def summary_lines(histories: dict[str, list[StepRecord]]) -> list[str]:
         lines.append(f"    {rid:28s} {first:.3f} -> {last:.3f}  ({len(h)} steps, {half} per half)")
     pw = next((rid for rid in by_step if rid.endswith("parent-and-workers")), None)
     po = next((rid for rid in by_step if rid.endswith("parent-only")), None)
-    common = sorted(set(by_step.get(pw, {})) & set(by_step.get(po, {}))) if pw and po else []
-    if common:
+    common = sorted(set(by_step[pw]) & set(by_step[po])) if pw is not None and po is not None else []
+    if common and pw is not None and po is not None:
         diffs = [by_step[pw][s] - by_step[po][s] for s in common]
         lines.append(
             f"    parent+workers - parent-only, per step: {mean(diffs):+.3f} "

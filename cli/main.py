@@ -168,7 +168,10 @@ def worker(
     async def main() -> None:
         # SIGTERM cancels the worker so run_worker's cleanup shuts the vLLM engine down (its engine
         # processes would otherwise outlive a terminated worker).
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+        task = asyncio.current_task()
+        if task is None:  # asyncio.run runs main() as a task
+            raise RuntimeError("the worker's main() must run as an asyncio task")
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         client = await connect(address)
         typer.echo(f"worker: queues {names} on {client.service_client.config.target_host}")
         from activities.harness import HarnessWorkerOptions

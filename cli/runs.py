@@ -189,8 +189,7 @@ async def _start(client: Client, state: RunState, reuse: WorkflowIDReusePolicy) 
         # a concurrent `start` of the same id attaches instead of failing
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         memo={"config": cfg.model_dump(mode="json"), "model": cfg.model, "train_agents": cfg.train_agents},
-        result_type=RunResult,
-    )
+    )  # the result type (RunResult) comes from the run method's annotation
 
 
 def check_run_engine(cfg: RunConfig) -> None:
@@ -256,8 +255,8 @@ async def wait_run(handle: WorkflowHandle) -> RunResult:
 
 
 def _cause(err: BaseException) -> str:
-    while getattr(err, "cause", None) is not None:
-        err = err.cause  # type: ignore[assignment]
+    while (cause := getattr(err, "cause", None)) is not None:
+        err = cause
     return str(err)
 
 

@@ -54,11 +54,11 @@ async def prepare(
         await _open(cap, episode_id, target.opening)
     elif decision.move == Move.RETRY:
         await cap.episodes.discard(
-            episode_id, decision.head.call_id, "the harness sent the same request again"
+            episode_id, decision.acted_on().call_id, "the harness sent the same request again"
         )
     elif decision.move == Move.SKIP_EMPTY:
         await cap.episodes.discard(
-            episode_id, decision.head.call_id,
+            episode_id, decision.acted_on().call_id,
             "empty response left out of the harness's next request (EOS-only reply): never trained",
         )  # fmt: skip
     elif decision.move == Move.REWRITE:
@@ -106,10 +106,12 @@ async def _base(cap: CaptureState, episode_id: str, decision: Decision) -> ChatR
     """The call this request's call will extend (None: a root)."""
     if decision.move == Move.CONTINUE:
         return decision.head
-    skips = decision.move in (Move.RETRY, Move.SKIP_EMPTY)
-    if skips and decision.head.extends is not None:
-        return await _parent(cap, episode_id, decision.head)  # extends what the head extended
-    return None
+    if decision.move not in (Move.RETRY, Move.SKIP_EMPTY):
+        return None
+    head = decision.acted_on()
+    if head.extends is None:
+        return None
+    return await _parent(cap, episode_id, head, head.extends)  # extends what the head extended
 
 
 async def _check_fits(
@@ -136,12 +138,12 @@ async def _open(cap: CaptureState, episode_id: str, record: ContextRecord) -> No
         )
 
 
-async def _parent(cap: CaptureState, episode_id: str, head: ChatRecord) -> ChatRecord:
-    parent = await cap.record(episode_id, head.extends)
+async def _parent(cap: CaptureState, episode_id: str, head: ChatRecord, extends: str) -> ChatRecord:
+    parent = await cap.record(episode_id, extends)
     if parent is None:
         raise MissingRecordError(
             f"episode {episode_id!r}: call {head.call_id!r} is retried, but the chat record of the "
-            f"call it extends ({head.extends!r}) is missing; the retry cannot be spliced onto it"
+            f"call it extends ({extends!r}) is missing; the retry cannot be spliced onto it"
         )
     return parent
 

@@ -49,6 +49,7 @@ from gateway.identity import RewriteMode
 
 __all__ = [
     "Decision",
+    "HeadlessMoveError",
     "Move",
     "UndeclaredDiscontinuityError",
     "decide",
@@ -66,10 +67,20 @@ class Move(StrEnum):
     SKIP_EMPTY = "skip_empty"  # the harness left the head's empty response out: discard it, extend its parent
 
 
+class HeadlessMoveError(RuntimeError):
+    """A move other than ROOT decided without the head record it acts on (a bug in the decision)."""
+
+
 @dataclass(frozen=True)
 class Decision:
     move: Move
     head: ChatRecord | None  # the context's head record (None for ROOT)
+
+    def acted_on(self) -> ChatRecord:
+        """The head record a CONTINUE, RETRY, REWRITE or SKIP_EMPTY move acts on."""
+        if self.head is None:
+            raise HeadlessMoveError(f"a {self.move.value} decision names no head record to act on")
+        return self.head
 
 
 def same_prompt(messages: Sequence[dict[str, Any]], tools: Any, record: ChatRecord) -> bool:

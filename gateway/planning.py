@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Literal
 
 from capture.records import ChatRecord
 from gateway.capture_errors import (
@@ -58,7 +60,12 @@ from grove.contracts import EpisodeSpec
 from workflows.accounting import ContextSummary
 from workflows.context_view import ContextView, ViewRequest
 
-_REPLAN = object()  # _head's answer after discarding an undelivered head
+
+class _Replan(Enum):
+    REPLAN = "replan"  # _head's answer after discarding an undelivered head
+
+
+_REPLAN = _Replan.REPLAN
 
 
 @dataclass(frozen=True)
@@ -77,8 +84,10 @@ async def plan(
     spec: EpisodeSpec,
 ) -> Plan | None:
     """The plan for this request; None after discarding an undelivered head (plan again)."""
-    relaunch = launch is not None and launch > 1
-    aliases = await asyncio.to_thread(load_aliases, cap.store, episode_id, launch) if relaunch else {}
+    relaunched = launch if launch is not None and launch > 1 else None  # this launch, when a relaunch
+    aliases: dict[str, SessionAlias] = {}
+    if relaunched is not None:
+        aliases = await asyncio.to_thread(load_aliases, cap.store, episode_id, relaunched)
     names = await session_names(  # OpenCode's subagents by their agent type (gateway/opencode_names.py)
         cap.store, episode_id, headers, request.messages,
         lambda agent: head_of(cap, episode_id, agent), lambda call_id: cap.record(episode_id, call_id),
@@ -91,28 +100,32 @@ async def plan(
             "episode for a new attempt"
         )
     identity = identify(headers, request.messages, request.tools, view, names)
-    if relaunch and identity.root_session and identity.session_id:
+    if relaunched is not None and identity.root_session and identity.session_id:
         # A relaunch's root session is the episode's parent, even where nothing could be replayed.
-        alias = SessionAlias(agent=identity.agent or DEFAULT_AGENT)
-        await asyncio.to_thread(save_alias, cap.store, episode_id, launch, identity.session_id, alias)
-        aliases[identity.session_id] = alias
+        root_alias = SessionAlias(agent=identity.agent or DEFAULT_AGENT)
+        await asyncio.to_thread(
+            save_alias, cap.store, episode_id, relaunched, identity.session_id, root_alias
+        )
+        aliases[identity.session_id] = root_alias
         identity = replace(identity, root_session=False)
     target = route(view, identity)
     if identity.respawn and identity.context_id is None and target.current is not None:
         return await _spawn_plan(cap, episode_id, request, identity, view, target.agent)
     check_unspawned(spec, view, identity, target)
-    head = await _head(cap, episode_id, target, relaunch)
+    head = await _head(cap, episode_id, target, relaunched is not None)
     if head is _REPLAN:
         return None
     alias = aliases.get(session_of(identity))
-    if relaunch and alias is not None and isinstance(head, ChatRecord):
-        head, forced = await diverge(cap, episode_id, head, alias, launch)
+    if relaunched is not None and alias is not None and head is not None:
+        head, forced = await diverge(cap, episode_id, head, alias, relaunched)
         if forced is not None:
             return Plan(target, identity, forced)
     _check_session(episode_id, identity, head)
     try:
         decision = decide(request.messages, request.tools, head, identity.rewrite)
     except UndeclaredDiscontinuityError as err:
+        if head is None:  # decide starts a root without a head: it raises only against one
+            raise
         summaries = await _summaries(cap, episode_id, view, target.agent)
         raise diagnose(err, request.messages, request.tools, identity, head, summaries) from None
     return Plan(target, identity, decision)
@@ -156,28 +169,28 @@ async def _spawn_plan(
         if decision is None or (decision.move == Move.RETRY and spawner_of(summary, ctx) != spawner):
             continue  # a repeat of another spawn's request is a new invocation, not a retry
         if cap.delivering(episode_id, ctx.head):
-            raise _pending_delivery(episode_id, ctx)
+            raise _pending_delivery(episode_id, ctx, ctx.head)
         target = Target(agent, ctx.context_id, ctx, None, fresh_context(summary, agent))
         return Plan(target, identity, decision)
     check_fresh_spawn(request, heads, await _summaries(cap, episode_id, summary, agent))
     return Plan(spawn_target(summary, identity, agent), identity, Decision(Move.ROOT, None))
 
 
-def _pending_delivery(episode_id: str, ctx: ContextSummary) -> ResponsePendingError:
+def _pending_delivery(episode_id: str, ctx: ContextSummary, head: str) -> ResponsePendingError:
     return ResponsePendingError(
-        f"episode {episode_id!r}: call {ctx.head!r}, the head of context {ctx.context_id!r}, has "
+        f"episode {episode_id!r}: call {head!r}, the head of context {ctx.context_id!r}, has "
         f"completed and its response is still being delivered; retry in "
         f"{ResponsePendingError.retry_after} s "
         "(send the next request of a context after the previous response arrived)",
         episode_id=episode_id,
         context_id=ctx.context_id,
-        call_id=ctx.head,
+        call_id=head,
     )
 
 
 async def _head(
     cap: CaptureState, episode_id: str, target: Target, relaunch: bool
-) -> ChatRecord | None | object:
+) -> ChatRecord | None | Literal[_Replan.REPLAN]:
     """The head's record (None: no head); _REPLAN after discarding an undelivered head."""
     ctx = target.current
     if ctx is None or ctx.head is None:
@@ -188,7 +201,7 @@ async def _head(
             "is still generating; send the next request of this context after its response arrived"
         )
     if cap.delivering(episode_id, ctx.head):
-        raise _pending_delivery(episode_id, ctx)
+        raise _pending_delivery(episode_id, ctx, ctx.head)
     record = await cap.record(episode_id, ctx.head)
     # Records are written before responses leave, and a response is recorded delivered before its last
     # part: a head without a record, or still awaiting delivery, that no request of this gateway is

@@ -84,7 +84,7 @@ async def diverge(
     to it were never seen by this harness; discard them (newest first) so the request continues what
     it saw. Returns (the head to decide against, None), or (head, a forced REWRITE) when one of them
     cannot be discarded (it spawned a worker or is extended)."""
-    current = head
+    current: ChatRecord | None = head
     while current is not None and current.call_id != alias.last_replayed:
         if current.launch is None or current.launch >= launch:
             return current, None  # made by this launch: an ordinary head

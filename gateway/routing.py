@@ -167,6 +167,7 @@ def route(summary: ContextView, identity: Identity) -> Target:
     named = by_id.get(identity.context_id) if identity.context_id else None
     if identity.context_id is not None:
         _check_owner(summary, identity, named)
+    current: ContextSummary | None
     if named is not None:
         agent, current = named.agent, named
     else:

@@ -131,7 +131,7 @@ def _bytes_per_token_holds(config: dict[str, Any]) -> bool:
 def _verbatim_roles(tokenizer: Any) -> frozenset[str]:
     """Roles whose marked content appears unchanged in the template's text, with tools and without."""
     call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": {}}}
-    cases = {
+    cases: dict[str, list[dict[str, Any]]] = {
         "system": [
             {"role": "system", "content": PROBE.format(role="system")},
             {"role": "user", "content": "x"},

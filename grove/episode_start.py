@@ -14,6 +14,8 @@ which this module does not change.
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -32,7 +34,7 @@ class EpisodeIdReusedError(Exception):
         self.episode_id, self.run_id, self.status = episode_id, run_id, status
 
 
-async def start_episode(client: Client, spec: EpisodeSpec, **options: object) -> WorkflowHandle:
+async def start_episode(client: Client, spec: EpisodeSpec, **options: Any) -> WorkflowHandle:
     """Start `spec`'s EpisodeWorkflow on the episodes queue under `spec.episode_id`, never a second time;
     `options` go to `Client.start_workflow` (memo, search attributes, timeouts)."""
     try:

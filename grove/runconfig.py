@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from pydantic_core import ErrorDetails, PydanticUndefined
 
 from grove.contracts import EpisodeTimeoutError, RunConfig, SamplingMismatchError
 from grove.sampling import UnmirrorableSamplingError
@@ -144,7 +144,7 @@ def load_run_config(path: str | Path, overrides: list[str] | None = None) -> Run
 # ------------------------------------------------------------------------------------------ errors
 
 
-def _issue(error: dict[str, Any]) -> tuple[str, Any, str]:
+def _issue(error: ErrorDetails) -> tuple[str, Any, str]:
     loc = [str(p) for p in error.get("loc", ())]
     path = ".".join(loc) or "(config)"
     kind = error.get("type", "")

@@ -28,7 +28,7 @@ import asyncio
 import json
 from typing import Any
 
-from agents import Agent, FunctionTool, Runner, function_tool
+from agents import Agent, FunctionTool, Runner, TResponseInputItem, function_tool
 from agents.run_config import CallModelData, ModelInputData, RunConfig
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
@@ -64,7 +64,10 @@ class SummaryFilter:
             asked = "Messages to summarize:\n" + "\n".join(transcript_line(i) for i in older)
             result = await Runner.run(self.summarizer, asked, run_config=self.config)
             self._summaries[key] = str(result.final_output)
-        summary = {"role": "user", "content": f"Summary of the conversation:\n{self._summaries[key]}"}
+        summary: TResponseInputItem = {
+            "role": "user",
+            "content": f"Summary of the conversation:\n{self._summaries[key]}",
+        }
         return ModelInputData(input=[summary, *recent], instructions=data.model_data.instructions)
 
 
@@ -122,6 +125,15 @@ async def run_agent(lead: Agent, task: Any, config: Any, stream: bool) -> Any:
     return result
 
 
+def _function_tools(agent: Agent) -> list[FunctionTool]:
+    """The agent's tools, each a function tool (the lead's workers: `as_tool` and `function_tool`)."""
+    tools = [t for t in agent.tools if isinstance(t, FunctionTool)]
+    if len(tools) != len(agent.tools):
+        others = sorted(type(t).__name__ for t in agent.tools if not isinstance(t, FunctionTool))
+        raise TypeError(f"agent {agent.name!r} has tools that are not function tools: {others}")
+    return tools
+
+
 def tool_context(
     lead: Agent, tool: FunctionTool, config, item_id: str, call_id: str, word: str
 ) -> ToolContext:
@@ -146,7 +158,7 @@ async def run(harness: HarnessContext) -> str:
     # one word per tool, the second to the worker with a history (the one that compacts)
     calls = [
         (tool, tool_context(lead, tool, config, item_id, f"call_w{i + 1}", w))
-        for i, (tool, w) in enumerate(zip(lead.tools, words, strict=True))
+        for i, (tool, w) in enumerate(zip(_function_tools(lead), words, strict=True))
     ]
     answers = await asyncio.gather(*(tool.on_invoke_tool(c, c.tool_arguments) for tool, c in calls))
     follow_up = [

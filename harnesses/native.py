@@ -44,6 +44,13 @@ class NativeHarnessError(RuntimeError):
     """A native program broke a harness rule (reply before spawn, unknown program, ...)."""
 
 
+class InlineCallResult(CallResult):
+    """A native call's result: the host (`EpisodeHost.call`) always returns its completion inline."""
+
+    text: str
+    assistant_message: dict[str, Any]
+
+
 # The ApplicationError type of a call whose generation failed, and the detail that says who failed it
 # (workflows/episode.py raises it; the first detail is the FailureKind).
 GENERATION_FAILED = "GenerationFailed"
@@ -69,7 +76,8 @@ def failure_outcome(err: BaseException) -> HarnessOutcome:
 
 
 class EpisodeHost(Protocol):
-    spec: EpisodeSpec
+    @property
+    def spec(self) -> EpisodeSpec: ...  # read-only: a host may hold a subclass (the workflow's EpisodeRun)
 
     async def open_context(self, record: ContextRecord) -> ContextRecord: ...
 
@@ -104,7 +112,7 @@ class Agent:
     calls: int = 0
     outputs: list[str] = field(default_factory=list)  # texts of this agent's replies (all segments)
 
-    async def reply(self, *observations: Message, kind: CallKind = CallKind.ACTION) -> CallResult:
+    async def reply(self, *observations: Message, kind: CallKind = CallKind.ACTION) -> InlineCallResult:
         """Add observations (user turns, tool results) and let the policy answer."""
         messages = (self.history if self.last else list(self.base)) + list(observations)
         if self.last is not None and self.last.conversation_ref is not None:
@@ -122,13 +130,15 @@ class Agent:
             )
         call_id = f"{self.context_id}.c{self.calls}"
         self.calls += 1
-        result = await self.host.call(
-            CallRequest(
-                call_id=call_id,
-                context_id=self.context_id,
-                kind=kind,
-                extends=self.last.call_id if self.last else None,
-                prompt=prompt,
+        result = _inline(
+            await self.host.call(
+                CallRequest(
+                    call_id=call_id,
+                    context_id=self.context_id,
+                    kind=kind,
+                    extends=self.last.call_id if self.last else None,
+                    prompt=prompt,
+                )
             )
         )
         self.last, self.last_prompt = result, messages
@@ -137,7 +147,7 @@ class Agent:
             self.outputs.append(result.text)
         return result
 
-    async def compact(self, instruction: str, *, keep: int | None = None) -> CallResult:
+    async def compact(self, instruction: str, *, keep: int | None = None) -> InlineCallResult:
         """Summary call in this context, then a declared rewrite: the next segment starts from
         the first `keep` base messages (default: all of them) plus the summary as a user turn."""
         summary = await self.reply(user(instruction))
@@ -153,6 +163,15 @@ class Agent:
         self.context_id, self.segment = record.context_id, self.segment + 1
         self.history, self.last, self.last_prompt, self.calls = [], None, None, 0
         return summary
+
+
+def _inline(result: CallResult) -> InlineCallResult:
+    if result.text is None or result.assistant_message is None:
+        raise NativeHarnessError(
+            f"call {result.call_id!r} came back with its completion by reference "
+            f"({result.completion_ref}); a native program's host must return it inline (EpisodeHost.call)"
+        )
+    return InlineCallResult.model_validate(result.model_dump())
 
 
 Program = Callable[["NativeEpisode"], Awaitable[str]]

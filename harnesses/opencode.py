@@ -263,7 +263,8 @@ def parse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
 def _error_text(event: Mapping[str, Any]) -> str:
     err = event.get("error") or event.get("part", {}).get("error") or event
     if isinstance(err, dict):
-        data = err.get("data") if isinstance(err.get("data"), dict) else {}
+        raw = err.get("data")
+        data = raw if isinstance(raw, dict) else {}
         return str(data.get("message") or err.get("message") or err.get("name") or json.dumps(err)[:500])
     return str(err)[:500]
 

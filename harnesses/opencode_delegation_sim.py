@@ -150,7 +150,8 @@ def play_episodes(
     rng = random.Random(seed)
     score = task_family(family)[1]
     reader = family in READER_FAMILIES
-    groups, details, example = [], [], {}
+    groups, details = [], []
+    example: dict[str, Any] = {}
     for t in range(tasks):
         words = draw_words(rng, 2, held_out=True, common_share=0.0)
         task = TaskSpec(family=family, task_id=f"eval-{t}", params={"words": words})

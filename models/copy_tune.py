@@ -490,7 +490,7 @@ def held_out_probe(model: torch.nn.Module, tok: Any, *, n: int = 24, seed: int =
     """Teacher-forced, greedy per-example exactness of the answers on held-out words: per kind, the share of
     examples whose every answer token is the argmax (what greedy decoding would copy)."""
     writer = CopyDrillWriter(seed, held_out=True)
-    kinds = {
+    kinds: dict[str, Callable[[], tuple[list[dict], list[dict] | None]]] = {
         "list": writer.word_list,
         "worker": writer.worker,
         "lead": writer.lead_first,

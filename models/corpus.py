@@ -135,7 +135,11 @@ def render_chat(messages: list[dict], tools: list[dict] | None = None) -> str:
     """Render a conversation with the tiny model's template, exactly as `apply_chat_template` would."""
     from transformers.utils.chat_template_utils import render_jinja_template  # heavy import
 
-    rendered, _ = render_jinja_template([messages], tools=tools, chat_template=CHAT_TEMPLATE)
+    offered: list[dict | Callable] | None = list(tools) if tools is not None else None
+    # transformers annotates the return as str; it is (rendered conversations, generation indices)
+    rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
+        [messages], tools=offered, chat_template=CHAT_TEMPLATE
+    )
     return rendered[0]
 
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from models.corpus import generate_copy_drills, generate_corpus
 from models.manifest import write_manifest
 from models.tokenizer import END_OF_TEXT, IM_END, IM_START, save_tokenizer, train_tokenizer
-from models.tool_drills import generate_tool_drills, harness_texts
+from models.tool_drills import Shape, generate_tool_drills, harness_texts
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,13 @@ def _deterministic_torch():
         torch.set_num_threads(threads)
 
 
+def _special_id(tok: Any, token: str) -> int:
+    token_id = tok.token_to_id(token)
+    if token_id is None:  # train_tokenizer adds every special token
+        raise ValueError(f"the trained tokenizer has no id for its special token {token!r}")
+    return token_id
+
+
 def _hf_config(spec: TinyModelSpec, *, eos_id: int) -> Any:
     from transformers import Qwen3Config
 
@@ -181,7 +188,8 @@ def _hf_config(spec: TinyModelSpec, *, eos_id: int) -> Any:
         head_dim=spec.head_dim,
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta,
+        # transformers 5 still takes the legacy rope_theta (into rope_parameters); its signature omits it
+        rope_theta=spec.rope_theta,  # type: ignore[call-arg]
         initializer_range=spec.init_std,
         tie_word_embeddings=True,
         bos_token_id=None,
@@ -268,10 +276,11 @@ def _tool_phases(tok: Any, spec: TinyModelSpec) -> list[_Phase]:
     if tools is None:
         return []
     phases = []
-    for shape, n_docs, steps, seq_len, batch, seed in (
+    shapes: tuple[tuple[Shape, int, int, int, int, int], ...] = (
         ("short", tools.short_documents, tools.short_steps, tools.short_seq_len, tools.short_batch_size, 3),
         ("long", tools.long_documents, tools.long_steps, tools.long_seq_len, tools.long_batch_size, 4),
-    ):
+    )
+    for shape, n_docs, steps, seq_len, batch, seed in shapes:
         if not steps:
             continue
         docs = generate_tool_drills(spec.seed + seed, n_documents=n_docs, shape=shape)
@@ -379,7 +388,7 @@ def build_tiny_model(out_dir: Path, spec: TinyModelSpec | None = None, **knobs: 
     t0, cpu0 = time.perf_counter(), time.process_time()
     docs = generate_corpus(spec.seed, n_documents=spec.corpus_documents)
     tok = train_tokenizer(docs + _tokenizer_extra_text(spec), vocab_size=spec.vocab_size)
-    eot_id, im_end_id = tok.token_to_id(END_OF_TEXT), tok.token_to_id(IM_END)
+    eot_id, im_end_id = _special_id(tok, END_OF_TEXT), _special_id(tok, IM_END)
     with _deterministic_torch():
         model = Qwen3ForCausalLM(_hf_config(spec, eos_id=eot_id))
         _init_weights(model, spec)

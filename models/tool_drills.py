@@ -344,7 +344,7 @@ class ToolDrillWriter:
                 "subagent_type": target,
             }
             calls.append({"type": "function", "function": {"name": "task", "arguments": arguments}})
-        messages = [
+        messages: list[dict[str, Any]] = [
             self.system(LEAD_PROMPTS, shape),
             {"role": "user", "content": rng.choice(_LEAD_ASKS).format(**fill)},
             {"role": "assistant", "content": "", "tool_calls": calls},
@@ -356,7 +356,7 @@ class ToolDrillWriter:
 
     def worker(self, shape: Shape) -> Dialogue:
         w = self.words(1)[0]
-        messages = [
+        messages: list[dict[str, Any]] = [
             self.system(WORKER_PROMPTS, shape),
             {"role": "user", "content": self.rng.choice(_TASK_PROMPTS).format(w=w)},
             {"role": "assistant", "content": w},
@@ -381,7 +381,7 @@ class ToolDrillWriter:
         )
         result = self.words(1)[0]
         call = {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
-        messages = [
+        messages: list[dict[str, Any]] = [
             self.system(("You are a helpful assistant.", "Use the tools."), shape),
             {"role": "user", "content": ask},
             {"role": "assistant", "content": "", "tool_calls": [call]},
@@ -415,7 +415,7 @@ class ToolDrillWriter:
         w = self.words(1)[0]
         ask = self.rng.choice(_TASK_PROMPTS).format(w=w)
         question, cont = _compaction_turns()
-        messages = [
+        messages: list[dict[str, Any]] = [
             self.system(WORKER_PROMPTS, shape),
             {"role": "user", "content": question},
             {"role": "assistant", "content": self.summary_text(ask, w)},

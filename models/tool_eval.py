@@ -151,7 +151,10 @@ class Generator:
         new = out[0, ids.shape[1] :].tolist()
         if new and new[-1] in self.stop:
             new = new[:-1]
-        return self.tok.decode(new, skip_special_tokens=False)
+        text = self.tok.decode(new, skip_special_tokens=False)
+        if not isinstance(text, str):  # decode of one sequence of ids is its text
+            raise TypeError(f"the tokenizer decoded one sequence of ids into {type(text).__name__}, not text")
+        return text
 
 
 def prompt_sizes(tokenizer: Any) -> dict[str, int]:

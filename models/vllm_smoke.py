@@ -17,10 +17,17 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
+
+DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]  # vLLM's LLM(dtype=...)
+
+
+class MissingLogprobsError(RuntimeError):
+    """vLLM returned a generation without the sampled token's logprob that `logprobs=0` asks for."""
 
 
 class SmokeGeneration(BaseModel):
@@ -29,7 +36,7 @@ class SmokeGeneration(BaseModel):
 
 
 class SmokeRequest(BaseModel):
-    dtype: str = "float32"
+    dtype: DType = "float32"
     max_model_len: int = 1024
     kv_cache_memory_bytes: int = 128 * 2**20
     seed: int = 0
@@ -58,10 +65,24 @@ def _sampling_kwargs(generation: SmokeGeneration) -> dict[str, Any]:
     return kwargs
 
 
+def _sampled_logprobs(
+    token_ids: Sequence[int], steps: Sequence[Mapping[int, Any] | None] | None
+) -> list[float]:
+    if steps is None:
+        raise MissingLogprobsError("vLLM returned no logprobs for a generation that asked logprobs=0")
+    values = []
+    for i, (tok, step) in enumerate(zip(token_ids, steps, strict=True)):
+        if step is None:
+            raise MissingLogprobsError(f"vLLM returned no logprob at generated position {i} (token {tok})")
+        values.append(step[tok].logprob)
+    return values
+
+
 def run_smoke(model_dir: Path, request: SmokeRequest) -> SmokeResult:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
     t1 = time.perf_counter()
     llm = LLM(
@@ -73,14 +94,14 @@ def run_smoke(model_dir: Path, request: SmokeRequest) -> SmokeResult:
         kv_cache_memory_bytes=request.kv_cache_memory_bytes,
     )
     t2 = time.perf_counter()
-    prompts = [{"prompt_token_ids": g.prompt_token_ids} for g in request.generations]
+    prompts = [TokensPrompt(prompt_token_ids=g.prompt_token_ids) for g in request.generations]
     params = [SamplingParams(**_sampling_kwargs(g)) for g in request.generations]
     results = llm.generate(prompts, params, use_tqdm=False)
     t3 = time.perf_counter()
     outputs = []
     for res in results:
         out = res.outputs[0]
-        logprobs = [step[tok].logprob for tok, step in zip(out.token_ids, out.logprobs, strict=True)]
+        logprobs = _sampled_logprobs(out.token_ids, out.logprobs)
         outputs.append(
             SmokeOutput(
                 token_ids=list(out.token_ids),

@@ -145,13 +145,13 @@ def check_records(
         table[rec.episode_id] = rec
     counts: Counter[str] = Counter()
     for row in rows:
-        rec = table.get(row.episode_id)
-        if rec is None:
+        found = table.get(row.episode_id)
+        if found is None:
             raise UnknownEpisodeError(
                 f"row {row.row_id!r} belongs to episode {row.episode_id!r}, which has no record in the "
                 f"batch ({len(table)} records); pass an EpisodeRecord for every episode of the step"
             )
-        _check_row_against(row, rec, check_status)
+        _check_row_against(row, found, check_status)
         counts[row.episode_id] += 1
     for rec in episodes:
         if rec.num_rows is not None and counts[rec.episode_id] != rec.num_rows:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -216,9 +217,19 @@ def token_columns(row: Row, advantage: float) -> dict[str, np.ndarray]:
     }
 
 
+class LossColumns(TypedDict):
+    """`token_columns` gathered at the loss tokens: MicroBatch's per-token fields, tensors [N]."""
+
+    behavior_logprobs: Tensor
+    advantages: Tensor
+    temperature: Tensor
+    top_p: Tensor
+    policy_version: Tensor
+
+
 def gather_loss_columns(
     rows: Sequence[Row], loss_row: np.ndarray, loss_pos: np.ndarray, advantages: Mapping[str, float]
-) -> dict[str, Tensor]:
+) -> LossColumns:
     """`token_columns` of each loss token, by its (row index, position): tensors [N]."""
     parts: dict[str, list[np.ndarray]] = {}
     order = []
@@ -229,7 +240,17 @@ def gather_loss_columns(
             parts.setdefault(name, []).append(col[loss_pos[sel]])
     inverse = np.empty(loss_row.size, dtype=np.int64)
     inverse[np.concatenate(order)] = np.arange(loss_row.size)  # back to the loss tokens' order
-    return {k: torch.from_numpy(np.concatenate(v)[inverse]) for k, v in parts.items()}
+
+    def column(name: str) -> Tensor:
+        return torch.from_numpy(np.concatenate(parts[name])[inverse])
+
+    return LossColumns(
+        behavior_logprobs=column("behavior_logprobs"),
+        advantages=column("advantages"),
+        temperature=column("temperature"),
+        top_p=column("top_p"),
+        policy_version=column("policy_version"),
+    )
 
 
 def _collate(rows: Sequence[Row], advantages: Mapping[str, float]) -> MicroBatch:

@@ -36,6 +36,7 @@ from typing import Literal
 import numpy as np
 import torch
 from pydantic import BaseModel
+from transformers import PreTrainedModel
 
 from grove.learner_config import NOT_FINGERPRINTED, LearnerConfig
 from storage.base import ObjectNotFoundError, ObjectStore, sha256_hex
@@ -107,7 +108,10 @@ class TrainerState(BaseModel):
 
 def capture_rng() -> RngStates:
     version, keys, gauss = random.getstate()
-    name, mt, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    legacy = np.random.get_state(legacy=True)
+    if not isinstance(legacy, tuple):  # a dict: the global generator is not MT19937
+        raise TypeError(f"numpy's global generator is {legacy.get('bit_generator')}, not MT19937")
+    name, mt, pos, has_gauss, cached = legacy
     cuda = None
     if torch.cuda.is_available():
         cuda = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
@@ -165,10 +169,13 @@ def _keep_architectures(saved: Path, loaded: Path) -> None:
 def model_folder_files(learner: Learner, state_dict: dict | None = None) -> dict[str, bytes]:
     """The `model/` files: save_pretrained output (of `state_dict` when given: the gathered weights of
     a sharded model) plus the tokenizer files of the folder the learner loaded."""
+    model = learner.model
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"a checkpoint saves a transformers model, got {type(model).__name__}")
     if state_dict is not None:
-        state_dict = _without_tied_copies(learner.model, state_dict)
+        state_dict = _without_tied_copies(model, state_dict)
     with tempfile.TemporaryDirectory(prefix="grove-ckpt-") as tmp:
-        learner.model.save_pretrained(tmp, state_dict=state_dict)
+        model.save_pretrained(tmp, state_dict=state_dict)
         _keep_architectures(Path(tmp) / "config.json", learner.model_dir / "config.json")
         files = {f"{MODEL_DIR}/{p.name}": p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
     tokenizer = [name for name in TOKENIZER_FILES if (learner.model_dir / name).is_file()]

@@ -37,6 +37,8 @@ from torch.distributed.fsdp import fully_shard
 from trainer.batch import MicroBatch
 from trainer.learner import BatchLoss, Learner, PreparedBatch, accumulate_gradients
 
+_COUNTS = ("clipped", "tokens", "stale", "is_truncated")  # BatchLoss's integer sums
+
 
 def _sum_over_ranks(values: list[float]) -> list[float]:
     """Element-wise sum of `values` over the process group (float64)."""
@@ -64,7 +66,8 @@ class DistributedLearner(Learner):
         if self.reference is not None:
             raise NotImplementedError("kl_coef > 0 is not supported by the distributed learner yet")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        for layer in self.model.model.layers:
+        # torch types a submodule reached by attribute as Tensor | Module
+        for layer in self.model.model.layers:  # type: ignore[union-attr]
             fully_shard(layer)
         fully_shard(self.model)
         # Shard first, then build the optimizer over the sharded (DTensor) parameters.
@@ -90,9 +93,9 @@ class DistributedLearner(Learner):
             options=self._options(after_pass=self.after_pass, reduce=_sum_over_ranks),
         )  # fmt: skip
         sums = _sum_over_ranks([float(getattr(total, name)) for name in BatchLoss.SUMMED])
-        out = BatchLoss(**dict(zip(BatchLoss.SUMMED, sums, strict=True)))
-        for name in ("clipped", "tokens", "stale", "is_truncated"):
-            setattr(out, name, int(getattr(out, name)))
+        out = BatchLoss()
+        for name, value in zip(BatchLoss.SUMMED, sums, strict=True):
+            setattr(out, name, int(value) if name in _COUNTS else value)
         return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -102,7 +105,12 @@ class DistributedLearner(Learner):
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters on CPU (a collective: every rank calls it; every rank gets them)."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=options)
+        state = get_model_state_dict(self.model, options=options)
+        tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        if len(tensors) != len(state):
+            others = sorted(k for k in state if k not in tensors)
+            raise TypeError(f"the model's state dict holds entries that are not tensors: {others[:5]}")
+        return tensors
 
 
 OPTIMIZER_KEY = "optimizer"  # the one entry of the DCP state dict

@@ -38,7 +38,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from grove.receipts import TERMINAL_STATES, CallKind, CallReceipt, CallState
+from grove.receipts import TERMINAL_STATES, CallKind, CallReceipt, CallState, TokenDigests
+from grove.sampling import SamplingProcessing
 from trainer.ownership import ForestPlan, Link, plan_forest
 from trainer.rows import Row, Span
 from trainer.staging_format import CallTokens
@@ -191,7 +192,16 @@ def _index(episode_id: str, receipts: Iterable[CallReceipt]) -> dict[str, CallRe
     return dict(sorted(by_id.items()))
 
 
-def _check_member(episode_id: str, r: CallReceipt) -> None:
+@dataclass(frozen=True)
+class _Checked:
+    """A member receipt's fields that `_check_member` proved present."""
+
+    digests: TokenDigests
+    policy_version: int
+    sampling: SamplingProcessing
+
+
+def _check_member(episode_id: str, r: CallReceipt) -> _Checked:
     wrong_kind = (r.state == CallState.SELECTED) != (r.kind == CallKind.ACTION)
     if r.digests is None or r.policy_version is None or wrong_kind:
         raise InconsistentReceiptError(
@@ -219,12 +229,14 @@ def _check_member(episode_id: str, r: CallReceipt) -> None:
             "at least one prompt token (the first sampled token is scored from the one before it)",
             "fix the harness/gateway that sent an empty prompt",
         )
+    return _Checked(r.digests, r.policy_version, r.sampling)
 
 
 def _check_tokens(
     episode_id: str,
     by_id: Mapping[str, CallReceipt],
     members: Mapping[str, CallReceipt],
+    checked: Mapping[str, _Checked],
     tokens: Mapping[str, CallTokens],
 ) -> None:
     foreign = sorted(set(tokens) - set(by_id))
@@ -247,13 +259,14 @@ def _check_tokens(
         )
     for call_id, receipt in members.items():
         got = tokens[call_id].digests()
-        if got != receipt.digests:
-            fields = [f for f in type(got).model_fields if getattr(got, f) != getattr(receipt.digests, f)]
+        want = checked[call_id].digests
+        if got != want:
+            fields = [f for f in type(got).model_fields if getattr(got, f) != getattr(want, f)]
             raise TokenDigestMismatchError(
                 episode_id,
                 [call_id],
                 f"staged arrays of {call_id!r} differ from its receipt in {fields}",
-                f"digests {receipt.digests.model_dump()}",
+                f"digests {want.model_dump()}",
                 f"the staging object {receipt.staging_key} is corrupt or foreign; regenerate the episode",
             )
 
@@ -344,6 +357,7 @@ def _row(
     endpoint: str,
     plan: ForestPlan,
     members: Mapping[str, CallReceipt],
+    checked: Mapping[str, _Checked],
     tokens: Mapping[str, CallTokens],
     eligible: set[str],
     reward: float,
@@ -354,14 +368,13 @@ def _row(
     logprobs = np.zeros(input_ids.size, dtype=np.float32)
     spans = []
     for call_id in plan.path(endpoint):
-        receipt = members[call_id]
-        start = receipt.digests.prompt_len
-        end = start + receipt.digests.completion_len
+        receipt, member = members[call_id], checked[call_id]
+        start = member.digests.prompt_len
+        end = start + member.digests.completion_len
         owned = call_id in eligible and plan.owner[call_id] == endpoint
         if owned:
             loss_mask[start:end] = True
             logprobs[start:end] = tokens[call_id].logprobs
-        sampled = receipt.sampling  # _check_member guarantees it
         spans.append(
             Span(
                 call_id,
@@ -370,9 +383,9 @@ def _row(
                 end,
                 owned,
                 call_id in eligible,
-                receipt.policy_version,
-                temperature=sampled.temperature,
-                top_p=sampled.top_p,
+                member.policy_version,
+                temperature=member.sampling.temperature,
+                top_p=member.sampling.top_p,
             )  # fmt: skip
         )
     return Row(
@@ -417,14 +430,13 @@ def reconstruct(
             "set ReconstructionOptions.parent_agent to the episode's root agent",
         )
     members = {c: r for c, r in by_id.items() if r.state in MEMBER_STATES}
-    for receipt in members.values():
-        _check_member(eid, receipt)
-    _check_tokens(eid, by_id, members, tokens)
+    checked = {c: _check_member(eid, r) for c, r in members.items()}
+    _check_tokens(eid, by_id, members, checked, tokens)
     plan = plan_forest(eid, _verify_links(eid, members, tokens))
     eligible = _eligible(members, options)
     with_loss = [e for e in plan.endpoints if _owns_any(e, plan, eligible)]
-    rows = [_row(episode, e, plan, members, tokens, eligible, reward) for e in with_loss]
-    accounting = _account(episode, options, by_id, members, plan, eligible, rows)
+    rows = [_row(episode, e, plan, members, checked, tokens, eligible, reward) for e in with_loss]
+    accounting = _account(episode, options, by_id, members, checked, plan, eligible, rows)
     return Reconstruction(rows=rows, accounting=accounting)
 
 
@@ -433,6 +445,7 @@ def _account(
     options: ReconstructionOptions,
     by_id: Mapping[str, CallReceipt],
     members: Mapping[str, CallReceipt],
+    checked: Mapping[str, _Checked],
     plan: ForestPlan,
     eligible: set[str],
     rows: list[Row],
@@ -446,7 +459,7 @@ def _account(
         states.setdefault(receipt.agent, Counter())[receipt.state] += 1
         if call_id in eligible:
             calls[receipt.agent] += 1
-            tokens[receipt.agent] += receipt.digests.completion_len
+            tokens[receipt.agent] += checked[call_id].digests.completion_len
     rows_of = Counter(members[row.spans[-1].call_id].agent for row in rows)
     per_agent = {
         agent: AgentAccounting(

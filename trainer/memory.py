@@ -15,6 +15,7 @@ upper-bound style model, not a measurement; bench/bench_learner.py --memory show
 from __future__ import annotations
 
 from torch import nn
+from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 
@@ -62,6 +63,8 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     dropout: behaviour logprobs were sampled without it). So only the decoder layer modules
     themselves are flagged as training; their submodules (attention, dropout) stay in eval mode.
     """
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"activation checkpointing needs a transformers model, got {type(model).__name__}")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.eval()
     for module in model.modules():

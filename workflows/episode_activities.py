@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from datetime import timedelta
+from typing import TypeVar, overload
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -34,6 +35,8 @@ from grove.contracts import (
     HarnessRunResult,
 )
 from workflows.handover import EpisodeRun
+
+T = TypeVar("T")
 
 GENERATE_TIMEOUT = timedelta(minutes=5)
 GENERATE_HEARTBEAT = timedelta(seconds=20)
@@ -50,7 +53,15 @@ IO_RETRY = RetryPolicy(
 RUNNER_CONFIG_ERRORS = ("HarnessConfigError", "OpenCodeSetupError", "OpenCodeInstallError")
 
 
-async def io_activity(activity: str, arg: object, result_type: type | None, *more: object) -> object:
+@overload
+async def io_activity(activity: str, arg: object, result_type: type[T], *more: object) -> T: ...
+
+
+@overload
+async def io_activity(activity: str, arg: object, result_type: None, *more: object) -> None: ...
+
+
+async def io_activity(activity: str, arg: object, result_type: type[T] | None, *more: object) -> T | None:
     """Run one IO activity with the IO queue's patience (module docstring)."""
     return await workflow.execute_activity(
         activity, args=[arg, *more], task_queue=queues.IO, start_to_close_timeout=IO_TIMEOUT,

@@ -150,11 +150,11 @@ class LedgerPages:
         carry = self.spec.carry
         assert carry is not None
         keys = carry.restore_pages()
-        self.restore_progress = RestoreProgress(pages_total=len(keys))
+        progress = self.restore_progress = RestoreProgress(pages_total=len(keys))
         if not workflow.patched("grove-restore-by-page"):
             packed = await asyncio.gather(*(io_activity("load_ledger_page", k, bytes) for k in keys))
             for data in packed:
-                self._restore_page(unpack_page(data), ledger)
+                progress = self._restore_page(unpack_page(data), ledger, progress)
             return ledger
         if carry.settled:  # the live calls' pages join onto the carried tails
             assert carry.ledger is not None
@@ -166,12 +166,13 @@ class LedgerPages:
             data = await loading
             if i + 1 < len(keys):
                 loading = asyncio.ensure_future(io_activity("load_ledger_page", keys[i + 1], bytes))
-            self._restore_page(unpack_page(data), restored)
+            progress = self._restore_page(unpack_page(data), restored, progress)
         return restored
 
-    def _restore_page(self, page: LedgerPage, ledger: Ledger) -> None:
+    def _restore_page(self, page: LedgerPage, ledger: Ledger, progress: RestoreProgress) -> RestoreProgress:
         """Join one page into the ledger being restored and into what the written pages hold."""
         apply_page(ledger, page)
         self.saved_contexts.update({k: v.model_copy(deep=True) for k, v in page.contexts.items()})
         self.saved_calls.update(page.calls)
-        self.restore_progress = self.restore_progress.page_done(workflow.info().get_current_history_length())
+        self.restore_progress = progress.page_done(workflow.info().get_current_history_length())
+        return self.restore_progress

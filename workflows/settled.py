@@ -123,7 +123,7 @@ class SettledCalls(BaseModel):
 
     def closed_counts(self) -> dict[CallState, int]:
         """The counts as the close leaves them: completed calls selected, or auxiliary by kind."""
-        out = {s: n for s, n in self.counts.items() if s != CallState.COMPLETED}
+        out: dict[CallState, int] = {s: n for s, n in self.counts.items() if s != CallState.COMPLETED}
         completed = self.counts.get(CallState.COMPLETED, 0)
         for state, n in (
             (CallState.SELECTED, completed - self.completed_auxiliary),

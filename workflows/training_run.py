@@ -69,9 +69,9 @@ with workflow.unsafe.imports_passed_through():
         TrainStepResult,
     )
     from grove.data_order import task_indices
+    from grove.episode_start import EPISODE_WORKFLOW
     from grove.visibility import GROVE_RUN
     from harnesses.programs import family
-    from workflows.episode import EpisodeWorkflow
     from workflows.episode_outcome import rows_key
     from workflows.evaluation import eval_record, eval_specs, evaluates_at
     from workflows.step_metrics import rollout_metrics
@@ -281,8 +281,9 @@ class TrainingRunWorkflow:
         for spec in specs:
             handles.append(
                 await workflow.start_child_workflow(
-                    EpisodeWorkflow.run,
+                    EPISODE_WORKFLOW,  # by name: its input, this EpisodeSpec, decodes there as an EpisodeRun
                     spec,
+                    result_type=EpisodeResult,
                     id=spec.episode_id,
                     task_queue=queues.EPISODES,
                     execution_timeout=_episode_bound(self.state.config),
@@ -310,8 +311,9 @@ class TrainingRunWorkflow:
         for spec in eval_specs(self.state.config, step):
             handles.append(
                 await workflow.start_child_workflow(
-                    EpisodeWorkflow.run,
+                    EPISODE_WORKFLOW,  # by name: its input, this EpisodeSpec, decodes there as an EpisodeRun
                     spec,
+                    result_type=EpisodeResult,
                     id=spec.episode_id,
                     task_queue=queues.EPISODES,
                     execution_timeout=_episode_bound(self.state.config),
@@ -500,7 +502,7 @@ def _result_of(spec: EpisodeSpec, outcome: EpisodeResult | BaseException) -> Epi
 def _record(step: int, results: list[EpisodeResult], train: TrainStepResult) -> StepRecord:
     ok = [r for r in results if r.status == "ok"]
     kinds = [r.record().failure_kind for r in results if r.status == "failed"]
-    by_kind = {k: kinds.count(k) for k in sorted(set(kinds)) if k is not None}
+    by_kind = {k: kinds.count(k) for k in sorted({k for k in kinds if k is not None})}
     return StepRecord(
         step=step,
         mean_reward=sum(r.reward for r in ok) / len(ok) if ok else 0.0,

@@ -25,6 +25,7 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,17 +81,17 @@ class Episode:
             raise EpisodeConfigError("the episode's token is empty; pass it or set $GROVE_API_KEY")
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Episode:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Episode:
         """The episode from $GROVE_BASE_URL / $GROVE_API_KEY (else $OPENAI_BASE_URL / $OPENAI_API_KEY)."""
-        env = os.environ if env is None else env
-        base_url = env.get(BASE_URL_ENV) or env.get(_FALLBACK_ENV[0])
-        api_key = env.get(API_KEY_ENV) or env.get(_FALLBACK_ENV[1])
+        source: Mapping[str, str] = os.environ if env is None else env
+        base_url = source.get(BASE_URL_ENV) or source.get(_FALLBACK_ENV[0])
+        api_key = source.get(API_KEY_ENV) or source.get(_FALLBACK_ENV[1])
         if not base_url or not api_key:
             raise EpisodeConfigError(
                 f"no episode: set ${BASE_URL_ENV} and ${API_KEY_ENV} (the episode's base URL and token), "
                 "or pass them to Episode(base_url, api_key)"
             )
-        launch = env.get(LAUNCH_ENV)
+        launch = source.get(LAUNCH_ENV)
         return cls(base_url, api_key, int(launch) if launch and launch.isdigit() else None)
 
     @property

@@ -54,7 +54,8 @@ import contextvars
 import dataclasses
 import inspect
 import json
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -82,6 +83,8 @@ _IDENTITY: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVa
 _TOOL_CALL: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
     "grove_tool_call", default=None
 )
+# The invoke functions wrap_agent_tools installed: a tool whose on_invoke_tool is one of them is wrapped.
+_WRAPPERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 _AUX_OF: contextvars.ContextVar[str | None] = contextvars.ContextVar("grove_aux_of", default=None)
 _RESPONSE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "grove_response", default=None
@@ -215,7 +218,7 @@ def wrap_agent_tools(agent: Any) -> None:
     itself (`Runner.run` in a `function_tool`, the SDK's pattern for custom agent-tools). Idempotent; a
     tool that runs no agent is unaffected."""
     for tool in getattr(agent, "tools", ()):
-        if not isinstance(tool, FunctionTool) or getattr(tool, "_grove_wrapped", False):
+        if not isinstance(tool, FunctionTool) or tool.on_invoke_tool in _WRAPPERS:
             continue
         original = tool.on_invoke_tool
 
@@ -229,7 +232,7 @@ def wrap_agent_tools(agent: Any) -> None:
                 _TOOL_CALL.reset(token)
 
         tool.on_invoke_tool = invoke
-        tool._grove_wrapped = True
+        _WRAPPERS.add(invoke)
 
 
 def grove_run_config(
@@ -288,7 +291,8 @@ class GroveModelProvider(ModelProvider):
             self._clients[key] = AsyncOpenAI(
                 base_url=episode.base_url,
                 api_key=episode.api_key,
-                http_client=http,
+                # openai types http_client as httpx2's client; it accepts an httpx one at runtime too
+                http_client=http,  # type: ignore[arg-type]
                 max_retries=0,
                 default_headers=episode.headers or None,  # x-grove-launch of a runner-launched harness
             )
