@@ -60,7 +60,13 @@ with workflow.unsafe.imports_passed_through():
     from harnesses.programs import PROGRAMS
     from workflows.accounting import LedgerSummary
     from workflows.context_view import ContextView, ViewRequest, admitted_count, context_view
-    from workflows.delivery import discard_undelivered, record_delivery, validate_delivery
+    from workflows.delivery import (
+        delivered_before,
+        delivery_refusal,
+        discard_undelivered,
+        record_delivery,
+        validate_delivery,
+    )
     from workflows.episode_activities import generate, io_activity, run_harness
     from workflows.episode_failures import (
         HARNESS_RUNNER,
@@ -439,7 +445,7 @@ class EpisodeWorkflow:
         """The gateway is about to send the call's last part to a connected client (workflows/delivery.py)."""
 
         async def deliver() -> None:
-            self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
+            self._check_deliver_after_close(call_id)
             try:
                 record_delivery(self.ledger, call_id)
             except LedgerError as err:
@@ -449,10 +455,18 @@ class EpisodeWorkflow:
 
     @deliver_update.validator
     def _validate_deliver(self, call_id: str) -> None:
-        self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
+        self._check_deliver_after_close(call_id)
         self._check_admitting()
         if self.restored:
             validate_delivery(self.ledger, call_id)
+
+    def _check_deliver_after_close(self, call_id: str) -> None:
+        """A delivery the ledger has already counted is answered as accepted after a close too (a
+        repeated `deliver`, e.g. asked again after a hand-over: the same answer every time); any other
+        after the close is refused and does not count."""
+        if self.restored and delivered_before(self.ledger, call_id):
+            return
+        self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
 
     @workflow.update(name="close")
     async def close_update(self, req: CloseRequest) -> None:
@@ -479,6 +493,11 @@ class EpisodeWorkflow:
         """What one gateway request needs of the ledger (workflows/context_view.py): small, whatever the
         episode's size, unlike `summary`."""
         return context_view(self.ledger, req, closing=self.close_request is not None)
+
+    @workflow.query(name="delivery_refusal")
+    def delivery_refusal_query(self, call_id: str) -> str:
+        """What a `deliver` of the call would be refused with now ("" : it would be accepted)."""
+        return delivery_refusal(self.ledger, call_id, closing=self.close_request is not None)
 
     @workflow.query(name="call_states")
     def call_states(self, call_ids: list[str]) -> dict[str, str]:
