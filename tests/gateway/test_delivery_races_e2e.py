@@ -4,7 +4,8 @@ ledger (workflows/delivery.py), and a close freezes it.
 Real services: the Temporal dev server, a grove worker with the real vLLM engine on the tiny model,
 uvicorn serving the gateway, real client connections. Each race is made, not waited for, with test gates
 (grove/gates.py): `generate` holds a finished generation inside the engine (the call still generating as
-far as the episode knows), `delivery_commit` holds a response just before its last-part checks (every
+far as the episode knows), `delivery_check` holds a response before the ledger is asked whether it still
+takes its delivery, `delivery_commit` holds it after that, just before its last-part checks (every
 earlier part sent and acknowledged by the client's TCP: in the client's kernel), `delivery_settle` holds
 an undelivered call before the gateway's own discard. What was trained is read from the rows the episode
 wrote (which calls they own) and its result, never from the gateway.
@@ -294,19 +295,19 @@ async def test_a_head_a_stopped_gateway_never_delivered_is_discarded_by_the_next
     gated, temporal_client, e2e_store
 ):
     """A gateway that wrote a response's record and stopped before its last part (held here at
-    `delivery_commit`) leaves a completed head awaiting delivery. Another gateway (the restarted one)
+    `delivery_check`) leaves a completed head awaiting delivery. Another gateway (the restarted one)
     that gets the harness's re-send discards that head as never delivered and serves the request as a
     fresh call; the first gateway's late delivery is refused by the ledger."""
     eid = await start(temporal_client, "stopped")
     request = body([SYSTEM, {"role": "user", "content": "Once."}])
     key = f"{eid}/parent.0.c0"
-    gated.gates.arm("delivery_commit", f"^{re.escape(key)}$")
+    gated.gates.arm("delivery_check", f"^{re.escape(key)}$")
     async with http(gated.url, eid) as c:
         stuck = asyncio.create_task(c.post("/chat/completions", json=request))
-        await until_held(gated.gates, "delivery_commit", key)
+        await until_held(gated.gates, "delivery_check", key)
         async with http(gated.other_url, eid) as again:
             resent = await again.post("/chat/completions", json=request)
-        gated.gates.disarm("delivery_commit")
+        gated.gates.disarm("delivery_check")
         late = await stuck
     assert resent.status_code == 200 and resent.headers["x-grove-call-id"] == "parent.0.c1"
     assert late.status_code == 409 and late.json()["error"]["code"] == "DeliveryRefusedError"
