@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         DiscardRequest,
         EpisodeProgress,
         EpisodeResult,
+        EpisodeSpecError,
         GenerateResult,
         HarnessOutcome,
         LoadCompletionInput,
@@ -111,7 +112,9 @@ SETTLE_PATCH = "grove-settle-calls"
 # workflow task left a live worker's cached episode apart from its history (TMPRL1100,
 # docs/reliability.md). The run workflow keeps Temporal's default (a stuck run waits for a fixed worker):
 # an episode is cheap to lose, a run is not.
-EPISODE_FAILURE_TYPES: tuple[type[BaseException], ...] = (workflow.NondeterminismError,)
+# A spec grove cannot run (EpisodeSpecError: a Temporal client's start with a bad setting or id) fails the
+# episode at once, naming the field, instead of failing its first workflow task for ever.
+EPISODE_FAILURE_TYPES: tuple[type[BaseException], ...] = (workflow.NondeterminismError, EpisodeSpecError)
 
 
 @workflow.defn(failure_exception_types=list(EPISODE_FAILURE_TYPES))
