@@ -36,7 +36,8 @@ class CaptureState:
         self.window = window  # None: prompt lengths are not checked here (the engine refuses, 502)
         self.tokens = tokens  # measures off the event loop, bounded (gateway/tokenization.py)
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
-        self._sent: set[tuple[str, str]] = set()  # of those, the ones whose last part went out
+        # of those, the ones whose last part went out: set once their delivery is recorded (or refused)
+        self._sent: dict[tuple[str, str], asyncio.Event] = {}
         self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
         self._plan_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # episode -> (lock, requests using it)
         self.gates = Gates.from_env()  # tests only (grove/gates.py): hold a request, a delivery
@@ -46,14 +47,26 @@ class CaptureState:
 
     def mark_sent(self, episode_id: str, requested: str) -> None:
         """The response's last part went out; its `deliver` is on its way (gateway/delivery.py)."""
-        self._sent.add((episode_id, requested))
+        self._sent.setdefault((episode_id, requested), asyncio.Event())
+
+    async def deliveries_recorded(self, episode_id: str, patience: float) -> None:
+        """Until every response of the episode this gateway sent has its delivery recorded (or refused),
+        `patience` seconds at most: a harness closes right after its last response, and its close must
+        not reach the ledger before that response's `deliver` (the close would discard it)."""
+        waits = [asyncio.ensure_future(e.wait()) for (ep, _), e in self._sent.items() if ep == episode_id]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=patience)
+            for wait in pending:
+                wait.cancel()
 
     def release(self, episode_id: str, requested: str) -> None:
         key = (episode_id, requested)
         self._delivering[key] -= 1
         if self._delivering[key] <= 0:
             del self._delivering[key]
-            self._sent.discard(key)
+            sent = self._sent.pop(key, None)
+            if sent is not None:
+                sent.set()
 
     def delivering(self, episode_id: str, call_id: str) -> bool:
         """Whether a request of this gateway is still delivering `call_id` (or the lost-attempt retry
