@@ -341,3 +341,29 @@ async def test_a_response_never_delivered_is_discarded_at_close_unless_it_spawne
     result = (await close(gated.url, eid, {}, wait=True)).json()["result"]
     assert result["counts"] == {"selected": 2, "discarded": 1}
     assert trained(e2e_store, result) == ["parent.0.c0", "worker-1.0.c0"]
+
+
+async def test_a_delivery_asked_again_after_a_close_gets_the_same_answer(gated, temporal_client, e2e_store):
+    """A `deliver` whose answer timed out is asked again with the same id; after a hand-over that reaches
+    the next run as a new Update, and a close may have come in between: before, it was refused
+    (`Closing`) while the ledger counted the call as delivered. Now a delivery the ledger counted is
+    accepted again after the close (a new Update id stands for the next run), and one it never counted
+    is refused; the rows own exactly the delivered call."""
+    eid = await start(temporal_client, "again")
+    base = gated.finished.done
+    turn = await first_call(gated.url, eid)
+    await gated.finished.until(base + 1)  # parent.0.c0's delivery recorded
+    gated.gates.arm("generate", generation_key(eid, "parent.0.c1"))
+    handle = temporal_client.get_workflow_handle(eid)
+    async with http(gated.url, eid) as c:
+        waiting = asyncio.create_task(c.post("/chat/completions", json=body(turn)))
+        held = await until_held_prefix(gated.gates, "generate", f"{eid}/parent.0.c1/")
+        assert (await close(gated.url, eid, {}, wait=False)).status_code == 200  # held open by parent.0.c1
+        await handle.execute_update("deliver", "parent.0.c0", id="deliver/parent.0.c0/next-run")
+        gated.gates.release("generate", held)
+        late = await waiting
+    gated.gates.disarm("generate")
+    assert late.status_code == 409 and late.json()["error"]["code"] == "DeliveryRefusedError"
+    result = await result_of(temporal_client, eid)
+    assert result["counts"] == {"selected": 1, "discarded": 1}
+    assert trained(e2e_store, result) == ["parent.0.c0"]
