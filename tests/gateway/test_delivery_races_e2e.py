@@ -244,7 +244,8 @@ async def test_a_stream_read_one_chunk_then_dropped_and_closed_is_never_trained(
     async with http(gated.url, eid) as c:
         async with c.stream("POST", "/chat/completions", json=request) as r:
             assert r.status_code == 200 and r.headers["x-grove-call-id"] == "parent.0.c1"
-            first = await anext(r.aiter_lines())
+            lines = r.aiter_lines()  # kept: a dropped line iterator closes the response when collected
+            first = await anext(lines)
             assert first.startswith("data: {")
             await until_held(gated.gates, "delivery_commit", key)  # the rest, but [DONE], was acknowledged
         # leaving the block closed the connection with the stream unread

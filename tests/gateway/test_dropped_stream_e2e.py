@@ -164,12 +164,14 @@ async def read_one_event_and_close(kind: str, url: str, episode_id: str, turn: l
             c.stream("POST", "/chat/completions", json=body(turn, stream=True)) as r,
         ):
             assert r.status_code == 200 and r.headers["x-grove-call-id"] == "parent.0.c1"
-            assert (await anext(r.aiter_lines())).startswith("data: {")
+            lines = r.aiter_lines()  # kept: a dropped line iterator closes the response when collected
+            assert (await anext(lines)).startswith("data: {")
             yield
         return
     client = oai(url, episode_id)
     stream = await client.chat.completions.create(model="grove-tiny", messages=turn, stream=True)
-    assert (await anext(aiter(stream))).choices  # the first chunk
+    chunks = aiter(stream)  # kept, as above
+    assert (await anext(chunks)).choices  # the first chunk
     yield
     await stream.close()  # what an Agents SDK program cancelling its streamed run does
     await client.close()
