@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowFailureError
+from temporalio.worker import Worker
 
-from grove import queues
 from grove.contracts import EpisodeSpec, EpisodeSpecError, HarnessSpec
 from grove.runconfig import validate_run_config
 from harnesses import scenario
 from tests.bounds import PROCESS_WAIT, SERVICE_TEST_TIMEOUT
+from workflows.episode import EpisodeWorkflow
 
 REPO = Path(__file__).resolve().parents[2]
 FAILS_WITHIN = 120.0  # seconds for a refused spec's workflow to fail (a bound: it fails in its first task)
@@ -97,16 +98,16 @@ def test_a_valid_spec_and_run_ids_of_every_shape_grove_makes_pass():
 
 
 @pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
-async def test_a_temporal_client_start_with_a_bad_spec_fails_at_once_naming_the_field(
-    temporal_client, grove_worker
-):
+async def test_a_temporal_client_start_with_a_bad_spec_fails_at_once_naming_the_field(temporal_client):
     """The documented Temporal-client start (docs/operations.md) bypasses the Python models on the client;
     the workflow refuses the spec when it decodes it, and fails at once instead of retrying its first
-    workflow task for ever."""
+    workflow task for ever. (The episode workflow's own worker, on a queue of its own.)"""
+    queue = f"refuse-{uuid.uuid4().hex[:6]}"
     bad = spec_fields(idle_timeout_s=1e300)
-    handle = await temporal_client.start_workflow(
-        "EpisodeWorkflow", bad, id=bad["episode_id"], task_queue=queues.EPISODES
-    )
-    with pytest.raises(WorkflowFailureError) as err:
-        await asyncio.wait_for(handle.result(), FAILS_WITHIN)
+    async with Worker(temporal_client, task_queue=queue, workflows=[EpisodeWorkflow]):
+        handle = await temporal_client.start_workflow(
+            "EpisodeWorkflow", bad, id=bad["episode_id"], task_queue=queue
+        )
+        with pytest.raises(WorkflowFailureError) as err:
+            await asyncio.wait_for(handle.result(), FAILS_WITHIN)
     assert "idle_timeout_s" in str(err.value.cause) and "604800" in str(err.value.cause)
