@@ -33,13 +33,15 @@ Publication (`publish`) and the version a call reports:
   vLLM's pause mode "wait"; "keep" would let a request straddle two versions and "abort" would
   throw away finished work), then pauses the engine (mode "wait", which then has nothing to wait
   for, and clears the KV/prefix cache), reloads the weights in place, repacks tied embedding heads
-  (CPU pitfall 1), resets the prefix cache again (pitfall 4), sets the new version and resumes.
+  (on CPU a reload leaves the head's pre-packed copy stale: activities/vllm_worker_ext.py), resets
+  the prefix cache again (no block cached under the old weights is reused), sets the new version and
+  resumes.
 - vLLM labels every output token with the engine's weight version; a call whose tokens do not all
   carry the version it was admitted under raises `VersionStraddleError` instead of lying.
 - Versions only move forward: an older version is refused (`StaleVersionError`). Publishing the
   version that is already current is a no-op when the weights are byte-identical (a retried
   publication activity) and a `VersionConflictError` when they are not.
-- A failure inside the reload (pitfall 6: layers left on the meta device) triggers a rollback to the
+- A failure inside the reload (layers left on the meta device) triggers a rollback to the
   previous weights folder; if even that fails the engine is marked broken and every later call
   raises `EngineBrokenError` (restart the worker).
 """

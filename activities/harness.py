@@ -19,7 +19,8 @@ Two kinds of process, one supervision (a `LaunchPlan` says what to run and how i
 
 Interface for task families (harnesses/opencode.py): `TASK_SETUPS[family] = fn(task) -> OpenCodeSetup`
 gives the first message and the `agent` section; `RunConfig.harness = {kind: opencode, opencode: {...}}`
-(grove/contracts.py OpenCodeOptions: context/output limits, overrides) selects the runner for a run. The
+(grove/contracts/harness.py OpenCodeOptions: context/output limits, overrides) selects the runner for a run.
+The
 worker that serves the `harness` queue is built by `harness_worker` (cli/worker.py, `grove worker
 --queues harness [--gateway-url URL]`); without a URL the worker serves an embedded gateway itself.
 

@@ -6,9 +6,9 @@ values (paths, strings, lists) cross the process boundary.
 
 Why not plain `reload_weights`: on CPU (vLLM 0.32) two things go wrong:
 - tied embeddings: the output layer keeps its own pre-packed copy of the embedding matrix, which a
-  reload never re-processes, so logits keep the old weights unless the head is repacked (pitfall 1);
+  reload never re-processes, so logits keep the old weights unless the head is repacked;
 - a failure in the middle of a layerwise reload can leave parameters on the meta device, and the next
-  forward pass then kills the engine (pitfall 6); we check for that and report it instead.
+  forward pass then kills the engine; we check for that and report it instead.
 
 Importing this module also ties the engine's processes to the process that owns the engine (the
 grove worker), so they never outlive it, not even a SIGKILL of it (docs/reliability.md). vLLM

@@ -249,10 +249,9 @@ def cpu_seconds(pid: int) -> float:
 
 def one_token_spec(run_id: str, i: int) -> EpisodeSpec:
     """A delegation episode whose every call generates one token (the native program makes its calls
-    whatever the model says: parent, two workers, the parent's answer). Without `ignore_eos`, as these
-    numbers were measured; with it a sampled end-of-text token used to stay in the completion's text and
-    the parent's next call, which repeats it, was refused as an undeclared discontinuity (expected "", got
-    "<|endoftext|>"): fixed (tests/inference/test_ignore_eos.py)."""
+    whatever the model says: parent, two workers, the parent's answer). Without `ignore_eos`, as the
+    figures in docs/results.md were measured (with it a sampled end-of-text token is stripped from the
+    completion's text: tests/inference/test_ignore_eos.py)."""
     group = f"{run_id}/t{i}"
     return EpisodeSpec(
         run_id=run_id, step=0, group_id=group, episode_id=f"{group}/g0", task=delegation.make_task(i),

@@ -1,4 +1,5 @@
-"""What a claim-checked completion costs against an inline one (grove/contracts.py COMPLETION_INLINE_MAX).
+"""What a claim-checked completion costs against an inline one
+(grove/contracts/generation.py COMPLETION_INLINE_MAX).
 
 For completions of N tokens of English prose under a model's tokenizer: the bytes the completion adds
 to a payload inline (ids + text + chat message, `capture/claims.py inline_size`), the bytes of the

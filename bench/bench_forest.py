@@ -13,7 +13,7 @@ far too slow for 10,000 calls, so it runs on small episodes (same generator) and
 is *extrapolated* quadratically in calls from the larger small run; the output says so. At those small
 sizes the naive rows are also compared byte for byte with the fast ones (a cross-check).
 
-Goal (issue 3): >= 20 M tokens/s on one core, time ratio <= 2.2 for 2x tokens.
+Goal: >= 20 M tokens/s on one core, time ratio <= 2.2 for 2x tokens.
 
     .venv/bin/python bench/bench_forest.py [--calls 10000] [--repeat 3]
 """

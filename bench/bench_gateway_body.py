@@ -1,6 +1,6 @@
 """Gateway memory on a 100 MB request body: peak RSS of a real uvicorn gateway process before and after
 it is sent a 100 MB `POST /close` without a token, then with a valid token, then a 100 MB chat request
-with a valid token (issue 12).
+with a valid token.
 
     PYTHONPATH=. python bench/bench_gateway_body.py [--mb 100]
 

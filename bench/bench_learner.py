@@ -2,7 +2,7 @@
 
 Layouts (default section): one `Learner.step` per layout on the same episodes, printed side by side:
 
-- padded rows: the forest rows, right-padded (the learner before issue 14);
+- padded rows: the forest rows, right-padded (the baseline layout);
 - packed rows: the same rows end to end, no padding;
 - tree: each episode's rows as a token trie, every distinct prefix forwarded once;
 - per-call rows: each eligible call as its own prompt+completion row (what a per-sample trainer
@@ -33,7 +33,7 @@ FLOP/s and MFU against the matmul peak measured in the same run (bench/learner_s
 
 `--memory [L1,L2]`: peak memory of one packed step on a row of L tokens (loss on its second half) for
 each vocabulary of `--memory-vocabs`, with the chunked LM head, the chunked head plus activation
-checkpointing, and whole [tokens, vocab] logits (the learner before issue 32); each point in a fresh
+checkpointing, and whole [tokens, vocab] logits (the unchunked baseline); each point in a fresh
 process (CPU: step peak RSS over the RSS before it; CUDA: max_memory_allocated over the allocation
 before it). "B/token" = (step peak at L2 - at L1) / (L2 - L1): memory per forwarded token (half of
 them scored), which must not grow with the vocabulary (the chunk buffers are a constant).

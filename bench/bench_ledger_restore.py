@@ -1,4 +1,4 @@
-"""Benchmark: how long the workflow tasks of a ledger restore take (issue 12: the deadlock detector).
+"""Benchmark: how long the workflow tasks of a ledger restore take (against Temporal's deadlock detector).
 
 A long episode hands its ledger to its next workflow run as object-store pages (workflows/handover.py);
 the new run restores them before it admits anything. Temporal fails a workflow task that does not yield

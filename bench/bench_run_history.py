@@ -1,4 +1,4 @@
-"""Benchmark: Temporal history bytes of a training run, per run step and per episode (issue 12).
+"""Benchmark: Temporal history bytes of a training run, per run step and per episode.
 
 Real services in one process: a Temporal dev server (temporary SQLite), a grove worker serving every
 queue (episodes, io, inference with vLLM on the tiny-random model, trainer), a temporary local store.

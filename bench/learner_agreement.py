@@ -2,7 +2,7 @@
 against the float32 per-call computation of the same batch.
 
 Reference: each eligible call as its own row (prompt + completion), padded layout, on the reference
-computations (trainer/scoring.py `trusted`: float32, SDPA's MATH kernel, full logits) — on CPU the
+computations (trainer/scoring.py with `trusted=True`: float32, SDPA's MATH kernel, full logits) — on CPU the
 tests prove this equals the independent per-call reference of tests/learner/test_reference.py to 1e-6.
 Checked: padded, packed and tree rows and the per-call rows themselves, each through the production
 path (CUDA: bf16 autocast, FlexAttention or segments, chunked LM head). Measures, as in the tests:

@@ -2,7 +2,7 @@
 
 A chat request can be megabytes (a long agent history, a pasted file). Inline in the `call` Update and
 again in the `generate` activity's input it would grow the episode's history by twice its size per
-call, until Temporal terminates the workflow (issue 12). `stash_prompt` writes the request's ChatPrompt
+call, until Temporal terminates the workflow. `stash_prompt` writes the request's ChatPrompt
 (messages, tools, parent messages) as JSON under the call's staging folder — deleted with the staged
 arrays when the episode ends — and replaces it by an `ObjectRef` (key, sha256, size); the generate
 activity loads it and verifies the digest (capture/prompt.py `resolve_chat_ref`).

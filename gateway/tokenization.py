@@ -1,9 +1,9 @@
 """Measuring a request's prompt without blocking the gateway, in bounded memory.
 
 Every chat request's prompt is built and counted before admission (gateway/context_window.py). Done on
-the event loop's threads, that work blocked the gateway: four concurrent 3.9 MB over-long prompts of one
-episode were refused one after another (11.5 / 23 / 35 / 46 s: the planning lock and the GIL), the
-gateway grew from 453 MB to 1.94 GB, and another episode's calls slowed from 0.4 s to 9.8 s. Now:
+the event loop's threads, that work would block the gateway: concurrent multi-MB over-long prompts of one
+episode refused one after another (the planning lock and the GIL), the gateway's memory growing by GBs,
+and another episode's calls slowed many times over (docs/results.md has the figures). So:
 
 1. **A lower bound first, from the text alone** (`PromptBound`): a byte-level BPE token (or a byte-fallback
    one) covers at most `bytes_per_token` bytes of its (normalized) text, the longest token of the

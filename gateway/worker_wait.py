@@ -4,11 +4,11 @@ bound, instead of failing.
 Deciding a request needs the episode workflow's ledger (its `context_view` query), which only a worker polling
 the workflow's task queue can answer. A worker that is still starting (`grove worker` loads its vLLM
 engine before it polls any queue: cli/worker.py) is not polling yet, and Temporal holds a query to such a
-workflow until the client gives up (the query fails after ~30 s). Without this wait the harness got 503 and
-retried or died (LangChain's two retries happened to outlast a warm-up). Now, when a query fails and
-Temporal lists no live worker on the workflow's queue (grove/queue_readiness.py), the request asks again
-until one polls, for `patience` seconds (GatewaySettings.worker_wait_s, default 600); past that it gets
-503 `NoWorkerError` naming the queue and what to start. A query that fails while a worker does poll is
+workflow until the client gives up (the query fails after ~30 s); a harness answered 503 then retries or
+dies, depending on its client's retries. So when a query fails and Temporal lists no live worker on the
+workflow's queue (grove/queue_readiness.py), the request asks again until one polls, for `patience`
+seconds (GatewaySettings.worker_wait_s, default 600); past that it gets 503 `NoWorkerError` naming the
+queue and what to start. A query that fails while a worker does poll is
 Temporal's own trouble: asked again while the answer is transient (gateway/retry_policy.py), then 503.
 
 Updates need no such wait: Temporal keeps an Update until a worker takes it, and the gateway asks again

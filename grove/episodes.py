@@ -18,7 +18,7 @@ Status and failure kind (the failure rule, docs/design.md section 7):
   workflow failed, was terminated or timed out, the store was down). Excluded from the baseline,
   advantage 0, no loss; the step's metrics and StepRecord count it.
 
-Pure pydantic (no numpy, no I/O): grove/contracts.py carries these records through Temporal.
+Pure pydantic (no numpy, no I/O): grove/contracts/ carries these records through Temporal.
 """
 
 from __future__ import annotations

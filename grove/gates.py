@@ -16,7 +16,7 @@ across processes (worker subprocesses started by a test inherit the variable):
 Disarming a point (removing `armed/<point>`) releases everything held there and lets later keys
 pass. Keys are quoted into file names (`/` and other unsafe characters percent-encoded).
 
-Points used today: `generate` (activities/engine.py: a finished generation, before it is returned;
+Points: `generate` (activities/engine.py: a finished generation, before it is returned;
 key = request id `episode/call/attempt`), `store_put` (cli/worker.py: after the trainer's or the io
 worker's store wrote an object; key = object key), `store_before_put` (the same stores, before they
 write an object: a test can stop the object store while a write is about to happen), `train_rank`

@@ -7,7 +7,7 @@ in physical rows: how an episode is cut into rows must not change the schedule.
 The learner has no sampling settings of its own: it scores each token under the temperature/top_p
 its own call was sampled with (recorded per span in the rows). `temperature`/`top_p` remain only as
 an optional, documented check: when set, RunConfig refuses a `sampling` that differs from them
-(grove/contracts.py SamplingMismatchError); the learner never reads them. They stay so configs and
+(grove/contracts/run.py SamplingMismatchError); the learner never reads them. They stay so configs and
 workflow histories written before per-span sampling still load (they carry 1.0/1.0).
 """
 

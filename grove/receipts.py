@@ -25,7 +25,8 @@ class CallKind(StrEnum):
 
 
 class CallState(StrEnum):
-    """Lifecycle: admitted -> completed -> exactly one terminal state (or admitted -> cancelled/failed)."""
+    """Lifecycle: admitted -> completed -> selected, auxiliary or discarded; or admitted -> failed, cancelled
+    or discarded (a lost attempt). Each call ends in exactly one terminal state."""
 
     ADMITTED = "admitted"
     COMPLETED = "completed"

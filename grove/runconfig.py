@@ -1,6 +1,7 @@
 """Run configs as files: YAML (or JSON) validated by `RunConfig`, with dotted command-line overrides.
 
-    load_run_config("examples/delegation.yaml", ["learner.lr=3e-4", "sampling.temperature=0.8"])
+    load_run_config("examples/delegation-parent-and-workers.yaml", ["learner.lr=3e-4",
+    "sampling.temperature=0.8"])
 
 Overrides are applied to the parsed mapping *before* validation, so a config is only ever validated
 whole. Each override is `dotted.path=value`; the value is parsed as YAML (`3e-4` a float, `true` a

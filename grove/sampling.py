@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 LOGPROBS_MODE = "processed_logprobs"
 MIN_TEMPERATURE = 1e-2
 # vLLM's SamplingParams refuses temperature > 2 (as OpenAI's API does): a config above it could only
-# fail at generation, after admission (issue 12: temperature 3.0 was admitted, then a 502).
+# fail at generation, after admission (a 502 for a request already admitted).
 MAX_TEMPERATURE = 2.0
 # Past any context an engine of grove serves (an engine stops at its context anyway); larger values reached
 # the engine and failed every call with 502.

@@ -72,8 +72,8 @@ def word_score(answer: str, word: str, vocabulary: tuple[str, ...] = WORDS) -> f
     in [0, 1]: 1 for the word itself, 0.5 for an answer that matches its word no better than the rest.
 
     Plain `similarity` pays some wrong answers on every task ("sand" earns 0.26 on average over WORDS,
-    "xyz" 0), so GRPO can raise the reward by learning one constant word instead of copying (the
-    LangGraph run of issue 15 did: every agent answered "sand"). Here the credit is the similarity to the
+    "xyz" 0), so GRPO can raise the reward by learning one constant word instead of copying (a
+    LangGraph run does: every agent comes to answer "sand"). Here the credit is the similarity to the
     word minus the mean similarity to the other words, divided by that margin for the word itself
     (so the word scores 1); over tasks that draw each word equally often, any fixed answer's credit
     averages ~0 (within 0.02 over WORDS), so only answers that depend on the task can gain.

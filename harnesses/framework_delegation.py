@@ -16,8 +16,8 @@ shape, 0.5 x the workers' mean score + 0.5 x the parent's, with credit no fixed 
 a worker's answer scores by `delegation.word_score` (1 for its word, ~0.5 on average for any answer that
 does not depend on the word, such as a constant word or a sentence; 0 for an empty or missing one), the
 parent by `delegation.named_score` (the fraction of the two words it names, less one per other word of
-the vocabulary it names). With `delegation`'s plain similarity the LangGraph pair of issue 15 learned to
-answer "sand" everywhere, the best-paid constant. (The native family keeps plain similarity: its demo's
+the vocabulary it names). Under `delegation`'s plain similarity a LangGraph pair learns to answer
+"sand" everywhere, the best-paid constant. (The native family keeps plain similarity: its demo's
 results, docs/results.md section 1.1, were measured under it.)
 
 The programs return only the final answer; each agent's last answer comes from the ledger

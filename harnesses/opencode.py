@@ -21,7 +21,7 @@ pure part of it (no I/O): everything here is a function of the episode and the g
   parent wrote the calls, as the gateway's ledger names the subagents' contexts.
 
 A task family plugs in with `TASK_SETUPS[family] = fn(task) -> OpenCodeSetup`; `HarnessSpec.opencode`
-(grove/contracts.py OpenCodeOptions) overrides any part of it per run.
+(grove/contracts/harness.py OpenCodeOptions) overrides any part of it per run.
 """
 
 from __future__ import annotations

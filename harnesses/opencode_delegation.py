@@ -1,7 +1,7 @@
 """The `opencode-delegation` task family: stock OpenCode, a restricted lead hands one word to each of two
 subagents through two concurrent `task` calls, the subagents answer, the lead resumes and answers.
 
-What the harness runner needs to run an episode of it (issue 11):
+What the harness runner needs to run an episode of it:
 
 - `OPENCODE_AGENTS` / `DEFAULT_AGENT`: the `agent` section of the episode's `opencode.json`: a primary
   `lead` with only the `task` tool and a `worker` subagent with no tools; OpenCode's own `explore` and
@@ -16,9 +16,9 @@ harnesses/opencode.py registers it in `TASK_SETUPS`, so the harness runner confi
 
 Reward, shaped as `delegation`'s: 0.5 x the workers' mean similarity to their words + 0.5 x how closely
 the lead's final answer reads the two words back (`read_back_score`: partial credit for a near-miss copy,
-extra words dilute it). The fraction of the two words present exactly, used before, paid the lead
-nothing in simulated episodes of tiny-copy and tiny-resume (docs/results.md section 2.2): half the
-reward had no spread, so GRPO had nothing to move the lead's final turn with. A fixed answer, or another
+extra words dilute it). Not the exact fraction of the two words present: that pays the lead nothing
+in simulated episodes of tiny-copy and tiny-resume (docs/results.md section 2.2), so half the reward
+has no spread and GRPO nothing to move the lead's final turn with. A fixed answer, or another
 task's two words, earns little (the words are made up afresh per task); a near-miss copy most of the
 credit.
 

@@ -129,7 +129,8 @@ class TinyModelSpec(BaseModel):
 
     def fingerprint(self) -> str:
         """16 hex chars of sha256(BUILDER_VERSION + spec JSON): the cache entry's name suffix. `tools` is
-        left out when None, so specs without tool phases keep the fingerprints they had before it."""
+        left out when None, so specs without tool phases keep their fingerprints (their cached builds stay
+        valid)."""
         payload = (
             BUILDER_VERSION + "\n" + self.model_dump_json(exclude={"tools"} if self.tools is None else None)
         )

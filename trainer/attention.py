@@ -32,7 +32,7 @@ over the whole micro-batch); trainer/attention_backend.py chooses.
 
 Registered with transformers as attention implementation `SEGMENT_ATTENTION`; it takes the plan as
 the `segment_plan` (or `flex_plan`) keyword of the model's forward and falls back to SDPA without
-one, so a model switched to it still runs padded batches exactly as before.
+one, so a model switched to it still runs padded batches exactly as SDPA does.
 """
 
 from __future__ import annotations

@@ -9,16 +9,16 @@ backend `choose_backend` picks:
   has no backward on CPU (torch 2.13: "FlexAttention does not support backward on CPU"), and its
   eager forward is the unfused reference implementation.
 - **CUDA: flex** (trainer/flex_attention.py): compiled FlexAttention with a BlockMask built from the
-  tree, one kernel over the whole micro-batch, tiles without a visible pair skipped (issue 32
-  reports it ahead of the bucketed segment attention on an H200, output within bf16 rounding of a
-  float32 dense-mask reference; this code's own CUDA figures: docs/results.md section 3.2).
+  tree, one kernel over the whole micro-batch, tiles without a visible pair skipped (ahead of the
+  bucketed segment attention on CUDA, output within bf16 rounding of a float32 dense-mask reference:
+  docs/results.md section 3.2).
   Requires Triton; without it CUDA falls back to segments.
 
 **SDPA backends on CUDA: FLASH and MATH only** (`learner_sdpa`, wrapped around every forward *and*
-backward of a learner pass, so activation-checkpoint recomputes are covered). Issue 32 reports, from an H200
-with bf16 autocast: cuDNN attention — what SDPA picks by default for the bucketed masked calls of the
-segment path — returned NaN gradients for the packed layout and finite garbage, orders of magnitude
-too large, for the tree; MATH and FLASH gave correct gradients; EFFICIENT refuses the GQA shapes (it
+backward of a learner pass, so activation-checkpoint recomputes are covered). On an H200 with bf16
+autocast, cuDNN attention — what SDPA picks by default for the bucketed masked calls of the
+segment path — returns NaN gradients for the packed layout and finite garbage, orders of magnitude
+too large, for the tree; MATH and FLASH give correct gradients; EFFICIENT refuses the GQA shapes (it
 does not take `enable_gqa`). So cuDNN is never allowed, EFFICIENT is not relied on,
 FLASH serves the unmasked causal calls (padded rows, context-free buckets) and MATH the masked ones.
 The CPU keeps SDPA's own choice (its flash kernel, or MATH), which is exact (tests/learner).

@@ -13,7 +13,8 @@ COMMIT manifest {file: sha256} written last, like a checkpoint. The learner of s
 trainer host runs it), its KL reference, and every engine that serves version 0 then download those
 bytes, sha256-verified, to their own disk: version 0 is one set of bytes, and no host reads another's
 folder. Staging is idempotent (a committed base is kept as it is; an uncommitted leftover is written
-over). Runs started before the base was staged have none: their hosts resolve the model as before.
+over). A run whose history has no staged base (started before the `grove-base-model-in-store` patch) has none:
+its hosts resolve the model themselves.
 """
 
 from __future__ import annotations

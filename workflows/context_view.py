@@ -1,11 +1,9 @@
 """What one gateway request needs to know of the ledger: the contexts of the agents it may route to (pure).
 
-The gateway used to fetch the whole `summary` for every chat request: one entry per context of the
-episode, plus a warning per unspawned root agent, so its cost per call grew with the episode (2.1 MB per
-request at 3,646 contexts; the worker logged Temporal's payload-size warning for it). The `context_view`
-query answers the same routing questions for the few agents and contexts a request names
-(`ViewRequest`, built from its headers by gateway/routing.py), in a payload whose size does not depend
-on the episode's:
+A chat request asks the `context_view` query, never the whole `summary` (one entry per context of the
+episode: a cost per request that grows with the episode). The view answers the routing questions for the
+few agents and contexts a request names (`ViewRequest`, built from its headers by gateway/routing.py), in
+a payload whose size does not depend on the episode's:
 
 - the live (not retired) contexts of those agents and every named context, with head, pending calls and
   calls awaiting delivery (`ContextSummary`);

@@ -55,7 +55,7 @@ async def score(
         return 0.0, outcome, {}  # a failed episode's placeholder carries no loss; only metrics show it
     inp = RewardInput(task=spec.task, outcome=outcome)
     if spec.harness.kind in LEDGER_OUTPUT_KINDS and not outcome.outputs:
-        # The harness named no outputs: each agent's last answer, from the ledger (issue 15)
+        # The harness named no outputs: each agent's last answer, from the ledger
         inp = inp.model_copy(update={"episode_id": spec.episode_id, "output_calls": ledger.last_outputs()})
     try:
         result = await io_activity("score_episode", inp, RewardResult)

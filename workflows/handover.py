@@ -9,20 +9,19 @@ so a retried write finds its own bytes.
 Pages are incremental: a run writes only the contexts and calls that changed since the pages it was
 restored from (`changed_pages`), and a ledger is the pages of all runs joined in order, later pages
 overriding earlier ones (`join_pages`). Each run's history thus carries the calls of that run once
-on the way out. On the way in (patched in, `grove-settle-calls`) only the live ledger: after writing its
-pages the run settles every call older than its context's branch window (workflows/settlement.py `settle`),
-lists its pages in a `LedgerIndex` (a chain in the store, one link per hand-over) and carries the live
-calls and the settled tails, so what a run restores is bounded by the live calls, not by the episode's
-length. The materialize activity joins every page of the chain. Runs handed over before the patch carry
-the whole ledger as pages (`ledger_pages`), restored as before.
+on the way out. On the way in (under the `grove-settle-calls` patch) only the live ledger: after writing
+its pages the run settles every call older than its context's branch window (workflows/settlement.py
+`settle`), lists its pages in a `LedgerIndex` (a chain in the store, one link per hand-over) and carries
+the live calls and the settled tails, so what a run restores is bounded by the live calls, not by the
+episode's length. The materialize activity joins every page of the chain. A run whose history lacks the
+patch carries the whole ledger as pages (`ledger_pages`) and its successor loads every page.
 
 Pages cross Temporal packed (`pack_page`: zlib-compressed JSON, a raw bytes payload, several times
 smaller: docs/results.md section 3.5), and sit in the store as plain JSON. A settled run loads only
 its live ledger: inline in its carry, or as the live calls' own pages (`live_pages`) when they are too
 many for a payload, never the pages of the earlier runs; what it loads grows with the live calls, not
-with the episode's length (a run handed over before the patch loads every page of the episode). The
-close no longer writes every call again (the ledger is paged before its close and the materialize
-activity applies the close: `MaterializeInput.close_reason`).
+with the episode's length. The close writes no call again: the ledger is paged before its close and the
+materialize activity applies the close (`MaterializeInput.close_reason`).
 
 Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandbox).
 """

@@ -4,9 +4,10 @@ An `EpisodeWorkflow` holds one `Ledger`. Agents open *contexts*: the root agent'
 worker's context spawned by a named call of another agent, or a declared rewrite (compaction) of the
 agent's own current context, which retires the old one (workflows/context_opening.py). Within a context a
 call extends the context's head, or branches from an older completed call; only a context's first live
-call extends nothing (workflows/admission.py). Calls move admitted -> completed -> exactly one terminal
-state (selected, discarded, auxiliary, cancelled, failed), or straight from admitted to failed, cancelled
-or discarded (workflows/call_lifecycle.py); only a delivered response counts (workflows/delivery.py).
+call extends nothing (workflows/admission.py). Calls move admitted -> completed -> selected, auxiliary or
+discarded, or straight from admitted to failed, cancelled or discarded (a lost attempt); each ends in
+exactly one terminal state (workflows/call_lifecycle.py, grove/receipts.py `CallState`); only a delivered
+response counts (workflows/delivery.py).
 `close()` resolves completed calls to selected/auxiliary and returns an accounting record in which every
 admitted call id appears in exactly one terminal state; a long episode's hand-over settles the calls
 older than its branch window (workflows/settlement.py). The queries read workflows/ledger_report.py.

@@ -10,9 +10,9 @@ instead, so its checks and reports stay exact without the calls:
   attempt's `{id}.r{k}`, a hand-picked id). A duplicate of a settled id is refused without the id set;
   a name of one (extends, branch, discard, spawn) is refused as settled, not as unknown;
 - `dead`: the settled ids per dead state (discarded, failed, cancelled), so a call's state stays known;
-- counts per state (the summary query and the gateway's call numbering count every call), how many
-  settled completed calls are auxiliary (the close makes them AUXILIARY, the others SELECTED), whether
-  any was an action, the last completed action (the reward's `last_outputs`);
+- counts per state (the summary and context_view queries count every call: the gateway numbers calls
+  from them), how many settled completed calls are auxiliary (the close makes them AUXILIARY, the others
+  SELECTED), whether any was an action, the last completed action (the reward's `last_outputs`);
 - `cut`: the oldest live call that is newer than every settled call that is not dead. A context's head
   is its newest call that is not dead, so while the head the live calls give is `cut` or newer it is
   the true head; a discard that would make an older call the head is refused, because a settled call

@@ -1,7 +1,7 @@
-"""Claim-checked completions (capture/claims.py, grove/contracts.py): a completion above the inline limit
-travels as a reference to a `Completion` in the object store, read back verified. Pure parts on a real
-LocalStore; the path through Temporal, the gateway and vLLM is tests/gateway/test_completion_claim_e2e.py.
-"""
+"""Claim-checked completions (capture/claims.py, grove/contracts/generation.py): a completion above the inline
+limit travels as a reference to a `Completion` in the object store, read back verified. Pure parts on a
+real LocalStore; the path through Temporal, the gateway and vLLM is
+tests/gateway/test_completion_claim_e2e.py."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def test_a_result_carries_its_completion_inline_or_by_reference_never_both_or_ne
 
 
 def test_results_recorded_before_references_still_validate():
-    # a GenerateResult / CallResult as histories recorded before this change hold them (all inline)
+    # a GenerateResult / CallResult as histories recorded without references hold them (all inline)
     recorded = {**RECEIPT, "digests": DIGESTS.model_dump(), "staging_key": "k", "completion_ids": [5, 6]}
     recorded |= {"text": "hi", "assistant_message": {"role": "assistant", "content": "hi"}}
     for model in (GenerateResult, CallResult):

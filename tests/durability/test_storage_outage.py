@@ -1,6 +1,6 @@
 """The S3 object store goes away in the middle of a run, twice, and comes back: the run completes with
-nothing lost and nothing duplicated (issue 12: "stop the localbucket server mid-materialize and
-mid-checkpoint for 60 s, restart it").
+nothing lost and nothing duplicated (the localbucket server stopped mid-materialize and
+mid-checkpoint for 60 s, then restarted).
 
 Real parts only: a `localbucket` S3 server (infra/s3server.py) that every grove worker process reaches
 through minio (storage/s3.py), the Temporal dev server, a `main` worker (episodes, io, inference with

@@ -1,4 +1,4 @@
-"""A run's GRPO group keeps every episode, however it ended (issue 10, issue 12).
+"""A run's GRPO group keeps every episode, however it ended.
 
 Real services: the Temporal dev server, one in-process grove worker on every queue, vLLM on the tiny
 model, a local object store. The `group-outcomes` program (harnesses/scenario.py) ends episodes

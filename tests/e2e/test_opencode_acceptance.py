@@ -1,4 +1,4 @@
-"""Acceptance on OpenCode's own traffic (issue 11): one step of a training run whose episodes are
+"""Acceptance on OpenCode's own traffic: one step of a training run whose episodes are
 driven by stock OpenCode (launched per episode by the harness runner), on real services - a Temporal dev
 server of this module's own, vLLM, the capture gateway, grove's workers - checked against the calls the
 engine actually served, as the native acceptance test does (tests/e2e/test_acceptance.py).

@@ -1,6 +1,7 @@
 """Claim check (docs/design.md section 8): a chat request's messages live in the object store; the `call`
 Update and the `generate` activity's input carry a key and a digest, so a megabyte request does not
-grow the episode's history by megabytes (issue 12: fourteen 1.9 MB requests terminated an episode).
+grow the episode's history by megabytes (inline, each request lands in the history twice, and Temporal
+terminates an episode whose history passes its size limit).
 
 Through the gateway's capture path (gateway/capture.py) on the real stack: Temporal dev server, grove
 worker with vLLM on the tiny-random model, local object store.

@@ -1,4 +1,4 @@
-"""Episodes that survive storage outages, abandonment, repeated closes and any number of calls (issue 12).
+"""Episodes that survive storage outages, abandonment, repeated closes and any number of calls.
 
 Real services only: the session's Temporal dev server, one grove worker with the real vLLM engine on the
 tiny-random model, the local object store. Calls are the gateway's Updates (gateway/episodes.py), the
@@ -37,7 +37,7 @@ from workflows.handover import ledger_prefix
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
-OLD_IO_ATTEMPTS = 5  # the IO retry policy before issue 12 gave up after this many attempts
+OLD_IO_ATTEMPTS = 5  # a short retry budget (5 attempts from 1 s, ~15 s): the outage must outlast it
 
 
 async def _materialize_retrying(handle, at_least: int):

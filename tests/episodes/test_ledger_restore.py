@@ -1,14 +1,14 @@
-"""A paged ledger is restored one page per workflow task (issue 12: the deadlock detector).
+"""A paged ledger is restored one page per workflow task (Temporal's deadlock detector).
 
-Restoring every page of a long episode's ledger in one workflow task took over 2 s at ~2.3 MB of packed
-pages on a loaded worker, and Temporal failed the task (`_DeadlockError`). The restore must do a bounded
+Restoring every page of a long episode's ledger in one workflow task can take over 2 s (~2.3 MB of packed
+pages on a loaded worker), and Temporal fails such a task (`_DeadlockError`). The restore must do a bounded
 amount of work per workflow task however large the ledger is: this test counts it, deterministically,
 through the `progress` query (`RestoreProgress.most_pages_per_task`: pages unpacked by one task, told
 apart by the history length each task sees). Times are the bench's (bench/bench_ledger_restore.py).
 
 Real services: the session's Temporal dev server, its worker (`grove_worker`: a second worker on the
-episodes queue in the same process is refused by the SDK, which is how a worker of this module's own
-failed in the suite, after other tests had started the session's) and its local store.
+episodes queue in the same process is refused by the SDK once other tests have started the session's)
+and its local store.
 """
 
 from __future__ import annotations

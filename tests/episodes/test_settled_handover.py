@@ -1,4 +1,4 @@
-"""A long episode's hand-overs carry only its live calls (issue 12: history per run bounded).
+"""A long episode's hand-overs carry only its live calls (the history per run bounded).
 
 Each continue-as-new of a paged ledger writes the ledger's pages, settles every call older than its
 context's branch window (workflows/settlement.py `settle`) and carries the rest: what the next run restores
@@ -78,7 +78,8 @@ async def test_the_restore_per_run_stays_flat_while_the_episode_grows(
     episode_id = await start(temporal_client, spec)
     results = await branching_calls(episodes, episode_id, CALLS, at_once=4)
     lost = each_call_once(results, CALLS)
-    # The summary query counts every call, settled or live (the gateway numbers calls from it).
+    # The summary query counts every call, settled or live (the gateway numbers calls from the same
+    # per-context counts, in its context_view).
     summary = await episodes.summary(episode_id)
     assert sum(summary.totals.values()) == CALLS and summary.contexts[0].head is not None
     await episodes.close(episode_id, CloseRequest(final_answer="done"))

@@ -1,4 +1,5 @@
-"""Pure pieces of issue 12: ledger pages for continue-as-new, claim-checked prompts, close digests."""
+"""Pure pieces of a long, durable episode: ledger pages for continue-as-new, claim-checked prompts, close
+digests."""
 
 from __future__ import annotations
 
@@ -65,9 +66,9 @@ def test_incremental_pages_carry_only_what_changed_and_join_to_the_ledger():
 
 
 def test_pages_hold_no_call_lists_and_a_run_writes_only_its_own_calls():
-    """A context's call list grew by every call and was rewritten by every hand-over (the square of
-    the hand-overs); pages now leave it out, so a run's pages are its own calls, however long the
-    episode, and pages written with lists (before) still join to the same ledger."""
+    """Pages leave a context's call list out (it grows by every call: rewritten by every hand-over it
+    would cost the square of the hand-overs), so a run's pages are its own calls, however long the
+    episode; pages written with lists (older histories) still join to the same ledger."""
     ledger = _ledger(400)
     saved_contexts = {k: v.model_copy(deep=True) for k, v in ledger.contexts.items()}
     saved_calls = dict(ledger.calls)

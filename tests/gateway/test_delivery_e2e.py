@@ -152,7 +152,7 @@ def counts(s, context_id: str) -> dict:
 
 async def test_a_resent_rewrite_request_discards_its_first_response(gated_gateway, temporal_client):
     """The OpenAI client re-sends a timed-out request with its headers: the second `x-grove-rewrite: 1`
-    send must not open a second rewrite and leave the first response selected (issue 10)."""
+    send must not open a second rewrite and leave the first response selected."""
     url = gated_gateway.url
     eid = await start_episode(temporal_client, "rewrite-retry")
     client = oai(url, eid)
@@ -176,7 +176,7 @@ async def test_a_request_racing_a_delivery_gets_a_retryable_409_and_the_response
 ):
     """The ledger has completed call c0, its chat record is not written yet (the gate holds it), and a
     second request of the same context arrives: it must not discard c0 (which is about to be delivered)
-    but get a retryable 409 naming the context and the call (issue 10)."""
+    but get a retryable 409 naming the context and the call."""
     gw = gated_gateway
     eid = await start_episode(temporal_client, "race")
     messages = [SYSTEM, {"role": "user", "content": "Hi."}]
@@ -206,7 +206,7 @@ async def test_a_request_racing_a_delivery_gets_a_retryable_409_and_the_response
 
 async def test_a_stream_dropped_mid_way_is_discarded_not_trained(gated_gateway, temporal_client):
     """A real client reads the first event of a streamed response and closes its connection: the call was
-    never delivered whole, so it is discarded; the harness's re-send is a fresh call (issue 12)."""
+    never delivered whole, so it is discarded; the harness's re-send is a fresh call."""
     gw = gated_gateway
     eid = await start_episode(temporal_client, "dropped")
     messages = [SYSTEM, {"role": "user", "content": "Stream it."}]

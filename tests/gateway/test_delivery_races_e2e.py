@@ -1,4 +1,4 @@
-"""Only delivered responses are trained, whatever races the close (issue 33): delivery is decided in the
+"""Only delivered responses are trained, whatever races the close: delivery is decided in the
 ledger (workflows/delivery.py), and a close freezes it.
 
 Real services: the Temporal dev server, a grove worker with the real vLLM engine on the tiny model,
@@ -146,9 +146,9 @@ def generation_key(episode_id: str, call_id: str) -> str:
 async def test_a_call_abandoned_while_generating_then_closed_is_never_trained(
     gated, temporal_client, e2e_store
 ):
-    """The client times out while its call generates and the harness closes at once: before, the close
-    settled what it saw (the call still generating), then selected the call when it completed (4 of 4
-    runs trained it). Now the close freezes delivery: the call completes undelivered and is discarded."""
+    """The client times out while its call generates and the harness closes at once: the close freezes
+    delivery, so the call completes undelivered and is discarded (a close that settled only what it saw
+    would select the call when it completed, and train it)."""
     eid = await start(temporal_client, "abandon")
     base = gated.finished.done
     turn = await first_call(gated.url, eid)
@@ -229,11 +229,11 @@ async def test_a_response_ready_after_the_close_is_refused_to_a_waiting_client(
 async def test_a_stream_read_one_chunk_then_dropped_and_closed_is_never_trained(
     gated, temporal_client, e2e_store
 ):
-    """The issue's probe: a client reads the first chunk of a stream and closes its connection while the
-    rest of the stream (all but its last event) is already in its kernel; the harness closes the episode
-    before the gateway's own discard of the call reaches the workflow. Before: trained (3 of 13). Now the
-    last event waits for the earlier ones to be acknowledged and the client to be still there; it is not
-    sent, and the close discards the undelivered call."""
+    """A client reads the first chunk of a stream and closes its connection while the rest of the stream
+    (all but its last event) is already in its kernel; the harness closes the episode before the
+    gateway's own discard of the call reaches the workflow. The last event waits for the earlier ones to
+    be acknowledged and the client to be still there; it is not sent, and the close discards the
+    undelivered call (not trained)."""
     eid = await start(temporal_client, "dropped")
     base = gated.finished.done
     turn = await first_call(gated.url, eid)
@@ -262,10 +262,9 @@ async def test_a_stream_read_one_chunk_then_dropped_and_closed_is_never_trained(
 async def test_a_discard_after_the_close_is_refused_and_changes_nothing_materialised(
     gated, temporal_client, e2e_store, recording_engine
 ):
-    """A discard the workflow accepted after the close (event 3679 after the close's 3663, in an episode
-    of 3,646 contexts) changed the workflow's ledger after its pages were written: rows owned 3,639 calls
-    while the result said 3,638 selected, one trained call `discarded`. Now every discard after the close
-    is refused, and rows own exactly the selected calls. The close is held open by a call still
+    """Every discard after the close is refused, and rows own exactly the selected calls (a discard
+    accepted after the close would change the ledger after its pages were written: rows owning a call the
+    result counts `discarded`). The close is held open by a call still
     generating (the window in which the workflow waits before freezing); the ledger is paged (one item a
     page), so materialize reads it from the store, as in the long episode."""
     eid = await start(temporal_client, "discard", ledger_page_items=1)

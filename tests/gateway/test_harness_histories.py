@@ -1,4 +1,4 @@
-"""Harness-shaped histories (issue 11): a request that leaves out an empty assistant turn (OpenCode
+"""Harness-shaped histories: a request that leaves out an empty assistant turn (OpenCode
 drops EOS-only replies) continues the empty call's parent; a post-compaction request after an empty
 summary is still OpenCode's recognised rewrite. Pure: decisions and rendering with the tiny tokenizer."""
 

@@ -1,4 +1,4 @@
-"""Gateway rules that fit real harnesses (issue 15), on real services: uvicorn, the Temporal dev
+"""Gateway rules that fit real harnesses, on real services: uvicorn, the Temporal dev
 server, a grove worker with a real vLLM engine on the tiny model, a local object store (the fixtures of
 test_app_e2e.py).
 
@@ -188,8 +188,8 @@ async def test_common_wiring_mistakes_are_refused_naming_the_header_that_fixes_t
 
 
 async def test_close_without_outputs_scores_each_agents_last_answer(gateway_url, temporal_client):  # noqa: F811
-    """Before: the workers' outputs were empty unless the harness listed them. Now each agent answers
-    its last selected response, as the harness received it."""
+    """A close that lists no outputs: each agent answers its last selected response, as the harness
+    received it (not an empty output)."""
     eid = await start(temporal_client, "outputs")
     parent = oai(gateway_url, eid)
     task = [SYSTEM, user("Delegate.")]

@@ -1,4 +1,4 @@
-"""Bad input is refused with a 4xx before anything is admitted (issue 12), on real services:
+"""Bad input is refused with a 4xx before anything is admitted, on real services:
 uvicorn serving the real gateway app, the real Temporal dev server, one grove worker with a vLLM engine
 on the tiny-random model (max_model_len 1024), a local object store.
 

@@ -1,4 +1,4 @@
-"""Size and shape limits at the gateway (issue 12), on the real FastAPI app without its
+"""Size and shape limits at the gateway, on the real FastAPI app without its
 lifespan: no Temporal client, no store, no tokenizer. A request that got past the limits would reach
 the missing capture service and fail with a 500, so every 4xx below was answered before anything
 could be admitted (the e2e module shows the same against a real episode: nothing admitted).
@@ -144,7 +144,8 @@ async def test_too_many_headers_or_header_bytes_get_431_before_auth(app):
 
 
 async def test_a_228_character_context_header_is_a_400_naming_the_limit(app):
-    # Matched the old pattern (96 + 4 x 33 characters), then failed the call with ENAMETOOLONG (502).
+    # 96 + 4 x 33 characters: a context id this long would reach the store as a key whose file name is too
+    # long (ENAMETOOLONG, a 502 after admission), so the header's own limit refuses it first.
     context = "a" * 96 + ".bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb" * 4
     assert len(context) == 228
     r = await send(app, "POST", CHAT, json=chat([USER]), headers={**AUTH, "x-grove-context": context})
@@ -176,7 +177,7 @@ def test_the_longest_accepted_ids_make_object_keys_a_real_store_accepts(tmp_path
 
 @pytest.mark.parametrize("depth", [500, 200_000])
 async def test_deeply_nested_json_is_a_400(app, depth):
-    # 500 levels failed in Temporal's converter after an empty context was opened (500 InternalError)
+    # 500 levels would fail in Temporal's converter after an empty context is opened (500 InternalError)
     nested = "[" * depth + "]" * depth
     raw = f'{{"model": "m", "messages": [{{"role": "user", "content": "x", "metadata": {nested}}}]}}'
     r = await send(app, "POST", CHAT, content=raw.encode(), headers=AUTH)
@@ -252,7 +253,7 @@ def test_limits_come_from_the_environment():
 
 
 def test_temperature_above_the_engines_maximum_is_refused():
-    # vLLM refuses temperature > 2; SamplingConfig allowed up to 100, so 3.0 was admitted and failed (502)
+    # vLLM refuses temperature > 2: a request above it must be refused before admission, not fail there (502)
     from gateway.chat_request import InvalidSamplingError, parse_chat_request, sampling_for
     from grove.sampling import SamplingConfig
 

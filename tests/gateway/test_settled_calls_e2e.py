@@ -1,4 +1,4 @@
-"""A call that names a settled call is refused through the gateway before anything is admitted (issue 12).
+"""A call that names a settled call is refused through the gateway before anything is admitted.
 
 A long episode's hand-over settles every call older than its context's branch window (workflows/settlement.py
 `settle`): the call stays in the ledger pages and is trained as the close decides, but nothing may build

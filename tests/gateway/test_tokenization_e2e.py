@@ -1,9 +1,9 @@
 """Measuring prompts never blocks the gateway (gateway/tokenization.py), on real services.
 
-Before: four concurrent authorised 3.9 MB over-long prompts of one episode were refused one after another
-(11.5 / 23 / 35 / 46 s), the gateway grew from 453 MB to 1.94 GB, and another episode's calls slowed from
-0.4 s to 9.8 s. Here an exact measurement of a large, legitimate prompt of episode A is held in the
-tokenization pool's worker process (gate `tokenize`), holding A's planning too; meanwhile:
+Over-long prompts are refused in parallel, not one after another behind the episode's planning, and
+another episode's calls go on meanwhile. Here an exact measurement of a large, legitimate prompt of
+episode A is held in the tokenization pool's worker process (gate `tokenize`), holding A's planning too;
+meanwhile:
 
 - four concurrent 3.9 MB over-long prompts of A are all refused (400 `context_length_exceeded`, "at
   least N tokens"): by the lower bound, without waiting for A's planning or the pool;

@@ -1,8 +1,8 @@
 """Transient answers of Temporal are asked again within a bound, on every query and Update the gateway
 makes (gateway/retry_policy.py); answers about the request are not.
 
-Under a worker SIGKILL, 1 of 6 concurrent requests got 503 ("the summary query: Temporal answered
-CANCELLED") instead of being served once another worker took the episode. On a real dev server, a query
+A request whose episode's worker is SIGKILLed must be served once another worker takes the episode, not
+answered 503 ("the context_view query: Temporal answered CANCELLED"). On a real dev server, a query
 to a workflow no worker serves is answered CANCELLED ("Timeout expired") when its wait ends: here the
 gateway's query is asked with a 1 s wait while no worker polls, and is answered once the test starts one
 after the first CANCELLED (a moment the test makes: it waits for the gateway's retry count, a state that
@@ -18,10 +18,17 @@ from datetime import timedelta
 
 import pytest
 from temporalio import workflow
+from temporalio.client import Client, Interceptor, OutboundInterceptor, StartWorkflowUpdateInput
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from gateway.episodes import EpisodeNotFoundError, Episodes, TemporalUnavailableError
+from gateway.episodes import (
+    EpisodeNotFoundError,
+    Episodes,
+    EpisodeUpdateRejectedError,
+    TemporalUnavailableError,
+)
 from gateway.retry_policy import transient_retries
 from tests.bounds import STATE_WAIT
 
@@ -114,12 +121,74 @@ async def test_a_query_no_worker_answers_yet_is_asked_again_until_one_does(tempo
         await handle.terminate("test done")
 
 
+class UpdatesSent(Interceptor):
+    """A client interceptor that records the name of every Update the client sends (real client, real
+    server: this only counts what passes through)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        sent = self.names
+
+        class Counting(OutboundInterceptor):
+            async def start_workflow_update(self, input: StartWorkflowUpdateInput):
+                sent.append(input.update)
+                return await super().start_workflow_update(input)
+
+        return Counting(next)
+
+
+def counting_client(client: Client) -> tuple[Client, list[str]]:
+    """A client on `client`'s connection whose Updates are recorded."""
+    counter = UpdatesSent()
+    config = client.config()
+    config["interceptors"] = [*config["interceptors"], counter]
+    return Client(**config), counter.names
+
+
+@workflow.defn(name="RefusingDeliverWorkflow")
+class RefusingDeliverWorkflow:
+    """A worker that has the `deliver` Update and refuses it (as the ledger refuses an undeliverable call)."""
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.update(name="deliver")
+    def deliver(self, call_id: str) -> None:
+        return None
+
+    @deliver.validator
+    def refuse(self, call_id: str) -> None:
+        raise ApplicationError(f"call {call_id!r} cannot be delivered", type="UndeliverableCallError")
+
+
 async def test_an_episode_worker_of_before_delivery_in_the_ledger_is_not_asked_twice(temporal_client):
     """A rolling deploy: a newer gateway, an older episode worker without the `deliver` Update (its calls
     count as delivered on completion). Its refusal ("handler not found") is not a refusal of the response:
-    the gateway sends it; any other refusal is raised."""
+    the gateway asks once, takes the answer as nothing to record and returns (the response is sent); it
+    neither raises nor sends the Update again."""
+    client, updates = counting_client(temporal_client)
     queue, wid = f"q-{uuid.uuid4().hex[:8]}", f"older-{uuid.uuid4().hex[:8]}"
-    handle = await temporal_client.start_workflow("QueriedWorkflow", id=wid, task_queue=queue)
-    async with Worker(temporal_client, task_queue=queue, workflows=[QueriedWorkflow]):
-        await Episodes(temporal_client).deliver(wid, "parent.0.c0")
+    handle = await client.start_workflow("QueriedWorkflow", id=wid, task_queue=queue)
+    episodes = Episodes(client)
+    async with Worker(client, task_queue=queue, workflows=[QueriedWorkflow]):
+        assert await episodes.deliver(wid, "parent.0.c0") is None
         await handle.terminate("test done")
+    assert updates == ["deliver"]  # asked once: the refusal is an answer, not a moment to wait out
+    assert episodes.transient_retries == 0 and episodes.outcome_waits == 0
+
+
+async def test_any_other_refusal_of_deliver_is_raised_after_one_ask(temporal_client):
+    """The older-worker exception is that refusal only: a worker that has `deliver` and refuses the call
+    makes the gateway raise (the response must not be sent as delivered), also after one ask."""
+    client, updates = counting_client(temporal_client)
+    queue, wid = f"q-{uuid.uuid4().hex[:8]}", f"refusing-{uuid.uuid4().hex[:8]}"
+    handle = await client.start_workflow("RefusingDeliverWorkflow", id=wid, task_queue=queue)
+    async with Worker(client, task_queue=queue, workflows=[RefusingDeliverWorkflow]):
+        with pytest.raises(EpisodeUpdateRejectedError, match="cannot be delivered") as err:
+            await Episodes(client).deliver(wid, "parent.0.c0")
+        await handle.terminate("test done")
+    assert err.value.error_type == "UndeliverableCallError"
+    assert updates == ["deliver"]

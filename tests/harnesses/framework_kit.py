@@ -3,7 +3,7 @@ external episode bound as a harness sees it (`Episode`: the gateway's episode UR
 non-zero counts, and an episode's published rows, each checked against the calls the engine served.
 
 The gateway, Temporal and engine fixtures stay where they are (tests/gateway/test_app_e2e.py's
-`gateway_url`, tests/fixtures/); this kit holds what each framework test used to repeat around them.
+`gateway_url`, tests/fixtures/); this kit holds what every framework test needs around them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who failed an episode (issue 10): the classification EpisodeWorkflow puts in its result.
+"""Who failed an episode: the classification EpisodeWorkflow puts in its result.
 
 Pure: the errors are built the way the Temporal SDK hands them to workflow code (an ActivityError whose
 cause is the activity's ApplicationError or a timeout), then classified by the workflow's own functions.

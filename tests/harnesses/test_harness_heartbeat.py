@@ -1,8 +1,8 @@
 """The harness runner's heartbeat does not wait on a ledger query that does not answer.
 
 The heartbeat carries the episode's progress (calls so far, last request) from its `progress` query. A
-query the episode's workflow worker does not answer (a busy or unreachable worker) used to hold the
-heartbeat until Temporal timed the launch out. The test holds the query at gate `heartbeat_query`
+query the episode's workflow worker does not answer (a busy or unreachable worker) must not hold the
+heartbeat (Temporal would time the launch out). The test holds the query at gate `heartbeat_query`
 (grove/gates.py) for as long as it needs, instead of hoping a real query is slow; the real activity
 context (temporalio's ActivityEnvironment) records the heartbeats. No services, no harness process.
 """

@@ -14,9 +14,9 @@ dead launch stays held until the episode is over, then meets a closed episode.
 The Agents SDK delegation program (harnesses/agents_sdk_delegation.py, the real openai-agents package) is
 killed the way the OpenCode relaunch test kills OpenCode: after the program exited, before the runner
 closed the episode (the `harness_exited` gate). The relaunch re-sends all six requests, the lead's two
-among them (before replay, the lead's first request of the relaunch was refused: 400), and the worker with
-a history's three (its warm-up, its filter's summary call, its word after the declared rewrite), and each
-is answered from its record.
+among them (without replay the lead's first request of the relaunch would be refused: 400), and the
+worker with a history's three (its warm-up, its filter's summary call, its word after the declared
+rewrite), and each is answered from its record.
 
 What the engine served is read from the engine itself (RecordingEngine), never from grove's records.
 """

@@ -1,6 +1,6 @@
 """Engine faults against real vLLM: a GRPO group of long prompts at once, and non-finite logits.
 
-- A group of distinct prompts that together exceed one engine step's token budget used to make vLLM
+- A group of distinct prompts that together exceed one engine step's token budget must not make vLLM
   chunk a seeded prefill, which on CPU raises "CPU Generator does not use offset" and kills the engine
   core (docs/reliability.md). Each prompt here is as long as the engine allows (max_model_len 1024,
   minus the completion) and the group holds 4x the budget (2048 tokens a step).

@@ -1,12 +1,11 @@
 """A completion cut at max_tokens just after a sampled stop token (`ignore_eos`) continues like any other.
 
 With `ignore_eos` the engine samples through EOS / <|im_end|>, and a completion can end on one with
-finish reason "length". Its text used to keep that token ("...<|im_end|>", or "<|endoftext|>" for a
-one-token call), while the continuation check derives the predecessor's response without it and the
-splice closes the turn with it: the harness's echo of the text it got was refused as an undeclared
-discontinuity (native harness: expected "", got "<|endoftext|>", seen in bench/bench_async.py), and
-where the gateway passes its own record the text the harness saw rendered a second <|im_end|> that the
-model never saw. Now a final stop token is never text, whatever the finish reason.
+finish reason "length". A final stop token is never text, whatever the finish reason: the continuation
+check derives the predecessor's response without it and the splice closes the turn with it, so a text
+that kept it ("...<|im_end|>", or "<|endoftext|>" for a one-token call) would make the harness's echo of
+what it got an undeclared discontinuity (expected "", got "<|endoftext|>"), and where the gateway passes
+its own record, render a second <|im_end|> that the model never saw.
 
 Real vLLM engine on the pretrained tiny model (it ends its turns with <|im_end|>), the real generate
 activity and a local store.

@@ -138,7 +138,7 @@ async def test_checkpoint_of_another_architecture_is_refused(policy_engine, tmp_
 
 
 async def test_failure_inside_the_reload_rolls_back(policy_engine, tmp_path, monkeypatch):
-    """A tensor vLLM cannot place fails the reload half-way (layers on the meta device, pitfall 6); the
+    """A tensor vLLM cannot place fails the reload half-way (layers on the meta device); the
     engine reloads its previous weights and keeps serving them."""
     current, source = policy_engine.version, policy_engine.source_dir
     bad = perturbed_copy(source, tmp_path / "bad", seed=5, add="model.layers.3.mlp.bogus.weight")

@@ -7,8 +7,8 @@ EpisodeWorkflow.call, in-process instead of through Temporal). The second and th
 override the sampling (T=1.3 with top_p=0.8, then top_p=0.9 at the episode's T=0.5). The ledger is
 closed, the forest reconstructed, the rows sent through Parquet, and the learner's `prepare_batch` /
 `score_tokens` score them with the weights vLLM sampled with: the importance ratio must be 1 for
-every token (within the float32 agreement of vLLM and torch, 1e-4). Scored the old way (one
-run-wide T=1.0, what the learner did before spans carried sampling) the ratios are far from 1.
+every token (within the float32 agreement of vLLM and torch, 1e-4). Scored under one run-wide T=1.0
+instead of each span's own sampling, the ratios are far from 1.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The run's base model in the store (trainer/base_model.py): staged once by the trainer host, then the
 learner of step 1 and its KL reference start from those bytes on a trainer host that never had the folder
-`RunConfig.model` names (before, a folder path had to exist on every host: a shared filesystem).
+`RunConfig.model` names (no shared filesystem needed).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every logical rollout of a group counts once in its baseline, whatever rows it produced (issue 10).
+"""Every logical rollout of a group counts once in its baseline, whatever rows it produced.
 
 The batches are built by the real reconstruction (bench/forests.py `rows_from_calls`): an
 episode whose only call is auxiliary reconstructs to zero rows, and it must still enter its group's

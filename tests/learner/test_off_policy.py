@@ -1,8 +1,8 @@
 """Asynchronous GRPO in the learner: the staleness bound, the lag distribution, truncated IS.
 
 - At lag 0 (every token sampled by the weights being updated: every token of a synchronous run) the
-  learner's step is the loss it had before staleness existed: the same batch through the pre-existing
-  path (`accumulate_gradients` without a version, i.e. no stale tokens known) gives identical loss and
+  learner's step is the loss without staleness: the same batch through the path that knows no version
+  (`accumulate_gradients` without a version, i.e. no stale tokens known) gives identical loss and
   gradients, bit for bit.
 - Stale tokens (sampled by an older version) are trained with a truncated IS weight against the
   learner's own distribution: when the behaviour logprobs are the learner's own, the weight is 1 and

@@ -107,7 +107,7 @@ def test_on_policy_ratio_is_one_for_every_token_under_mixed_sampling(small_model
     ratio = torch.exp(score_tokens(model, mb, ignored, CPU) - mb.behavior_logprobs)
     assert ratio.numel() == 40
     assert float((ratio - 1).abs().max()) <= 2e-6, ratio
-    # the same rows scored under one run-wide T=1.0 (the old learner) are far from on-policy
+    # the same rows scored under one run-wide T=1.0 (not each span's own sampling) are far from on-policy
     flat = dataclasses.replace(
         mb, temperature=torch.ones_like(mb.temperature), top_p=torch.ones_like(mb.top_p)
     )

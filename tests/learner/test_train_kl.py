@@ -1,8 +1,8 @@
 """A run's `learner.kl_coef` through the train_step activity's own code (`TrainerActivities._train`): the
 frozen reference is the run's start model, at the first step and after a resume from a checkpoint.
 
-The activity used to build its learner without a reference, so any run with kl_coef > 0 failed at step 1
-(ReferenceModelError). The reference being the start model (not the step being resumed from) shows in
+The activity builds its learner with a reference whenever kl_coef > 0 (without one the step fails with
+ReferenceModelError). The reference being the start model (not the step being resumed from) shows in
 the KL itself: zero while the policy is the start model, positive once it has moved; a reference taken
 from the resumed checkpoint would read zero again at step 2.
 """

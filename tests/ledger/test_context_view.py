@@ -83,9 +83,9 @@ def test_an_agents_next_context_skips_ids_it_named_itself():
 
 
 def test_no_agent_can_name_a_context_of_another_agents_name_space():
-    """An agent `squat` opening `x-grove-context: parent.1` used to block every later rewrite of the parent
-    (409 ContextConflictError): now it is refused, naming agent, context and owner, and the parent's
-    rewrite gets its id whatever other agents sent."""
+    """An agent `squat` opening `x-grove-context: parent.1` is refused, naming agent, context and owner,
+    so it cannot block the parent's later rewrites (409 ContextConflictError): the parent's rewrite gets
+    its id whatever other agents sent."""
     ep = Episode()
     ep.root("parent.0", "parent")
     ep.call("parent.0.c0", "parent.0", T)

@@ -117,7 +117,7 @@ def test_summary_counts_per_context_and_in_total():
 
 def test_summary_shows_each_contexts_origin_links():
     """Who spawned a worker and which context a rewrite replaced are in the query answer, not only in
-    the workflow history (issue 10, issue 15)."""
+    the workflow history."""
     ep = chain()
     ep.spawn("w", "worker-1", by="c2")
     ep.rewrite("a2", "parent", of="a")

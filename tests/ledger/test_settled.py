@@ -1,5 +1,6 @@
-"""Settled calls (issue 12: a constant restore per run): a long episode's hand-over drops every call older
-than its context's branch window from the ledger (`Ledger.settle`), after writing it to the ledger pages.
+"""Settled calls (a restore per run bounded by the live calls): a long episode's hand-over drops every call
+older than its context's branch window from the ledger (`Ledger.settle`), after writing it to the ledger
+pages.
 
 The reference in every test is the same episode in a ledger that never settles: the settled ledger must
 answer exactly as it does (summary, heads, states, duplicate ids, close counts, last outputs), or refuse

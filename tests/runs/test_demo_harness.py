@@ -1,4 +1,4 @@
-"""`grove demo --harness opencode` (issue 11): the two runs and the worker it starts, checked the
+"""`grove demo --harness opencode`: the two runs and the worker it starts, checked the
 way the real commands check them (pure: nothing is started; the tiny-copy model comes from the cache).
 """
 

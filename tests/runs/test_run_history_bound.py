@@ -1,4 +1,4 @@
-"""A training run's carried state stays bounded however many steps it takes (issue 12).
+"""A training run's carried state stays bounded however many steps it takes.
 
 The run workflow's RunState is one payload carried through continue-as-new; it grew with every
 StepRecord, so a long run would pass Temporal's 2 MB payload limit (docs/results.md section 3.7). Now
