@@ -1,12 +1,12 @@
 """A client that sends its request head too slowly loses its connection (uvicorn has no such timeout).
 
-uvicorn (httptools) waits for ever for a request line and headers that trickle in: 300 unauthenticated
-connections each sending a header line now and then stayed open, each holding a file descriptor and a
-parser, and nothing in the app could see them (a route runs only once the head is complete). So the
-gateway serves HTTP with a protocol that closes a connection whose request head is not complete within
-`RequestLimits.header_timeout_s` (10 s) of the connection, or of the first byte of a later request on a
-kept-alive one (idle kept-alive connections are uvicorn's: closed after `timeout_keep_alive`, 5 s). Bodies
-have their own bound: a minimum upload rate (gateway/limits.py `read_body`).
+uvicorn (httptools) waits for ever for a request line and headers that trickle in, and nothing in the
+app can see such a connection (a route runs only once the head is complete), while each holds a file
+descriptor and a parser. So the gateway serves HTTP with a protocol that closes a connection whose
+request head is not complete within `RequestLimits.header_timeout_s` (10 s) of the connection, or of the
+first byte of a later request on a kept-alive one (idle kept-alive connections are uvicorn's: closed
+after `timeout_keep_alive`, 5 s). Bodies have their own bound: a minimum upload rate (gateway/limits.py
+`read_body`).
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 same rule (EpisodeSpec, grove/ids.py) for `grove episode start`, the Python start and a Temporal client's
 start, with a clear error naming the field; exit 2 from the CLI, before Temporal is asked.
 
-Probes against main: `grove episode start` exited 0 with `--idle-timeout-s inf` (every call and close then
-500), `--max-tokens 99999999999999999999` (every call 502), `--id ../../etc/x` or an id with a newline
-(every call 503 `InvalidKeyError`), an id part of 300 characters (500 "file name too long", a close that
-hung); `--idle-timeout-s 0` exited 1 with a traceback; a Temporal client's start with such a spec failed its
+Such a spec, admitted, leaves an episode every call of which fails (500 for an infinite idle timeout, 502
+for a max_tokens past the engine's integers, 503 `InvalidKeyError` for an id with `..` or a newline, 500
+"file name too long" for a 300-character id part), and a Temporal client's start with it would fail its
 first workflow task for ever.
 """
 

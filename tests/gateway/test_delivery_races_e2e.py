@@ -345,10 +345,9 @@ async def test_a_response_never_delivered_is_discarded_at_close_unless_it_spawne
 
 async def test_a_delivery_asked_again_after_a_close_gets_the_same_answer(gated, temporal_client, e2e_store):
     """A `deliver` whose answer timed out is asked again with the same id; after a hand-over that reaches
-    the next run as a new Update, and a close may have come in between: before, it was refused
-    (`Closing`) while the ledger counted the call as delivered. Now a delivery the ledger counted is
-    accepted again after the close (a new Update id stands for the next run), and one it never counted
-    is refused; the rows own exactly the delivered call."""
+    the next run as a new Update, and a close may have come in between. A delivery the ledger counted is
+    accepted again after the close (a new Update id stands for the next run), the same answer as before
+    the close; one it never counted is refused; the rows own exactly the delivered call."""
     eid = await start(temporal_client, "again")
     base = gated.finished.done
     turn = await first_call(gated.url, eid)

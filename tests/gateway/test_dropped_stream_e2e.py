@@ -1,10 +1,10 @@
-"""A stream dropped while its delivery is on its way to the ledger (issue 41, item 1).
+"""A stream dropped while its delivery is on its way to the ledger: the request ends, the gateway idles.
 
-Probe against main: a `stream: true` client that read the first SSE event and closed while the `deliver`
-Update was in flight made the gateway's event loop spin one core for good (Starlette cancelled the
-response; the SDK reported that as an Update timeout; the gateway asked again at once, each ask cancelled
-at once), its threads grow into the hundreds, SIGTERM stop nothing, every re-send of the context get 409
-`ResponsePendingError` for ever, and the close train the call.
+Starlette cancels a streamed response whose client left, and the Temporal SDK reports that cancellation
+as an Update timeout. A gateway that took it for a timeout and asked again would be cancelled again at
+once, for ever: one core spinning, threads piling up, SIGTERM ignored, the context answered 409
+`ResponsePendingError` for ever. What is checked: the request ends, CPU and threads stay idle, the
+harness's re-send is served, the close counts what was delivered, SIGTERM stops the gateway.
 
 Real services: the real `python -m gateway` process (its CPU time, threads and SIGTERM are measured),
 the Temporal dev server, the session's grove worker (generation, io) and an episode worker this test

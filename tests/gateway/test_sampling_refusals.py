@@ -40,7 +40,7 @@ def test_the_gateway_refuses_each_unmirrorable_parameter(name):
 @pytest.mark.parametrize("name", ["temperature", "top_p", "max_tokens", "max_completion_tokens"])
 @pytest.mark.parametrize("value", [True, False])
 def test_a_boolean_is_not_a_number(name, value):
-    """JSON `true` was taken as 1 (`"temperature": true` sampled at 1.0): refused, naming the field."""
+    """JSON `true` is not a number (pydantic would take it as 1): refused, naming the field."""
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], name: value}
     with pytest.raises(InvalidChatRequestError) as err:
         parse_chat_request(body, "m")

@@ -1,9 +1,7 @@
-"""Slow clients cannot hold what others wait for (issue 41, item 2).
-
-Probes against main: 8 episodes each trickling a declared 4,190,000-byte body filled the 32 MiB large-body
-budget, and another episode's valid 100 KB body waited the full 150 s of the probe; 300 unauthenticated
-connections trickling header lines stayed open 60 s (fds 256 -> 330): the gateway had no read timeout
-for bodies or headers.
+"""Slow clients cannot hold what others wait for: 8 episodes each trickling a declared 4,190,000-byte body
+fill the 32 MiB large-body budget until the minimum upload rate cuts them, and then another episode's
+valid 100 KB body is read; connections trickling their request head are closed by the head deadline and
+their descriptors freed.
 
 Real parts: the `python -m gateway` process (its own uvicorn, as `grove gateway` serves it; its limits at
 their defaults) against the Temporal dev server, raw sockets as the slow clients. The slow clients are

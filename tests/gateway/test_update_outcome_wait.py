@@ -94,10 +94,10 @@ async def started(handle) -> bool:
 
 async def test_a_cancelled_request_stops_asking_and_never_spins(temporal_client):
     """Starlette cancels a response whose client left (an anyio cancel scope, which cancels every later
-    await of the task too). The SDK reports that cancellation as WorkflowUpdateRPCTimeoutOrCancelledError,
-    which the gateway took for Temporal's timeout and asked again at once, each new ask cancelled at once:
-    one core spun for good and the request never ended (its context wedged with 409s). Now a cancellation
-    ends the request at once, and the Update is not asked again."""
+    await of the task too). The SDK reports that cancellation as WorkflowUpdateRPCTimeoutOrCancelledError;
+    taken for Temporal's timeout and asked again, each new ask would be cancelled at once, for ever (one
+    core spinning, the request never ending). A cancellation ends the request at once, and the Update is
+    not asked again."""
     queue, wid = f"held-{uuid.uuid4().hex[:8]}", f"held-{uuid.uuid4().hex[:8]}"
     episodes = Episodes(temporal_client)
     async with Worker(temporal_client, task_queue=queue, workflows=[HeldUpdateWorkflow]):
@@ -129,7 +129,7 @@ async def test_a_cancelled_request_stops_asking_and_never_spins(temporal_client)
 
 async def test_timed_out_answers_are_asked_again_with_backoff_within_a_deadline(temporal_client):
     """Answers that keep timing out are asked again with a growing pause, and not past the gateway's
-    outcome patience: then the request gets 503 (UpdateOutcomeTimeoutError), instead of waiting for ever."""
+    outcome patience: then the request gets 503 (UpdateOutcomeTimeoutError)."""
     queue, wid = f"held-{uuid.uuid4().hex[:8]}", f"held-{uuid.uuid4().hex[:8]}"
     episodes = Episodes(temporal_client)
     episodes.outcome_patience = 3.0

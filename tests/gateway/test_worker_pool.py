@@ -1,8 +1,7 @@
-"""The gateway's worker-pool processes die with the gateway, SIGKILL included (issue 41, item 5).
-
-Probe against main: a gateway killed with SIGKILL left its tokenization and body-decoding workers
-(~87 MB each) running under init. A real process runs the gateway's `WorkerPool` (spawned workers, as
-the gateway's tokenization and large-body pools do) and is SIGKILLed; its workers must end too.
+"""The gateway's worker-pool processes die with the gateway, SIGKILL included (nothing of the gateway
+can clean up then; orphaned workers would hold ~87 MB each under init). A real process runs the gateway's
+`WorkerPool` (spawned workers, as the gateway's tokenization and large-body pools do) and is SIGKILLed;
+its workers must end too.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The Temporal-CLI episode start that docs/operations.md shows refuses a finished episode's id (issue 41,
-item 4).
-
-Probe against main: the documented `temporal workflow start --type EpisodeWorkflow --workflow-id <id>`
-ran a second episode under the id of a finished one (Temporal's default lets an ended workflow's id be
-used again); the old token worked on it and its close failed late (`DigestMismatchError`). The command is
-read from the document itself, so the document and the behaviour cannot drift apart; it runs with the
-real `temporal` CLI against the session's dev server.
+"""The Temporal-CLI episode start that docs/operations.md shows refuses a finished episode's id: Temporal's
+default lets an ended workflow's id be used again, and a second episode under the id would take the old
+token and fail late at its close (`DigestMismatchError`). The command is read from the document itself,
+so the document and the behaviour cannot drift apart; it runs with the real `temporal` CLI against the
+session's dev server.
 """
 
 from __future__ import annotations
