@@ -87,8 +87,16 @@ def start(
         typer.echo(f"episode start: {err}", err=True)
         raise typer.Exit(2) from None
     eid = episode_id or f"adhoc/{uuid.uuid4().hex[:12]}"
+    from grove.contracts import EpisodeSpecError
+    from harnesses.programs import UnknownTaskFamilyError
+
+    try:  # every setting and the id are checked here, before Temporal is asked (grove/ids.py)
+        spec = episode_spec(eid, task_family, task, sampling, idle_timeout_s)
+    except (EpisodeSpecError, UnknownTaskFamilyError, ValueError, IndexError) as err:
+        typer.echo(f"episode start: {err}", err=True)
+        raise typer.Exit(2) from None
     try:
-        asyncio.run(_start(eid, task_family, task, sampling, idle_timeout_s, address))
+        asyncio.run(_start(spec, address))
     except _Conflict as err:
         typer.echo(str(err), err=True)
         _exit_now(EXIT_CONFLICT)
@@ -169,20 +177,23 @@ class _NotFound(Exception):
     pass
 
 
-async def _start(
-    eid: str, family_name: str, index: int, sampling, idle_timeout_s: float, address: str | None
-) -> None:
-    from grove.client import connect
+def episode_spec(eid: str, family_name: str, index: int, sampling, idle_timeout_s: float):
+    """The hand-started episode's EpisodeSpec; EpisodeSpecError names what it refuses."""
     from grove.contracts import EpisodeSpec, HarnessSpec
-    from grove.episode_start import EpisodeIdReusedError, start_episode
     from harnesses.programs import family
 
     make_task, _ = family(family_name)
-    spec = EpisodeSpec(
+    return EpisodeSpec(
         run_id="adhoc", step=0, group_id=f"{eid}/group", episode_id=eid, task=make_task(index),
         harness=HarnessSpec(kind="external"), sampling=sampling,
         idle_timeout_s=idle_timeout_s,
     )  # fmt: skip
+
+
+async def _start(spec, address: str | None) -> None:
+    from grove.client import connect
+    from grove.episode_start import EpisodeIdReusedError, start_episode
+
     try:
         client = await connect(address)
     except RuntimeError as err:

@@ -7,17 +7,19 @@ the context's head, admit it through the episode's Updates, and record what the 
     plan      -> view, identity, target context, spawn, head, decision (gateway/planning.py, its spawn
                  rules gateway/spawn_checks.py): nothing is admitted for a refused request
     run       -> fit, act, record (gateway/admission.py): the call Update admits and generates it
-    delivery  -> `Delivery`: the route records the delivery in the ledger (the `deliver` Update) just
-                 before the response's last part, and settles it (gateway/delivery.py): not delivered ->
-                 the call is discarded, never trained; a close freezes the rest (workflows/delivery.py)
+    delivery  -> `Delivery`: the route asks the ledger whether it would take the delivery, sends the
+                 response's last part, then records the delivery (the `deliver` Update) and settles it
+                 (gateway/delivery.py): not delivered -> the call is discarded, never trained; a close
+                 freezes the rest (workflows/delivery.py)
 
 Delivery and its races. A call's response is "being delivered" from its call Update until the route has
 sent its last byte or given up; this gateway process knows which of its own requests are in that window
 (gateway/capture_state.py: liveness, not state: nothing there outlives the request). Another request of
 the same context in that window gets a retryable 409 instead of a decision on a head that may be about to
-be delivered (it must not discard it). Several gateway replicas do not share that knowledge: route all
-requests of an episode to one replica (the episode reference is in the path). At close the ledger
-itself discards every completed call whose delivery it has not recorded (workflows/delivery.py).
+be delivered (it must not discard it); once the last part went out, it goes ahead and extends the head.
+Several gateway replicas do not share that knowledge: route all requests of an episode to one replica
+(the episode reference is in the path). At close the ledger itself discards every completed call whose
+delivery it has not recorded (workflows/delivery.py).
 
 Planning is serialised per episode within this gateway process (`_planning`): from the view query
 to the registration of the new call id, so two concurrent first requests of a worker spawned twice see

@@ -36,6 +36,8 @@ class CaptureState:
         self.window = window  # None: prompt lengths are not checked here (the engine refuses, 502)
         self.tokens = tokens  # measures off the event loop, bounded (gateway/tokenization.py)
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
+        # of those, the ones whose last part went out: set once their delivery is recorded (or refused)
+        self._sent: dict[tuple[str, str], asyncio.Event] = {}
         self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
         self._plan_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # episode -> (lock, requests using it)
         self.gates = Gates.from_env()  # tests only (grove/gates.py): hold a request, a delivery
@@ -43,19 +45,45 @@ class CaptureState:
     def start_delivering(self, episode_id: str, call_id: str) -> None:
         self._delivering[(episode_id, call_id)] += 1
 
+    def mark_sent(self, episode_id: str, requested: str) -> None:
+        """The response's last part went out; its `deliver` is on its way (gateway/delivery.py)."""
+        self._sent.setdefault((episode_id, requested), asyncio.Event())
+
+    async def deliveries_recorded(self, episode_id: str, patience: float) -> None:
+        """Until every response of the episode this gateway sent has its delivery recorded (or refused),
+        `patience` seconds at most: a harness closes right after its last response, and its close must
+        not reach the ledger before that response's `deliver` (the close would discard it)."""
+        waits = [asyncio.ensure_future(e.wait()) for (ep, _), e in self._sent.items() if ep == episode_id]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=patience)
+            for wait in pending:
+                wait.cancel()
+
     def release(self, episode_id: str, requested: str) -> None:
         key = (episode_id, requested)
         self._delivering[key] -= 1
         if self._delivering[key] <= 0:
             del self._delivering[key]
+            sent = self._sent.pop(key, None)
+            if sent is not None:
+                sent.set()
 
     def delivering(self, episode_id: str, call_id: str) -> bool:
         """Whether a request of this gateway is still delivering `call_id` (or the lost-attempt retry
-        `{requested}.r{n}` it completed as)."""
-        return any(
-            ep == episode_id and (call_id == requested or call_id.startswith(f"{requested}.r"))
+        `{requested}.r{n}` it completed as), its last part not sent yet."""
+        return any(key not in self._sent for key in self._keys(episode_id, call_id))
+
+    def sent(self, episode_id: str, call_id: str) -> bool:
+        """Whether a request of this gateway sent the last part of `call_id` and is recording its
+        delivery: the harness has the response (a call that extends it counts it delivered too)."""
+        return any(key in self._sent for key in self._keys(episode_id, call_id))
+
+    def _keys(self, episode_id: str, call_id: str) -> list[tuple[str, str]]:
+        return [
+            (ep, requested)
             for ep, requested in self._delivering
-        )
+            if ep == episode_id and (call_id == requested or call_id.startswith(f"{requested}.r"))
+        ]
 
     async def discard_quietly(self, episode_id: str, call_id: str, reason: str) -> None:
         """Discard a response nobody got; a refusal (already discarded, extended, ledger closed) is

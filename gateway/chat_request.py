@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from grove.sampling import MIN_TEMPERATURE, SamplingConfig
 
@@ -109,6 +109,13 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+
+    @field_validator("temperature", "top_p", "max_tokens", "max_completion_tokens", mode="before")
+    @classmethod
+    def _not_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # JSON true/false: pydantic would take it as 1 / 0
+            raise ValueError(f"{value!r} is a boolean; give a number")
+        return value
 
     @property
     def include_usage(self) -> bool:

@@ -37,6 +37,7 @@ def gateway(
 
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
+    from gateway.slow_clients import head_timeout_protocol
     from models.limits import EngineLimitsError, check_positions
     from models.registry import known_positions
 
@@ -56,7 +57,8 @@ def gateway(
     except EngineLimitsError as err:
         typer.echo(f"gateway: {type(err).__name__}: {err}", err=True)
         raise typer.Exit(2) from None
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    protocol = head_timeout_protocol(settings.limits.header_timeout_s)  # gateway/slow_clients.py
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, http=protocol)
 
 
 def main() -> None:

@@ -1,36 +1,45 @@
-"""A captured call's delivery (`Delivery`: commit, then settle) and the HTTP responses that record it in
+"""A captured call's delivery (`Delivery`: check, send, settle) and the HTTP responses that record it in
 the ledger, settling the call accordingly.
 
-What "delivered" means (docs/gateway.md, workflows/delivery.py): the response's last part (the JSON
-body, or the stream's `data: [DONE]` event) goes to a client connection that is still open, and the
-ledger accepted the call's `deliver` Update just before it. Before that Update the route checks, as
-strictly as the transport allows (gateway/transport_probe.py):
+What "delivered" means (docs/gateway.md, workflows/delivery.py): the ledger accepted the call's
+`deliver` Update, which the route sends only after the response's last part (the JSON body, or the
+stream's `data: [DONE]` event) went to a client connection that was still open. The ledger is the only
+owner of that fact: a response whose last part never went out is never reported delivered, so nothing
+has to be taken back, whatever order the client's departure, the route and a close come in. Before the
+last part the route checks, as strictly as the transport allows (gateway/transport_probe.py):
 
+- the ledger would still take the delivery (the `delivery_refusal` query): not after a close, not for a
+  call another request discarded. Refused: the client gets the refusal instead of the response (a JSON
+  error, or an error event ending the stream: the OpenAI clients raise it), and the call does not count;
 - a stream: every earlier part has left the server and was acknowledged by the client's TCP (the kernel's
   send queue is empty), and the connection has not been closed by the client since;
-- a JSON body (one part): the connection has not been closed by the client while the call generated.
+- a JSON body (one part): the connection has not been closed by the client.
 
 If the client has gone, nothing more is sent and the call is discarded at once (accounted, never
-trained); a harness that re-sends the request gets a fresh call that extends what this one extended. If
-the ledger refuses the delivery (the episode was closed first: a close freezes delivery), the client gets
-the refusal instead of the response (a JSON error, or an error event ending the stream: the OpenAI
-clients raise it), and the call does not count.
+trained); a harness that re-sends the request gets a fresh call that extends what this one extended. A
+close that comes first discards it instead (a call awaiting delivery at close). A close accepted between
+the last part and its `deliver` makes the call not count although the client got it (the safe side).
 
 What the server cannot know: whether the client's program read what its kernel acknowledged, and whether
-the last part, sent right after the Update, arrived before the connection died. Such a response counts as
+the last part arrived when the connection dies right after it was sent. Such a response counts as
 delivered; a harness that re-sends it anyway is recognised as a retry (gateway/continuation.py) and
 discards it then.
 
 Disconnects are seen through uvicorn's request cycle and the ASGI `receive` channel: a streamed response
-runs beside Starlette's disconnect listener (which cancels the stream when the client leaves).
+runs beside Starlette's disconnect listener, which cancels the stream when the client leaves. The
+settling (the `deliver` or the discard Update) runs shielded from that cancellation, bounded by
+`SETTLE_PATIENCE`, and always ends the request's registration (`CaptureState.release`): nothing of a
+request outlives it, and its context is never left "being delivered".
 
-Test gates (grove/gates.py): `delivery_commit` holds a response just before its last-part checks (its
+Test gates (grove/gates.py): `delivery_check` holds a response before the ledger is asked whether it
+still takes the delivery, `delivery_commit` holds it after that, just before its last-part checks (its
 earlier parts sent and acknowledged), `delivery_settle` holds an undelivered call before its discard;
 key `{episode id}/{call id}`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,17 +52,19 @@ from starlette.types import Receive, Scope, Send
 from capture.records import ChatRecord
 from gateway.capture_errors import CaptureError, DeliveryRefusedError
 from gateway.capture_state import CaptureState
-from gateway.episodes import EpisodeError, EpisodeUpdateRejectedError
+from gateway.episodes import EpisodeError
 from gateway.routes.errors import error_response
 from gateway.transport_probe import Connection
 
+log = logging.getLogger("grove.gateway")
 REFUSALS = (CaptureError, EpisodeError)  # what a refused or failed delivery raises
+SETTLE_PATIENCE = 150.0  # seconds a settling Update may take (beyond the transient retries' 120 s)
 
 
 @dataclass
 class Delivery:
-    """A captured call whose response is on its way: `commit` just before its last part is sent,
-    `settle` once, when the route is done with it."""
+    """A captured call whose response is on its way: `commit` just before its last part is sent, `sent`
+    once it went out, `settle` once, when the route is done with it."""
 
     capture: CaptureState
     record: ChatRecord
@@ -62,36 +73,47 @@ class Delivery:
     _settled: bool = field(default=False, repr=False)
 
     async def commit(self) -> None:
-        """The response's last part is about to go to a connected client: record the delivery in the
-        ledger (a replayed call's too: its first launch may never have got it). DeliveryRefusedError when
-        the ledger refuses it (a close came first): the response must not be sent as delivered."""
+        """The response's last part is about to go to a connected client: DeliveryRefusedError when the
+        ledger would refuse its delivery (a close came first, the call was discarded): the response must
+        not be sent as delivered. Nothing is recorded yet (`settle` does, after the last part)."""
         episode_id, call_id = self.record.episode_id, self.record.call_id
-        try:
-            await self.capture.episodes.deliver(episode_id, call_id)
-        except EpisodeUpdateRejectedError as err:
+        refusal = await self.capture.episodes.delivery_refusal(episode_id, call_id)
+        if refusal:
             raise DeliveryRefusedError(
                 f"episode {episode_id!r}: call {call_id!r} completed, but its delivery was refused "
-                f"({err.error_type}: {err}); the response is not sent and is not trained. Start a new "
-                "episode for a new attempt"
-            ) from None
+                f"({refusal}); the response is not sent and is not trained. Start a new episode for a new "
+                "attempt"
+            )
+
+    def sent(self) -> None:
+        """The last part went out to an open connection: another request of the context may build on it
+        before its `deliver` is recorded (gateway/planning.py)."""
+        self.capture.mark_sent(self.record.episode_id, self.requested)
 
     async def settle(self, delivered: bool) -> None:
-        """Delivered: nothing more to do. Not delivered: discard the call (never trained as an action);
-        a harness retry of it then extends what it extended."""
+        """Delivered: record it (`deliver`; a refusal now, a close first, only means it does not count).
+        Not delivered: discard the call (never trained); a harness retry of it then extends what it
+        extended. A replayed call belongs to the ledger already: only its delivery is recorded."""
         if self._settled:
             return
         self._settled = True
-        if self.replayed:  # the call belongs to the ledger already; a relaunch that died replays it again
-            return
+        episode_id, call_id = self.record.episode_id, self.record.call_id
         try:
-            if not delivered:
+            if delivered:
+                await self._record_delivery(episode_id, call_id)
+            elif not self.replayed:
                 await self.capture.discard_quietly(
-                    self.record.episode_id,
-                    self.record.call_id,
+                    episode_id, call_id,
                     "response not delivered: the client went away before its last part was sent",
-                )
+                )  # fmt: skip
         finally:
-            self.capture.release(self.record.episode_id, self.requested)
+            self.capture.release(episode_id, self.requested)
+
+    async def _record_delivery(self, episode_id: str, call_id: str) -> None:
+        try:
+            await self.capture.episodes.deliver(episode_id, call_id)
+        except EpisodeError as err:  # a close first: the ledger discards it at close; not trained
+            log.warning("episode %r: call %r was sent but does not count: %s", episode_id, call_id, err)
 
 
 async def _client_left(connection: Connection, scope: Scope, receive: Receive) -> bool:
@@ -105,14 +127,15 @@ async def _hold(delivery: Delivery, point: str) -> None:
 
 
 async def _settle(delivery: Delivery, delivered: bool) -> None:
-    with anyio.CancelScope(shield=True):  # settle even when the response itself was cancelled
+    # Settle even when the response itself was cancelled (its client left), within a bound.
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + SETTLE_PATIENCE):
         if not delivered and not delivery.replayed:
             await _hold(delivery, "delivery_settle")
         await delivery.settle(delivered)
 
 
 class DeliveredJSONResponse(JSONResponse):
-    """A `chat.completion` body whose delivery is recorded before it is sent."""
+    """A `chat.completion` body whose delivery is recorded once it was sent."""
 
     def __init__(self, content: Any, delivery: Delivery, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(content, headers=headers)
@@ -122,19 +145,22 @@ class DeliveredJSONResponse(JSONResponse):
         delivered = False
         connection = Connection.of(receive)
         try:
-            await _hold(self.delivery, "delivery_commit")
-            if await _client_left(connection, scope, receive):
-                return  # the client gave up while the call generated: nothing to send it
+            await _hold(self.delivery, "delivery_check")
             try:
                 await self.delivery.commit()
             except REFUSALS as err:
                 await error_response(err)(scope, receive, send)
                 return
+            await _hold(self.delivery, "delivery_commit")
+            if await _client_left(connection, scope, receive):
+                return  # the client gave up: nothing to send it
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
             await send({"type": "http.response.body", "body": self.body})
-            delivered = True
+            delivered = not connection.closed()  # a send to a closed connection is dropped silently
+            if delivered:
+                self.delivery.sent()
         finally:
             await _settle(self.delivery, delivered)
         if self.background is not None:
@@ -142,8 +168,8 @@ class DeliveredJSONResponse(JSONResponse):
 
 
 class DeliveredStreamingResponse(StreamingResponse):
-    """Server-sent events of a finished call; its delivery is recorded before the last event, once every
-    earlier one was acknowledged by the client."""
+    """Server-sent events of a finished call; its last event goes once every earlier one was acknowledged
+    by the client and the ledger would take its delivery, which is recorded after it."""
 
     def __init__(
         self,
@@ -170,16 +196,20 @@ class DeliveredStreamingResponse(StreamingResponse):
             await self._body(send, event)
         if not await connection.drained():
             return  # the client left, or stopped reading: the last event is not sent
-        await _hold(self.delivery, "delivery_commit")
-        if await _client_left(connection, self._scope, self._receive):
-            return
+        await _hold(self.delivery, "delivery_check")
         try:
             await self.delivery.commit()
         except REFUSALS as err:
             await self._body(send, _error_event(err))
         else:
+            await _hold(self.delivery, "delivery_commit")
+            if await _client_left(connection, self._scope, self._receive):
+                return
             await self._body(send, last)
+            if connection.closed():
+                return  # dropped silently: the client was gone
             self.delivered = True
+            self.delivery.sent()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

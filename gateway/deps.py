@@ -66,10 +66,10 @@ async def chat_body(
     admission: BodyAdmission = request.app.state.body_admission
     size = declared_size(request, limits.max_body_bytes, "max_body_bytes")
     if not admission.is_large(size):
-        raw = await read_body(request, limits.max_body_bytes, "max_body_bytes")
+        raw = await read_body(request, limits.max_body_bytes, "max_body_bytes", limits)
         return check_chat_body(raw, limits, settings.model_name, settings.max_model_len)
     async with admission.turn(episode_id, limits.max_body_bytes if size is None else size):
-        raw = await read_body(request, limits.max_body_bytes, "max_body_bytes")
+        raw = await read_body(request, limits.max_body_bytes, "max_body_bytes", limits)
         parser: BodyParser = request.app.state.body_parser
         checked = await parser.parse(episode_id, raw, limits, settings.model_name, settings.max_model_len)
     if isinstance(checked, ContextLengthExceededError):  # the prompt's lower bound refused it
@@ -80,7 +80,7 @@ async def chat_body(
 
 async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> CloseRequest:
     """The close request (an empty body is the default close); read after auth, capped."""
-    raw = await read_body(request, settings.limits.max_close_bytes, "max_close_bytes")
+    raw = await read_body(request, settings.limits.max_close_bytes, "max_close_bytes", settings.limits)
     if not raw.strip():
         return CloseRequest()
     body = parse_json(raw, settings.limits)

@@ -18,6 +18,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from gateway.slow_clients import head_timeout_protocol
 from storage.base import ObjectStore
 
 STARTUP_POLLS = 600  # x 50 ms: the lifespan loads the policy model's tokenizer
@@ -31,7 +32,9 @@ class GatewayStartError(RuntimeError):
 async def serve_gateway(settings: GatewaySettings, store: ObjectStore | None = None) -> AsyncIterator[str]:
     sock = socket.socket()
     sock.bind((settings.host, settings.port))
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, store), log_level="warning", lifespan="on"))
+    protocol = head_timeout_protocol(settings.limits.header_timeout_s)  # gateway/slow_clients.py
+    config = uvicorn.Config(create_app(settings, store), log_level="warning", lifespan="on", http=protocol)
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     for _ in range(STARTUP_POLLS):  # started is a state that stays once reached
         if server.started or task.done():

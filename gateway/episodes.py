@@ -18,11 +18,14 @@ Every Update carries an id fixed for the request: `open_context/<context>`, `dis
 `close/<digest>`, and `call/<call id>/<a nonce of this request>` (a `call` Update lasts until the call's
 generation ends). When Temporal's answer to an Update times out (WorkflowUpdateRPCTimeoutOrCancelledError:
 the server was slow to answer, the Update perhaps admitted and still running), the gateway asks again with
-the same id, which Temporal answers from the same Update: the harness keeps waiting for what it started.
+the same id, which Temporal answers from the same Update: the harness keeps waiting for what it started
+(backing off from 50 ms to 1 s, for `OUTCOME_PATIENCE` at most, then 503). The SDK reports a cancelled
+request (its client left, Starlette cancelled the response) as the same exception; that is told apart by
+its cause and ends the request at once: asking again would be cancelled again at once, for ever.
 (The call's nonce keeps another request that gets the same call id - one whose Update failed before the
-ledger admitted it - from being answered with that failure by Temporal's deduplication.) The harness used
-to get a 503 for a call that was alive, re-send its request and be refused (409, the head still
-generating) until it gave up: a loaded demo step lost an OpenCode episode so. (Across a continue-as-new
+ledger admitted it - from being answered with that failure by Temporal's deduplication.) A harness that
+got a 503 for a call that was alive would re-send its request and be refused (409, the head still
+generating) until it gave up. (Across a continue-as-new
 hand-over the same id would reach the next run as a new Update, which the ledger refuses as
 DuplicateCallError; hand-overs drain running calls first, so only a timeout at that very moment meets it.)
 
@@ -30,8 +33,9 @@ Close: the Update id is the close's digest, so the same close sent twice is one 
 and a different one reaches the workflow, which refuses it (`AlreadyClosed`, HTTP 409). After the
 workflow has ended, the close digest in its memo decides the same way.
 
-Delivery: `deliver/<call>` records that a call's response is about to reach its harness whole
+Delivery: `deliver/<call>` records that a call's response went out whole to a client still connected
 (workflows/delivery.py); the workflow refuses it after a close, and the response then does not count.
+The `delivery_refusal` query asks, before the last part is sent, whether it would be refused.
 
 Transient answers (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED) of any query, read or
 Update are asked again within a bound (gateway/retry_policy.py). Per request the gateway asks only what
@@ -64,7 +68,7 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from gateway.retry_policy import TRANSIENT_PATIENCE, transient_retries
+from gateway.retry_policy import FIRST_DELAY, MAX_DELAY, TRANSIENT_PATIENCE, transient_retries
 from gateway.worker_wait import WORKER_PATIENCE_S, unserved, when_served
 from grove.contracts import (
     CallRequest,
@@ -86,6 +90,9 @@ HANDING_OVER = "HandingOver"  # the workflow's retryable refusal while it contin
 UNPROCESSED_UPDATE = "UnprocessedUpdate"
 RETRIED_REFUSALS = frozenset({HANDING_OVER, UNPROCESSED_UPDATE})  # nothing was admitted: send it again
 HANDOVER_PATIENCE = 300.0  # seconds a request waits for a hand-over (draining waits for running calls)
+# Seconds an Update whose answers keep timing out is asked again: a `call` Update lasts as long as its
+# generation (5 min at most, after queueing behind other calls); past this Temporal is not answering.
+OUTCOME_PATIENCE = 1800.0
 ALREADY_CLOSED = "AlreadyClosed"
 NO_DELIVER_HANDLER = "Update handler for 'deliver' expected but not found"  # the SDK's words, older workers
 SPEC_CACHE = 4096  # episodes whose spec a gateway keeps (a few KB each)
@@ -155,7 +162,11 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
         raise EpisodeQueryError(f"episode {episode_id!r}: {what} failed: {err}") from None
     except WorkflowFailureError as err:
         raise EpisodeFailedError(f"episode {episode_id!r} failed: {err.cause or err}") from None
-    except WorkflowUpdateRPCTimeoutOrCancelledError:
+    except WorkflowUpdateRPCTimeoutOrCancelledError as err:
+        if isinstance(err.__cause__, asyncio.CancelledError):
+            # The request itself was cancelled (its client left): the SDK reports that as this same
+            # error. It is not Temporal's timeout: asking again would be cancelled again at once, forever.
+            raise err.__cause__ from None
         raise UpdateOutcomeTimeoutError(
             f"episode {episode_id!r}: {what}: Temporal did not answer in time; retry the request"
         ) from None
@@ -183,6 +194,7 @@ class Episodes:
         self.worker_wait_s = worker_wait_s  # a query waits this long for a worker (gateway/worker_wait.py)
         self.query_timeout = query_timeout  # one query's wait; past it Temporal answers CANCELLED (retried)
         self.transient_patience = TRANSIENT_PATIENCE  # how long transient answers are asked again
+        self.outcome_patience = OUTCOME_PATIENCE  # how long timed-out Update answers are asked again
         self.outcome_waits = 0  # times an Update's answer timed out and was waited for again
         self.transient_retries = 0  # transient answers asked again (gateway/retry_policy.py)
         self._specs: OrderedDict[str, EpisodeSpec] = OrderedDict()
@@ -236,10 +248,12 @@ class Episodes:
     async def _through_handover(self, episode_id: str, what: str, update: Callable[[], Awaitable[T]]) -> T:
         """Run `update` (an Update with an id fixed for the request), retrying it while it is refused
         without being admitted (RETRIED_REFUSALS: the episode handing over, or Temporal's
-        UnprocessedUpdate), for HANDOVER_PATIENCE at most, and asking again, for as long as it takes,
-        while Temporal's answers time out (the same id: the same Update, perhaps still running)."""
-        deadline = time.monotonic() + HANDOVER_PATIENCE
-        delay = 0.05
+        UnprocessedUpdate), for HANDOVER_PATIENCE at most, and asking again, with the same backoff, while
+        Temporal's answers time out (the same id: the same Update, perhaps still running), for
+        `outcome_patience` at most. A cancelled request (its client left) stops at once: cancellation is
+        never taken for a timeout (temporal_errors)."""
+        start = time.monotonic()
+        delay = FIRST_DELAY
         while True:
             try:
                 async with temporal_errors(episode_id, what):
@@ -248,21 +262,25 @@ class Episodes:
                     )
             except UpdateOutcomeTimeoutError:
                 self.outcome_waits += 1
+                if time.monotonic() - start > self.outcome_patience:
+                    raise UpdateOutcomeTimeoutError(
+                        f"episode {episode_id!r}: {what}: Temporal's answers kept timing out for "
+                        f"{self.outcome_patience:g} s; retry the request"
+                    ) from None
                 log.info(
                     "episode %r: %s: Temporal's answer timed out; asking the same Update", episode_id, what
                 )
-                continue
             except EpisodeUpdateRejectedError as err:
                 if err.error_type not in RETRIED_REFUSALS:
                     raise
-                if time.monotonic() > deadline:
+                if time.monotonic() - start > HANDOVER_PATIENCE:
                     raise TemporalUnavailableError(
                         f"episode {episode_id!r}: {what}: still refused ({err.error_type}: the episode "
                         f"handing over to its next workflow run, or no worker processing the Update) after "
                         f"{HANDOVER_PATIENCE:g} s; retry the request"
                     ) from None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await asyncio.sleep(delay)  # a cancellation lands here too
+            delay = min(delay * 2, MAX_DELAY)
 
     async def _query(self, episode_id: str, name: str, *args: object, result_type: type[T]) -> T:
         """A query of the episode: transient answers asked again while a worker polls its queue
@@ -329,11 +347,21 @@ class Episodes:
             lambda: self._handle(episode_id).execute_update("discard", req, id=f"discard/{call_id}"),
         )
 
+    async def delivery_refusal(self, episode_id: str, call_id: str) -> str:
+        """What the ledger would refuse the call's `deliver` with now (`ErrorType: message`), "" when it
+        would take it. An episode worker without this query (older) takes every delivery it can."""
+        try:
+            return await self._query(episode_id, "delivery_refusal", call_id, result_type=str)
+        except EpisodeQueryError as err:
+            log.warning("episode %r: no delivery_refusal query (an older worker): %s", episode_id, err)
+            return ""
+
     async def deliver(self, episode_id: str, call_id: str) -> None:
-        """The call's response is about to reach its harness whole: recorded in the ledger, or refused
-        (EpisodeUpdateRejectedError: `Closing` after a close, `UndeliverableCallError`): then it must not
-        be sent as delivered. An episode worker of before delivery in the ledger (a rolling deploy) has no
-        `deliver` handler; its calls never await delivery (they count on completion): nothing to record."""
+        """The call's response went out whole to a connected client: recorded in the ledger, or refused
+        (EpisodeUpdateRejectedError: `Closing` after a close, `UndeliverableCallError`): then it does not
+        count. A call the ledger counts as delivered already is accepted again, after a close too. An
+        episode worker of before delivery in the ledger (a rolling deploy) has no `deliver` handler; its
+        calls never await delivery (they count on completion): nothing to record."""
         try:
             await self._through_handover(
                 episode_id,

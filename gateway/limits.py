@@ -17,6 +17,7 @@ The numbers live in `RequestLimits` (gateway/settings.py holds one); docs/gatewa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -48,10 +49,22 @@ class RequestLimits(BaseModel):
     max_json_depth: int = Field(64, ge=4)  # OpenCode's deepest tool schema nests ~10 levels
     max_messages: int = Field(4096, ge=1)
     max_tools: int = Field(256, ge=0)
+    # Slow clients (docs/gateway.md, "Slow clients"): a request head (line + headers) must be complete
+    # this long after its connection or its first byte (gateway/slow_clients.py), else the connection is
+    # closed (408); a body must arrive at `min_upload_bytes_per_s` on average once `upload_grace_s` has
+    # passed, else 408 SlowUploadError, and what it held (its episode's turn, the large-body budget) is
+    # freed for others.
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    min_upload_bytes_per_s: int = Field(16 * 1024, ge=1)
+    upload_grace_s: float = Field(10.0, gt=0, le=3600)
 
 
 class RequestTooLargeError(ChatRequestError):
     """A body over its route's byte cap (HTTP 413)."""
+
+
+class SlowUploadError(ChatRequestError):
+    """A body that arrived below the minimum upload rate (HTTP 408)."""
 
 
 class HeadersTooLargeError(ChatRequestError):
@@ -81,16 +94,38 @@ def declared_size(request: Request, limit: int, setting: str) -> int | None:
     return int(declared)
 
 
-async def read_body(request: Request, limit: int, setting: str) -> bytes:
-    """The request's body, read only up to `limit` bytes (RequestTooLargeError beyond)."""
+async def read_body(request: Request, limit: int, setting: str, limits: RequestLimits) -> bytes:
+    """The request's body, read only up to `limit` bytes (RequestTooLargeError beyond), at the minimum
+    upload rate (SlowUploadError below it): by `upload_grace_s` + n / `min_upload_bytes_per_s` seconds
+    after the read began, more than n bytes must have arrived (or the whole body)."""
     declared_size(request, limit, setting)
     chunks, size = [], 0
-    async for chunk in request.stream():
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    stream = request.stream()
+    while True:
+        deadline = started + limits.upload_grace_s + size / limits.min_upload_bytes_per_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                chunk = await anext(stream)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except TimeoutError:
+            raise _too_slow(size, loop.time() - started, limits) from None
         size += len(chunk)
         if size > limit:
             raise _too_large(size, limit, setting, declared=False)
         chunks.append(chunk)
-    return b"".join(chunks)
+
+
+def _too_slow(size: int, seconds: float, limits: RequestLimits) -> SlowUploadError:
+    return SlowUploadError(
+        f"the request body arrived too slowly: {size} bytes in {seconds:.1f} s; this gateway needs at least "
+        f"{limits.min_upload_bytes_per_s} bytes/s after the first {limits.upload_grace_s:g} s "
+        "(min_upload_bytes_per_s, upload_grace_s), so that a slow client cannot hold what other requests "
+        "wait for. Send the request again over a faster connection",
+        param="min_upload_bytes_per_s",
+    )
 
 
 def _too_large(size: int, limit: int, setting: str, *, declared: bool) -> RequestTooLargeError:

@@ -9,9 +9,9 @@
                  agent that it extends or repeats, else opens a new SPAWN context (a worker invoked
                  again with a fresh history); contexts still generating are never candidates
     head      -> still generating: 409 HeadPendingError; still being delivered by a request of this
-                 gateway: 409 ResponsePendingError (Retry-After); else its chat record (a completed
-                 head without one, or awaiting delivery in the ledger, whose request is gone, was never
-                 delivered: discard it, redo)
+                 gateway, its last part not sent: 409 ResponsePendingError (Retry-After); else its chat
+                 record (a completed head without one, or awaiting delivery in the ledger, that no
+                 request of this gateway sent, was never delivered: discard it, redo)
     decision  -> ROOT / CONTINUE / RETRY / SKIP_EMPTY / REWRITE or 400 (gateway/continuation.py); nothing is
                  admitted for a refused request, and the error names the header that fixes the common
                  mistakes (gateway/hints.py)
@@ -203,11 +203,14 @@ async def _head(
     if cap.delivering(episode_id, ctx.head):
         raise _pending_delivery(episode_id, ctx, ctx.head)
     record = await cap.record(episode_id, ctx.head)
-    # Records are written before responses leave, and a response is recorded delivered before its last
-    # part: a head without a record, or still awaiting delivery, that no request of this gateway is
-    # delivering never reached anyone (the gateway that made it stopped). A relaunch may still be
-    # answered from it (gateway/replay.py): there the head stays.
-    if record is not None and (relaunch or ctx.head not in ctx.awaiting_delivery):
+    # Records are written before responses leave, and a response's delivery is recorded right after its
+    # last part: a head this gateway sent is the harness's (its `deliver` on its way; extending it counts
+    # it delivered). A head without a record, or still awaiting delivery, that no request of this gateway
+    # sent or is delivering did not reach the harness as far as anyone can tell (the gateway that made it
+    # stopped): discarded, never trained. A relaunch may still be answered from it (gateway/replay.py):
+    # there the head stays.
+    sent = cap.sent(episode_id, ctx.head)
+    if record is not None and (relaunch or sent or ctx.head not in ctx.awaiting_delivery):
         return record
     why = "no chat record" if record is None else "its delivery was never recorded"
     reason = f"response never delivered ({why}: the gateway stopped before answering)"

@@ -36,6 +36,10 @@ MIN_TEMPERATURE = 1e-2
 # vLLM's SamplingParams refuses temperature > 2 (as OpenAI's API does): a config above it could only
 # fail at generation, after admission (a 502 for a request already admitted).
 MAX_TEMPERATURE = 2.0
+# Past any context an engine of grove serves (an engine stops at its context anyway); larger values reached
+# the engine and failed every call with 502.
+MAX_TOKENS_LIMIT = 1 << 20
+NUMBERS = ("temperature", "top_p", "max_tokens")  # JSON `true` is not a number here (pydantic takes it as 1)
 
 # Engine parameters that reshape the sampled distribution in ways trainer/logprobs.py does not
 # reproduce. Naming one (at any value) in a SamplingConfig is refused rather than silently dropped.
@@ -77,6 +81,14 @@ def refuse_unmirrorable(data: Any, where: str) -> None:
                 raise UnmirrorableSamplingError(name, data[name], where)
 
 
+def refuse_booleans(data: Any) -> None:
+    """ValueError when a number of NUMBERS is given as a boolean."""
+    if isinstance(data, dict):
+        for name in NUMBERS:
+            if isinstance(data.get(name), bool):
+                raise ValueError(f"{name}={data[name]!r} is a boolean; give a number")
+
+
 class SamplingProcessing(BaseModel):
     """What shaped a call's behaviour logprobs: the part of sampling the learner must mirror.
 
@@ -111,7 +123,9 @@ class SamplingConfig(BaseModel):
     top_p: float = Field(
         default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass; 1.0 keeps every token"
     )
-    max_tokens: int = Field(default=256, ge=1, description="most tokens one call may generate")
+    max_tokens: int = Field(
+        default=256, ge=1, le=MAX_TOKENS_LIMIT, description="most tokens one call may generate"
+    )
     stop_token_ids: tuple[int, ...] = Field(
         default=(), description="extra stop tokens besides the model's EOS"
     )
@@ -121,6 +135,7 @@ class SamplingConfig(BaseModel):
     @classmethod
     def _mirrorable(cls, data: Any) -> Any:
         refuse_unmirrorable(data, "SamplingConfig")
+        refuse_booleans(data)
         return data
 
     def processing(self) -> SamplingProcessing:

@@ -41,6 +41,16 @@ class UndeliverableCallError(LedgerError):
     cancelled (a harness retry or a dropped client discarded it first)."""
 
 
+def delivered_before(ledger: Ledger, call_id: str) -> bool:
+    """The call counts as delivered already: its `deliver` was accepted (a repeat, perhaps asked again
+    after a hand-over), or a call extends it, or a context names it as its spawner."""
+    if call_id not in ledger.calls:
+        return ledger.state_of(call_id) in (CallState.COMPLETED, CallState.SELECTED)  # settled, so delivered
+    receipt = ledger.calls[call_id]
+    live = (CallState.COMPLETED, CallState.SELECTED, CallState.AUXILIARY)
+    return receipt.state in live and call_id not in ledger.awaiting_delivery
+
+
 def validate_delivery(ledger: Ledger, call_id: str) -> None:
     """Raise what `record_delivery` would raise, without changing anything."""
     if call_id not in ledger.calls and ledger.state_of(call_id) == CallState.COMPLETED:
@@ -57,6 +67,20 @@ def validate_delivery(ledger: Ledger, call_id: str) -> None:
         "do not send the response: the call is not trained; a harness that re-sends its request gets a "
         "fresh call",
     )
+
+
+def delivery_refusal(ledger: Ledger, call_id: str, *, closing: bool) -> str:
+    """What a `deliver` of the call would be refused with now, as `ErrorType: message`; "" when it would
+    be accepted (the gateway asks before it sends a response's last part)."""
+    if delivered_before(ledger, call_id):
+        return ""
+    if closing:
+        return f"Closing: the episode is closing; the response of {call_id} would not count"
+    try:
+        validate_delivery(ledger, call_id)
+    except LedgerError as err:
+        return f"{type(err).__name__}: {err}"
+    return ""
 
 
 def record_delivery(ledger: Ledger, call_id: str) -> bool:

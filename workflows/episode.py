@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         DiscardRequest,
         EpisodeProgress,
         EpisodeResult,
+        EpisodeSpecError,
         GenerateResult,
         HarnessOutcome,
         LoadCompletionInput,
@@ -60,7 +61,13 @@ with workflow.unsafe.imports_passed_through():
     from harnesses.programs import PROGRAMS
     from workflows.accounting import LedgerSummary
     from workflows.context_view import ContextView, ViewRequest, admitted_count, context_view
-    from workflows.delivery import discard_undelivered, record_delivery, validate_delivery
+    from workflows.delivery import (
+        delivered_before,
+        delivery_refusal,
+        discard_undelivered,
+        record_delivery,
+        validate_delivery,
+    )
     from workflows.episode_activities import generate, io_activity, run_harness
     from workflows.episode_failures import (
         HARNESS_RUNNER,
@@ -105,7 +112,9 @@ SETTLE_PATCH = "grove-settle-calls"
 # workflow task left a live worker's cached episode apart from its history (TMPRL1100,
 # docs/reliability.md). The run workflow keeps Temporal's default (a stuck run waits for a fixed worker):
 # an episode is cheap to lose, a run is not.
-EPISODE_FAILURE_TYPES: tuple[type[BaseException], ...] = (workflow.NondeterminismError,)
+# A spec grove cannot run (EpisodeSpecError: a Temporal client's start with a bad setting or id) fails the
+# episode at once, naming the field, instead of failing its first workflow task for ever.
+EPISODE_FAILURE_TYPES: tuple[type[BaseException], ...] = (workflow.NondeterminismError, EpisodeSpecError)
 
 
 @workflow.defn(failure_exception_types=list(EPISODE_FAILURE_TYPES))
@@ -439,7 +448,7 @@ class EpisodeWorkflow:
         """The gateway is about to send the call's last part to a connected client (workflows/delivery.py)."""
 
         async def deliver() -> None:
-            self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
+            self._check_deliver_after_close(call_id)
             try:
                 record_delivery(self.ledger, call_id)
             except LedgerError as err:
@@ -449,10 +458,18 @@ class EpisodeWorkflow:
 
     @deliver_update.validator
     def _validate_deliver(self, call_id: str) -> None:
-        self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
+        self._check_deliver_after_close(call_id)
         self._check_admitting()
         if self.restored:
             validate_delivery(self.ledger, call_id)
+
+    def _check_deliver_after_close(self, call_id: str) -> None:
+        """A delivery the ledger has already counted is answered as accepted after a close too (a
+        repeated `deliver`, e.g. asked again after a hand-over: the same answer every time); any other
+        after the close is refused and does not count."""
+        if self.restored and delivered_before(self.ledger, call_id):
+            return
+        self._check_not_closing(f"the response of {call_id} came after the close: it does not count")
 
     @workflow.update(name="close")
     async def close_update(self, req: CloseRequest) -> None:
@@ -479,6 +496,11 @@ class EpisodeWorkflow:
         """What one gateway request needs of the ledger (workflows/context_view.py): small, whatever the
         episode's size, unlike `summary`."""
         return context_view(self.ledger, req, closing=self.close_request is not None)
+
+    @workflow.query(name="delivery_refusal")
+    def delivery_refusal_query(self, call_id: str) -> str:
+        """What a `deliver` of the call would be refused with now ("" : it would be accepted)."""
+        return delivery_refusal(self.ledger, call_id, closing=self.close_request is not None)
 
     @workflow.query(name="call_states")
     def call_states(self, call_ids: list[str]) -> dict[str, str]:

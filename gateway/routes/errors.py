@@ -47,7 +47,7 @@ from gateway.episodes import (
     TemporalUnavailableError,
 )
 from gateway.identity import InvalidIdentityHeaderError
-from gateway.limits import HeadersTooLargeError, RequestTooLargeError
+from gateway.limits import HeadersTooLargeError, RequestTooLargeError, SlowUploadError
 from gateway.replay import InvalidLaunchHeaderError
 from gateway.routing import ContextOwnershipError, RoutingError
 from gateway.tokenization import TokenizerBusyError
@@ -65,6 +65,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     UnknownModelError: (404, "not_found_error"),
     ResponsesApiNotServedError: (404, "not_found_error"),
     RequestTooLargeError: (413, "invalid_request_error"),
+    SlowUploadError: (408, "invalid_request_error"),
     HeadersTooLargeError: (431, "invalid_request_error"),
     ChatRequestError: (400, "invalid_request_error"),
     InvalidIdentityHeaderError: (400, "invalid_request_error"),

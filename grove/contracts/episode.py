@@ -9,15 +9,28 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from grove.contracts.generation import ObjectRef, PolicyRef, PromptSpec, _CompletionCarrier
 from grove.contracts.harness import HarnessOutcome, HarnessSpec, TaskSpec
 from grove.episodes import EpisodeRecord, FailureKind
+from grove.ids import check_id
 from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests
 from grove.sampling import SamplingConfig
 
 TrainAgents = Literal["all", "parent_only"]
+# An external harness idle this long is closed; beyond a week an abandoned episode would hold its worker's
+# cache and its run's step for nothing (and `inf` made every call and close fail with 500).
+MAX_IDLE_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+class EpisodeSpecError(Exception):
+    """An EpisodeSpec grove cannot run (a setting out of range, an id that cannot name stored things).
+
+    Not a ValueError on purpose: pydantic raises it as itself, and the EpisodeWorkflow fails at once with
+    it (workflows/episode.py EPISODE_FAILURE_TYPES) when a Temporal client started it with such a spec,
+    instead of retrying its first workflow task for ever.
+    """
 
 
 class CallRequest(BaseModel):
@@ -93,7 +106,7 @@ class EpisodeSpec(BaseModel):
     max_lost_attempts: int = Field(2, ge=0)  # per call: new admissions after a crash
     inference_queue: str = "inference"  # the queue of the engine serving this run's policy
     # External harness: no call and no close for this long (workflow time) -> closed as failed.
-    idle_timeout_s: float = Field(1800.0, gt=0)
+    idle_timeout_s: float = Field(1800.0, gt=0, le=MAX_IDLE_TIMEOUT_S)
     # Updates (calls, open_context, discard) per workflow run before it continues-as-new with its
     # ledger; Temporal refuses more than 2,000 per run, and `close` must always fit after them.
     max_updates_per_run: int = Field(1000, ge=4, le=1900)
@@ -109,6 +122,29 @@ class EpisodeSpec(BaseModel):
     branch_window: int = Field(16, ge=2, le=1000)
     keep_failed_staging: bool = False  # keep a failed episode's staged arrays (debugging)
     policy: PolicyRef | None = None  # the policy its calls need (None: whatever the engine serves)
+
+    @field_validator("run_id", "group_id", "episode_id")
+    @classmethod
+    def _ids(cls, value: str, info) -> str:
+        return check_id(value, info.field_name)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_error(cls, data, handler):
+        """Every refusal of a spec is one EpisodeSpecError naming the fields (class docstring)."""
+        try:
+            return handler(data)
+        except ValidationError as err:
+            problems = "; ".join(_problem(e) for e in err.errors())
+            raise EpisodeSpecError(f"episode spec refused: {problems}") from None
+
+
+def _problem(error: dict, limit: int = 120) -> str:
+    where = ".".join(map(str, error["loc"])) or "spec"
+    if error["type"] == "value_error":  # grove's own message names the value
+        return f"{where}: {error['msg'].removeprefix('Value error, ')}"
+    got = repr(error.get("input"))
+    return f"{where}: {error['msg']} (got {got if len(got) <= limit else got[:limit] + '...'})"
 
 
 class RestoreProgress(BaseModel):

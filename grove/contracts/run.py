@@ -4,10 +4,11 @@ its per-step records, evaluation records and the engines' status reports.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from grove.contracts.episode import TrainAgents
 from grove.contracts.harness import RUNNER_KINDS, HarnessSpec
+from grove.ids import RUN_ID_PARTS, check_id
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
 
@@ -91,6 +92,12 @@ class RunConfig(BaseModel):
     model: str = Field(
         "tiny", description="base policy: tiny | tiny-random | smollm2 | a Hugging Face causal-LM folder"
     )
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, value: str) -> str:
+        return check_id(value, "run_id", RUN_ID_PARTS)  # it names the run's episodes and stored objects
+
     seed: int = Field(0, description="data order seed: the tasks of step N are a pure function of (seed, N)")
     steps: int = Field(20, ge=1, description="optimizer steps; step N produces policy version N")
     task_family: str = Field(

@@ -4,7 +4,8 @@ ledger (workflows/delivery.py), and a close freezes it.
 Real services: the Temporal dev server, a grove worker with the real vLLM engine on the tiny model,
 uvicorn serving the gateway, real client connections. Each race is made, not waited for, with test gates
 (grove/gates.py): `generate` holds a finished generation inside the engine (the call still generating as
-far as the episode knows), `delivery_commit` holds a response just before its last-part checks (every
+far as the episode knows), `delivery_check` holds a response before the ledger is asked whether it still
+takes its delivery, `delivery_commit` holds it after that, just before its last-part checks (every
 earlier part sent and acknowledged by the client's TCP: in the client's kernel), `delivery_settle` holds
 an undelivered call before the gateway's own discard. What was trained is read from the rows the episode
 wrote (which calls they own) and its result, never from the gateway.
@@ -243,7 +244,8 @@ async def test_a_stream_read_one_chunk_then_dropped_and_closed_is_never_trained(
     async with http(gated.url, eid) as c:
         async with c.stream("POST", "/chat/completions", json=request) as r:
             assert r.status_code == 200 and r.headers["x-grove-call-id"] == "parent.0.c1"
-            first = await anext(r.aiter_lines())
+            lines = r.aiter_lines()  # kept: a dropped line iterator closes the response when collected
+            first = await anext(lines)
             assert first.startswith("data: {")
             await until_held(gated.gates, "delivery_commit", key)  # the rest, but [DONE], was acknowledged
         # leaving the block closed the connection with the stream unread
@@ -293,19 +295,19 @@ async def test_a_head_a_stopped_gateway_never_delivered_is_discarded_by_the_next
     gated, temporal_client, e2e_store
 ):
     """A gateway that wrote a response's record and stopped before its last part (held here at
-    `delivery_commit`) leaves a completed head awaiting delivery. Another gateway (the restarted one)
+    `delivery_check`) leaves a completed head awaiting delivery. Another gateway (the restarted one)
     that gets the harness's re-send discards that head as never delivered and serves the request as a
     fresh call; the first gateway's late delivery is refused by the ledger."""
     eid = await start(temporal_client, "stopped")
     request = body([SYSTEM, {"role": "user", "content": "Once."}])
     key = f"{eid}/parent.0.c0"
-    gated.gates.arm("delivery_commit", f"^{re.escape(key)}$")
+    gated.gates.arm("delivery_check", f"^{re.escape(key)}$")
     async with http(gated.url, eid) as c:
         stuck = asyncio.create_task(c.post("/chat/completions", json=request))
-        await until_held(gated.gates, "delivery_commit", key)
+        await until_held(gated.gates, "delivery_check", key)
         async with http(gated.other_url, eid) as again:
             resent = await again.post("/chat/completions", json=request)
-        gated.gates.disarm("delivery_commit")
+        gated.gates.disarm("delivery_check")
         late = await stuck
     assert resent.status_code == 200 and resent.headers["x-grove-call-id"] == "parent.0.c1"
     assert late.status_code == 409 and late.json()["error"]["code"] == "DeliveryRefusedError"
@@ -339,3 +341,28 @@ async def test_a_response_never_delivered_is_discarded_at_close_unless_it_spawne
     result = (await close(gated.url, eid, {}, wait=True)).json()["result"]
     assert result["counts"] == {"selected": 2, "discarded": 1}
     assert trained(e2e_store, result) == ["parent.0.c0", "worker-1.0.c0"]
+
+
+async def test_a_delivery_asked_again_after_a_close_gets_the_same_answer(gated, temporal_client, e2e_store):
+    """A `deliver` whose answer timed out is asked again with the same id; after a hand-over that reaches
+    the next run as a new Update, and a close may have come in between. A delivery the ledger counted is
+    accepted again after the close (a new Update id stands for the next run), the same answer as before
+    the close; one it never counted is refused; the rows own exactly the delivered call."""
+    eid = await start(temporal_client, "again")
+    base = gated.finished.done
+    turn = await first_call(gated.url, eid)
+    await gated.finished.until(base + 1)  # parent.0.c0's delivery recorded
+    gated.gates.arm("generate", generation_key(eid, "parent.0.c1"))
+    handle = temporal_client.get_workflow_handle(eid)
+    async with http(gated.url, eid) as c:
+        waiting = asyncio.create_task(c.post("/chat/completions", json=body(turn)))
+        held = await until_held_prefix(gated.gates, "generate", f"{eid}/parent.0.c1/")
+        assert (await close(gated.url, eid, {}, wait=False)).status_code == 200  # held open by parent.0.c1
+        await handle.execute_update("deliver", "parent.0.c0", id="deliver/parent.0.c0/next-run")
+        gated.gates.release("generate", held)
+        late = await waiting
+    gated.gates.disarm("generate")
+    assert late.status_code == 409 and late.json()["error"]["code"] == "DeliveryRefusedError"
+    result = await result_of(temporal_client, eid)
+    assert result["counts"] == {"selected": 1, "discarded": 1}
+    assert trained(e2e_store, result) == ["parent.0.c0"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.chat_request import UnsupportedParameterError, parse_chat_request
+from gateway.chat_request import InvalidChatRequestError, UnsupportedParameterError, parse_chat_request
 from grove.sampling import UNMIRRORABLE
 
 VALUES = {
@@ -35,3 +35,13 @@ def test_the_gateway_refuses_each_unmirrorable_parameter(name):
     with pytest.raises(UnsupportedParameterError) as err:
         parse_chat_request(body, "m")
     assert err.value.param == name
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p", "max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [True, False])
+def test_a_boolean_is_not_a_number(name, value):
+    """JSON `true` is not a number (pydantic would take it as 1): refused, naming the field."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], name: value}
+    with pytest.raises(InvalidChatRequestError) as err:
+        parse_chat_request(body, "m")
+    assert err.value.param == name and "boolean" in str(err.value)

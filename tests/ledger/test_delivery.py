@@ -14,6 +14,8 @@ from tests.forest.kit import Episode, tokens
 from workflows.delivery import (
     UNDELIVERED_AT_CLOSE,
     UndeliverableCallError,
+    delivered_before,
+    delivery_refusal,
     discard_undelivered,
     record_delivery,
     validate_delivery,
@@ -128,3 +130,25 @@ def test_calls_awaiting_delivery_stay_live_across_a_settle_and_a_paged_hand_over
     assert carried.awaiting_delivery == ["p.0.c1"]
     record_delivery(carried, "p.0.c1")  # the next run takes the delivery
     assert discard_undelivered(carried) == []
+
+
+def test_the_refusal_the_gateway_asks_for_before_a_last_part_matches_what_deliver_does():
+    """`delivery_refusal` (asked before the last part) says what `deliver` would answer: a delivery the
+    ledger counted already is taken again after a close too (a `deliver` asked again after a hand-over
+    gets the same answer); an undelivered call after a close, or a discarded one, is refused."""
+    ep = Episode()
+    ep.root("p.0", "p")
+    gateway_call(ep, "p.0.c0", "p.0", A)
+    assert delivery_refusal(ep.ledger, "p.0.c0", closing=False) == ""
+    assert delivery_refusal(ep.ledger, "p.0.c0", closing=True).startswith("Closing: ")
+    assert not delivered_before(ep.ledger, "p.0.c0")
+    assert record_delivery(ep.ledger, "p.0.c0") is True
+    assert delivered_before(ep.ledger, "p.0.c0")
+    assert delivery_refusal(ep.ledger, "p.0.c0", closing=True) == ""  # counted already: the same answer
+    assert record_delivery(ep.ledger, "p.0.c0") is False  # a repeat changes nothing
+    gateway_call(ep, "p.0.c1", "p.0", B, extends="p.0.c0")
+    ep.ledger.discard("p.0.c1", "the client left before its last part")
+    refusal = delivery_refusal(ep.ledger, "p.0.c1", closing=False)
+    assert refusal.startswith("UndeliverableCallError: ") and "discarded" in refusal
+    with pytest.raises(UndeliverableCallError):
+        validate_delivery(ep.ledger, "p.0.c1")
