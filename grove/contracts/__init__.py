@@ -14,6 +14,7 @@ One module per boundary, re-exported here so `from grove.contracts import X` sta
 """
 
 from grove.contracts.episode import (
+    AuxiliaryTrainingError,
     CallRequest,
     CallResult,
     CleanStagingInput,
@@ -30,6 +31,9 @@ from grove.contracts.episode import (
     RewardInput,
     RewardResult,
     TrainAgents,
+    TrainAuxiliary,
+    UnknownAuxiliaryKindError,
+    UntrainableAuxiliaryKindError,
     close_digest,
 )
 from grove.contracts.generation import (
@@ -87,6 +91,7 @@ from grove.contracts.training import (
 
 __all__ = [
     "ArchiveStepsInput",
+    "AuxiliaryTrainingError",
     "COMPLETION_INLINE_MAX",
     "CallRequest",
     "CallResult",
@@ -143,6 +148,9 @@ __all__ = [
     "TrackStepResult",
     "TrackingConfig",
     "TrainAgents",
+    "TrainAuxiliary",
+    "UnknownAuxiliaryKindError",
+    "UntrainableAuxiliaryKindError",
     "TrainStepInput",
     "TrainStepResult",
     "close_digest",
