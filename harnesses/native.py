@@ -39,7 +39,7 @@ from grove.contracts import (
     PromptSpec,
 )
 from grove.episodes import FailureKind
-from grove.receipts import CallKind, ContextOrigin, ContextRecord
+from grove.receipts import AUX_SEPARATOR, CallKind, ContextOrigin, ContextRecord
 
 Message = dict[str, Any]
 
@@ -107,6 +107,7 @@ class Agent:
     last_prompt: list[Message] | None = None
     calls: int = 0
     outputs: list[str] = field(default_factory=list)  # texts of this agent's replies (all segments)
+    summaries: list[str] = field(default_factory=list)  # texts of its summary calls (`compact`)
 
     async def reply(self, *observations: Message, kind: CallKind = CallKind.ACTION) -> CallResult:
         """Add observations (user turns, tool results) and let the policy answer."""
@@ -159,6 +160,7 @@ class Agent:
         self.base = kept + [user(template.format(summary.text))]
         self.context_id, self.segment = record.context_id, self.segment + 1
         self.history, self.last, self.last_prompt, self.calls = [], None, None, 0
+        self.summaries.append(summary.text)
         return summary
 
 
@@ -198,7 +200,13 @@ class NativeEpisode:
         return agent
 
     def outputs(self) -> dict[str, list[str]]:
-        return {name: list(agent.outputs) for name, agent in self.agents.items()}
+        """Each agent's replies, and its summaries under `<agent>~summary` (as external harnesses' summary
+        calls are named) for an agent that compacted."""
+        out = {name: list(agent.outputs) for name, agent in self.agents.items()}
+        for name, agent in self.agents.items():
+            if agent.summaries:
+                out[f"{name}{AUX_SEPARATOR}summary"] = list(agent.summaries)
+        return out
 
 
 async def run_program(
