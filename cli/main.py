@@ -262,9 +262,9 @@ def demo(
         raise typer.Exit(2)
     cfg = DemoConfig(
         name=name, harness=harness, family=family, summaries=summaries, model=model, steps=steps,
-        group_size=group_size, tasks_per_step=tasks_per_step, lr=lr, kl_coef=kl_coef, max_tokens=max_tokens, temperature=temperature,
-        eval_every=eval_every, seed=seed, overrides=overrides or [], port=port, ui_port=ui_port,
-        out_dir=Path(out_dir),
+        group_size=group_size, tasks_per_step=tasks_per_step, lr=lr, kl_coef=kl_coef, max_tokens=max_tokens,
+        temperature=temperature, eval_every=eval_every, seed=seed, overrides=overrides or [], port=port,
+        ui_port=ui_port, out_dir=Path(out_dir),
     )  # fmt: skip
     try:  # before anything starts: the model is built and the server started only for a valid pair
         run_configs(cfg, Path(model_name(cfg)))
