@@ -183,15 +183,19 @@ class EpisodeIO:
                     reward=inp.reward,
                 )
                 rows, eligible = rec.rows, rec.accounting.eligible_tokens
+                summaries = {
+                    "summary_calls_trained": len(rec.accounting.summary_calls_trained),
+                    "summary_tokens_trained": rec.accounting.summary_tokens_trained,
+                }
             else:
-                rows, eligible = [placeholder_row(inp)], 0
+                rows, eligible, summaries = [placeholder_row(inp)], 0, {}
             # A storage error (PermissionError, StoreUnreachableError) is an outage: it is retried.
             self.store.put_if_absent(inp.rows_key, rows_to_parquet(rows))
         if not inp.valid and (inp.ledger_pages or inp.ledger_index):
             ledger = self._placeholder_ledger(inp)
         return MaterializeResult(
             rows_key=inp.rows_key, num_rows=len(rows), eligible_tokens=eligible, placeholder=not inp.valid,
-            **self._numbers(ledger),
+            **summaries, **self._numbers(ledger),
         )  # fmt: skip
 
     @activity.defn(name="clean_staging")

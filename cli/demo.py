@@ -4,6 +4,7 @@ parent-only baseline, on the real stack (Temporal dev server with its UI, vLLM, 
     grove demo [--model tiny|smollm2|DIR] [--steps N] [--name demo] [--lr X] [--temperature T] ...
     grove demo --harness opencode [--steps N] ...   # the same two runs, episodes driven by stock OpenCode
     grove demo --harness langgraph|agents-sdk ...    # ... by a LangGraph / OpenAI Agents SDK program
+    grove demo --summaries ...                       # summaries trained vs not, on summary-delegation
 
 Both runs train at the same time, each with its own inference engine (one engine holds one policy).
 Progress bars show step, mean reward and episodes; metrics go to runs/<name>/metrics.csv and the
@@ -73,6 +74,10 @@ class DemoConfig(BaseModel):
     # compact mid-way; harnesses/opencode_reader.py) or `opencode-report` (the same episodes, rewarded for
     # the shape of the workers' reports and the lead's answer; harnesses/opencode_report.py)
     family: Literal["opencode-delegation", "opencode-reader", "opencode-report"] | None = None
+    # native only: the pair is `summaries-trained` vs `summaries-not-trained` on `summary-delegation`
+    # (harnesses/summary_delegation.py), every agent's actions trained in both; the pair differs only in
+    # RunConfig.train_auxiliary ([summary] or [])
+    summaries: bool = False
     # None: tiny (native) or tiny-copy (opencode: tiny-tools, drilled on OpenCode's calls, fine-tuned to copy
     # made-up words into them; tiny-tools writes the calls but copies no word, so its groups give no signal)
     model: str | None = None
@@ -141,7 +146,7 @@ def model_name(cfg: DemoConfig) -> str:
 
 
 def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
-    """The two runs: identical but for which agents' actions are trained."""
+    """The two runs: identical but for which agents' actions (or, `summaries`, which calls) are trained."""
     if cfg.harness == "opencode":
         family = opencode_family(cfg)
         harness = HarnessSpec(kind="opencode", opencode=OpenCodeOptions(context_limit=OPENCODE_CONTEXT))
@@ -156,10 +161,11 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
         )
         engine, max_tokens = EngineLimits(), cfg.max_tokens or 8
     else:
-        family, harness = "delegation", HarnessSpec(program="delegation")
+        family = "summary-delegation" if cfg.summaries else "delegation"
+        harness = HarnessSpec(program=family)
         engine, max_tokens = EngineLimits(), cfg.max_tokens or 8
     runs = []
-    for agents, suffix in (("all", "parent-and-workers"), ("parent_only", "parent-only")):
+    for agents, auxiliary, suffix in pair_of(cfg):
         run_id = f"{cfg.name}-{suffix}"
         runs.append(
             _overridden(
@@ -176,6 +182,7 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
                     engine=engine,
                     sampling=SamplingConfig(max_tokens=max_tokens, temperature=cfg.temperature),
                     train_agents=agents,
+                    train_auxiliary=auxiliary,
                     learner=LearnerConfig(lr=learning_rate(cfg), weight_decay=0.0, kl_coef=cfg.kl_coef),
                     inference_queue=f"{queues.INFERENCE}-{run_id}",
                     eval_every=cfg.eval_every,
@@ -187,8 +194,15 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
     return runs
 
 
+def pair_of(cfg: DemoConfig) -> list[tuple[str, list[str], str]]:
+    """(train_agents, train_auxiliary, run name suffix) of the pair's two runs."""
+    if cfg.summaries:
+        return [("all", ["summary"], "summaries-trained"), ("all", [], "summaries-not-trained")]
+    return [("all", [], "parent-and-workers"), ("parent_only", [], "parent-only")]
+
+
 # what makes the two runs a pair: an override of one of these would make them something else
-PAIR_FIELDS = ("run_id", "train_agents", "inference_queue")
+PAIR_FIELDS = ("run_id", "train_agents", "train_auxiliary", "inference_queue")
 
 
 def _overridden(overrides: list[str], run: RunConfig) -> RunConfig:

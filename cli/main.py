@@ -217,6 +217,12 @@ def demo(
         "causal-LM folder (default tiny; opencode: tiny-copy, opencode-reader: tiny-reader, "
         "opencode-report: tiny-report).",
     ),
+    summaries: bool = typer.Option(
+        False,
+        "--summaries",
+        help="native only: the pair trains the workers' summary calls or not (train_auxiliary [summary] vs "
+        "[]) on the summary-delegation family, every agent's actions trained in both.",
+    ),
     steps: int = typer.Option(20, help="Optimizer steps per run."),
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),
     group_size: int = typer.Option(8, help="Episodes per task (GRPO group)."),
@@ -254,11 +260,14 @@ def demo(
             err=True,
         )
         raise typer.Exit(2)
+    if summaries and harness != "native":
+        typer.echo("demo: --summaries: only with --harness native (the summary-delegation family)", err=True)
+        raise typer.Exit(2)
     cfg = DemoConfig(
-        name=name, harness=harness, family=family, model=model, steps=steps, group_size=group_size,
-        tasks_per_step=tasks_per_step, lr=lr, kl_coef=kl_coef, max_tokens=max_tokens, temperature=temperature,
-        eval_every=eval_every, seed=seed, overrides=overrides or [], port=port, ui_port=ui_port,
-        out_dir=Path(out_dir),
+        name=name, harness=harness, family=family, summaries=summaries, model=model, steps=steps,
+        group_size=group_size, tasks_per_step=tasks_per_step, lr=lr, kl_coef=kl_coef, max_tokens=max_tokens,
+        temperature=temperature, eval_every=eval_every, seed=seed, overrides=overrides or [], port=port,
+        ui_port=ui_port, out_dir=Path(out_dir),
     )  # fmt: skip
     try:  # before anything starts: the model is built and the server started only for a valid pair
         run_configs(cfg, Path(model_name(cfg)))

@@ -13,7 +13,7 @@ header (gateway/identity.py):
   Fix: `x-grove-rewrite: 1`. Checked before the missing headers below: such a request is the agent's own
   compacted history, and an error about identity headers would name the wrong fix.
 - `UndeclaredAuxiliaryCallError`: the request looks like a summary/title call: it has no tools where the
-  agent's context has them. Fix: `x-grove-call-kind: auxiliary`.
+  agent's context has them. Fix: `x-grove-call-kind: summary` (or `title`, `auxiliary`).
 - `MissingIdentityHeadersError`: the request has no identity header at all, so it went to the default
   agent "parent", whose context it does not extend, and it looks like another conversation (other
   tools, another first message, or no assistant turn yet): most likely another agent (a worker) sent
@@ -45,6 +45,12 @@ SUMMARY_WORDS = re.compile(
     re.IGNORECASE,
 )
 SUMMARY_HEAD_CHARS = 400
+# What an auxiliary call without its header is told to send (each kind a context of its own)
+AUX_KIND_ADVICE = (
+    f"`{KIND_HEADER}: summary` for the summary of the agent's context (trained when the run trains "
+    f"summaries), `{KIND_HEADER}: title` for a title or `{KIND_HEADER}: auxiliary` for another helper "
+    "call (never trained)"
+)
 
 
 class UndeclaredRewriteError(UndeclaredDiscontinuityError):
@@ -111,8 +117,8 @@ def diagnose(
             err,
             f"the request has no tools while agent {head.agent!r}'s context {head.context_id!r} has "
             f"{len(head.tools)}: it looks like an auxiliary call (a summary or title call) ({err}). Send it "
-            f"with the header `{KIND_HEADER}: auxiliary` (a context of its own, never trained); if it is "
-            f"another agent's request, name the agent with `{AGENT_HEADER}`",
+            f"with the header {AUX_KIND_ADVICE}; if it is another agent's request, name the agent with "
+            f"`{AGENT_HEADER}`",
         )
     rewritten = _reads_as_summary(messages, tools, head, err)
     if rewritten is not None:
@@ -126,7 +132,7 @@ def diagnose(
             f"whose context {head.context_id!r} it does not extend ({err}). If another agent sent it, name "
             f"it with `{AGENT_HEADER}: <name>` and, for a worker, `{SPAWNED_BY_HEADER}: <the x-grove-call-id "
             "of the response that started it>`; if it is a summary call, send "
-            f"`{KIND_HEADER}: auxiliary`; if the history was compacted, `{REWRITE_HEADER}: 1`",
+            f"`{KIND_HEADER}: summary`; if the history was compacted, `{REWRITE_HEADER}: 1`",
         )
     return err
 

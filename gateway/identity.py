@@ -8,7 +8,10 @@ grove's headers (grove/headers.py; any harness can send them, e.g. LangGraph `de
     x-grove-spawned-by: parent.0.c2    the call whose response spawned this worker (its x-grove-call-id)
     x-grove-parent-context: parent.0   or: the context whose head spawned it
     x-grove-rewrite: 1                 this request rewrites the agent's history (compaction): new context
-    x-grove-call-kind: auxiliary       not a policy action (title, summary): its own context, never trained
+    x-grove-call-kind: summary         the summary of the agent's context (a compaction's summary call):
+                                       its own context, trained when the run trains summaries
+    x-grove-call-kind: title           a title for the conversation: its own context, never trained
+    x-grove-call-kind: auxiliary       any other helper call: its own context, never trained
 
 Every response carries `x-grove-call-id`, `x-grove-context` and `x-grove-agent` (the canonical name):
 what a harness names as `x-grove-spawned-by` of the workers a response starts.
@@ -30,10 +33,13 @@ A new agent without a spawner opens a ROOT context: accepted (the episode's `sum
 under `warnings`), or refused with `UnspawnedAgentError` when the episode's spec sets
 `unspawned_agents="refuse"` (gateway/spawn_checks.py).
 
-An auxiliary call without an explicit context goes to the agent's auxiliary agent `<agent>~aux` (a
-context of its own, so it never breaks the agent's token stream); each unrelated auxiliary call there
-is a rewrite of the previous one. OpenCode's `x-session-id` / `x-parent-session-id` are handled by
-gateway/opencode.py when no grove agent/context header is present (gateway/routing.py chooses).
+An auxiliary call without an explicit context goes to the agent's auxiliary agent named by its kind,
+`<agent>~summary`, `<agent>~title` or `<agent>~aux` (a context of its own, so it never breaks the
+agent's token stream); each unrelated auxiliary call there is a rewrite of the previous one. A new wire
+format marks its compaction request the same way: its adapter returns `auxiliary_identity(agent,
+CallKind.SUMMARY)` (as gateway/opencode.py does), or its client sends `x-grove-call-kind: summary`.
+OpenCode's `x-session-id` / `x-parent-session-id` are handled by gateway/opencode.py when no grove
+agent/context header is present (gateway/routing.py chooses).
 
 Pure module: headers in, an `Identity` out; the Temporal-side lookup happens in gateway/planning.py.
 """
@@ -54,10 +60,11 @@ from grove.headers import (
     REWRITE_HEADER,
     SPAWNED_BY_HEADER,
 )
-from grove.receipts import CallKind
+from grove.receipts import AUX_SEPARATOR, CallKind
 
 DEFAULT_AGENT = "parent"
-AUX_SEPARATOR = "~"  # canonical agent names never contain it: `<agent>~aux` never collides with a harness's
+# canonical agent names never contain AUX_SEPARATOR: `<agent>~aux` never collides with a harness's agent
+AUX_PURPOSE = {CallKind.SUMMARY: "summary", CallKind.TITLE: "title", CallKind.AUXILIARY: "aux"}
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_-]+")
 CANONICAL_STEM_CHARS = 80  # + '-' + 8 hex digits: canonical names stay within _NAME's 96
@@ -136,6 +143,18 @@ def aux_agent(agent: str, purpose: str) -> str:
     return f"{agent}{AUX_SEPARATOR}{purpose}"
 
 
+def auxiliary_identity(agent: str, kind: CallKind, session_id: str | None = None) -> Identity:
+    """An auxiliary call of `agent` of `kind` (a harness adapter's recognition: OpenCode's summary and
+    title calls, a new wire format's compaction request): its own context `<agent>~<purpose>`, a new
+    root unless it extends that context's head."""
+    return Identity(
+        agent=aux_agent(agent, AUX_PURPOSE[kind]),
+        rewrite=RewriteMode.IF_NOT_EXTENSION,
+        kind=kind,
+        session_id=session_id,
+    )
+
+
 def header_value(headers: Mapping[str, str], name: str, pattern: re.Pattern[str] = _NAME) -> str | None:
     """A header's value checked against `pattern` (names become context ids, call ids and object keys)."""
     value = headers.get(name)
@@ -196,9 +215,9 @@ def grove_identity(headers: Mapping[str, str]) -> Identity:
     spawner = Spawner(call_id=spawned_by, context_id=parent_context) if spawned_by or parent_context else None
     rewrite = RewriteMode.DECLARED if _flag(headers, REWRITE_HEADER) else RewriteMode.NONE
     kind = _kind(headers)
-    if kind == CallKind.AUXILIARY and context_id is None:
+    if kind.auxiliary and context_id is None:
         # A context of its own: an unrelated auxiliary call replaces the previous one (a new root).
-        agent = aux_agent(agent or DEFAULT_AGENT, "aux")
+        agent = aux_agent(agent or DEFAULT_AGENT, AUX_PURPOSE[kind])
         spawner = None
         rewrite = RewriteMode.DECLARED if rewrite == RewriteMode.DECLARED else RewriteMode.IF_NOT_EXTENSION
     elif agent is None and context_id is None:

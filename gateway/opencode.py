@@ -6,8 +6,9 @@ auxiliary calls and compaction rewrite (what OpenCode 1.18.33 sends, read from i
   it at its first request and passes the names in as `aliases`), spawned by the head of its parent
   session's agent's current context. A session without a name that has a parent is `worker-<session>`.
 - Title calls ("You are a title generator...") and compaction-summary calls ("You are a context
-  summarization agent...") have no tools and reuse their session's id: they are AUXILIARY calls in
-  `<agent>~title` / `<agent>~summary`, contexts of their own. A subagent's summary call lacks
+  summarization agent...") have no tools and reuse their session's id: they are auxiliary calls of
+  kind TITLE in `<agent>~title` and SUMMARY (the summary of that agent's context, trainable) in
+  `<agent>~summary`, contexts of their own. A subagent's summary call lacks
   `x-parent-session-id`; it is still the subagent's, because its session has a name.
 - After a compaction the session's next request is `[system..., user "What did we do so far?",
   assistant <summary>, user "Continue if you have next steps..."]` (without the assistant message when
@@ -29,7 +30,7 @@ from gateway.identity import (
     Identity,
     RewriteMode,
     Spawner,
-    aux_agent,
+    auxiliary_identity,
     header_value,
 )
 from grove.receipts import CallKind
@@ -50,16 +51,16 @@ def _leading_systems(messages: Sequence[dict[str, Any]]) -> int:
     return n
 
 
-def auxiliary_purpose(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None) -> str | None:
-    """ "title" or "summary" for OpenCode's auxiliary calls, else None."""
+def auxiliary_kind(messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None) -> CallKind | None:
+    """TITLE or SUMMARY for OpenCode's auxiliary calls, else None."""
     if tools:
         return None
     for message in messages[: _leading_systems(messages)]:
         text = text_of(message.get("content")).lstrip()
         if text.startswith(TITLE_PROMPT):
-            return "title"
+            return CallKind.TITLE
         if text.startswith(SUMMARY_PROMPT):
-            return "summary"
+            return CallKind.SUMMARY
     return None
 
 
@@ -102,14 +103,9 @@ def identify(
     parent_session = header_value(headers, PARENT_SESSION_HEADER, SESSION_PATTERN)
     assert session is not None  # identity.identify dispatches here only when the header is present
     agent = session_agent(session, parent_session is not None, known_agents, aliases)
-    purpose = auxiliary_purpose(messages, tools)
-    if purpose is not None:
-        return Identity(
-            agent=aux_agent(agent, purpose),
-            rewrite=RewriteMode.IF_NOT_EXTENSION,
-            kind=CallKind.AUXILIARY,
-            session_id=session,
-        )
+    kind = auxiliary_kind(messages, tools)
+    if kind is not None:
+        return auxiliary_identity(agent, kind, session)
     spawner = None
     if parent_session is not None:
         spawner = Spawner(agent=session_agent(parent_session, False, known_agents, aliases))

@@ -17,11 +17,11 @@ from capture.records import ChatRecord
 from gateway.capture_errors import UnspawnedAgentError
 from gateway.chat_request import ChatCompletionRequest
 from gateway.continuation import Decision, UndeclaredDiscontinuityError, decide
-from gateway.hints import UndeclaredAuxiliaryCallError, rewrite_error, summary_message
+from gateway.hints import AUX_KIND_ADVICE, UndeclaredAuxiliaryCallError, rewrite_error, summary_message
 from gateway.identity import AUX_SEPARATOR, Identity
 from gateway.routing import Target
 from grove.contracts import EpisodeSpec
-from grove.headers import KIND_HEADER, PARENT_CONTEXT_HEADER, SPAWNED_BY_HEADER
+from grove.headers import PARENT_CONTEXT_HEADER, SPAWNED_BY_HEADER
 from grove.receipts import CallKind, ContextOrigin
 from workflows.accounting import ContextSummary
 from workflows.context_view import ContextView
@@ -57,8 +57,8 @@ def check_fresh_spawn(
         raise UndeclaredAuxiliaryCallError(
             f"the request names its spawner ({SPAWNED_BY_HEADER} / {PARENT_CONTEXT_HEADER}) but has no "
             f"tools while agent {heads[0].agent!r}'s contexts {live} have them: it looks like an auxiliary "
-            "call (a summary or title call), not a new invocation of the worker. Send it with the header "
-            f"`{KIND_HEADER}: auxiliary` (a context of its own, never trained)",
+            f"call (a summary or title call), not a new invocation of the worker. Send it with the header "
+            f"{AUX_KIND_ADVICE}",
             index=None,
             field="tools",
         )

@@ -7,7 +7,9 @@ Request headers (a harness sends them; gateway/identity.py reads them, docs/gate
     SPAWNED_BY_HEADER      x-grove-spawned-by       the call whose response spawned this worker
     PARENT_CONTEXT_HEADER  x-grove-parent-context   or: the context whose head spawned it
     REWRITE_HEADER         x-grove-rewrite          this request rewrites the agent's history
-    KIND_HEADER            x-grove-call-kind        `auxiliary`: not a policy action, never trained
+    KIND_HEADER            x-grove-call-kind        not a policy action: `summary` (the summary of the
+                                                    agent's context: trained when the run trains
+                                                    summaries), `title` or `auxiliary` (never trained)
     LAUNCH_HEADER          x-grove-launch           which launch of a runner-launched harness sent it
                                                     (gateway/replay.py)
 

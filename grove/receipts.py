@@ -18,10 +18,33 @@ from grove.sampling import SamplingProcessing
 
 
 class CallKind(StrEnum):
-    """What a call is to the policy."""
+    """What a call is to the policy: an action of the task, or an auxiliary call of one of three kinds.
+
+    Auxiliary calls settle AUXILIARY (workflows/settlement.py). Of them only a SUMMARY has a consequence
+    the reward can see (its text is what its agent knows after the rewrite that follows), so it is the
+    one auxiliary kind a run may train (`RunConfig.train_auxiliary`); a TITLE is shown to people, never
+    read by an agent, and AUXILIARY is any other helper call: neither is ever trained.
+    """
 
     ACTION = "action"  # a policy action of the task: trainable when selected
-    AUXILIARY = "auxiliary"  # title generation and the like: recorded, trained only if configured
+    AUXILIARY = "auxiliary"  # another helper call (a classifier, a check): recorded, never trained
+    SUMMARY = "summary"  # the summary of its agent's context (a compaction): trained if the run says so
+    TITLE = "title"  # a title for the conversation: recorded, never trained
+
+    @property
+    def auxiliary(self) -> bool:
+        """Not a policy action of the task (settles AUXILIARY)."""
+        return self != CallKind.ACTION
+
+
+AUXILIARY_KINDS: tuple[CallKind, ...] = (CallKind.SUMMARY, CallKind.TITLE, CallKind.AUXILIARY)
+TRAINABLE_AUXILIARY_KINDS: frozenset[CallKind] = frozenset({CallKind.SUMMARY})
+AUX_SEPARATOR = "~"  # `<agent>~summary`: the context of an agent's auxiliary calls (gateway/identity.py)
+
+
+def acting_agent(agent: str) -> str:
+    """The agent whose action a call is: `worker-2` for its auxiliary agent `worker-2~summary`."""
+    return agent.split(AUX_SEPARATOR, 1)[0]
 
 
 class CallState(StrEnum):

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticUndefined
 
-from grove.contracts import EpisodeTimeoutError, RunConfig, SamplingMismatchError
+from grove.contracts import AuxiliaryTrainingError, EpisodeTimeoutError, RunConfig, SamplingMismatchError
 from grove.sampling import UnmirrorableSamplingError
 
 
@@ -122,6 +122,9 @@ def validate_run_config(data: dict[str, Any], source: str = "<mapping>") -> RunC
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigValidationError(source, [_issue(e) for e in err.errors()]) from err
+    except AuxiliaryTrainingError as err:  # `__cause__` keeps its kind (unknown / never trained)
+        issue = ("train_auxiliary", data.get("train_auxiliary"), str(err))
+        raise ConfigValidationError(source, [issue]) from err
     # a validator's own typed error, re-raised by pydantic
     except (
         ValueError,

@@ -11,6 +11,10 @@ replays it instead of losing it. It talks to the episode through `EpisodeHost` (
     final = await parent.reply(*[tool_result(a.text) for a in answers])
     summary = await w1.compact("Summarize your work so far.")     # summary call, then a declared rewrite
 
+`compact`'s summary call is a call of kind SUMMARY in the agent's own context (the summary of that
+context: trained when the run trains summaries, RunConfig.train_auxiliary); `reply(kind=CallKind.TITLE)`
+makes a title call, never trained.
+
 Each agent keeps its conversation as chat messages; the generate activity renders them with the
 model's chat template and splices the parent call's exact tokens in front of the new messages, so a
 continuation is a token-exact extension by construction. Call and context ids are deterministic:
@@ -35,7 +39,7 @@ from grove.contracts import (
     PromptSpec,
 )
 from grove.episodes import FailureKind
-from grove.receipts import CallKind, ContextOrigin, ContextRecord
+from grove.receipts import AUX_SEPARATOR, CallKind, ContextOrigin, ContextRecord
 
 Message = dict[str, Any]
 
@@ -111,6 +115,7 @@ class Agent:
     last_prompt: list[Message] | None = None
     calls: int = 0
     outputs: list[str] = field(default_factory=list)  # texts of this agent's replies (all segments)
+    summaries: list[str] = field(default_factory=list)  # texts of its summary calls (`compact`)
 
     async def reply(self, *observations: Message, kind: CallKind = CallKind.ACTION) -> InlineCallResult:
         """Add observations (user turns, tool results) and let the policy answer."""
@@ -147,10 +152,13 @@ class Agent:
             self.outputs.append(result.text)
         return result
 
-    async def compact(self, instruction: str, *, keep: int | None = None) -> InlineCallResult:
-        """Summary call in this context, then a declared rewrite: the next segment starts from
-        the first `keep` base messages (default: all of them) plus the summary as a user turn."""
-        summary = await self.reply(user(instruction))
+    async def compact(
+        self, instruction: str, *, keep: int | None = None, template: str = "Summary of your work so far: {}"
+    ) -> InlineCallResult:
+        """Summary call (kind SUMMARY) in this context, then a declared rewrite: the next segment starts
+        from the first `keep` base messages (default: all of them) plus the summary as a user turn
+        (`template` with the summary's text in place of `{}`)."""
+        summary = await self.reply(user(instruction), kind=CallKind.SUMMARY)
         record = ContextRecord(
             context_id=f"{self.name}.{self.segment + 1}",
             agent=self.name,
@@ -159,9 +167,10 @@ class Agent:
         )
         await self.host.open_context(record)
         kept = self.base if keep is None else self.base[:keep]
-        self.base = kept + [user(f"Summary of your work so far: {summary.text}")]
+        self.base = kept + [user(template.format(summary.text))]
         self.context_id, self.segment = record.context_id, self.segment + 1
         self.history, self.last, self.last_prompt, self.calls = [], None, None, 0
+        self.summaries.append(summary.text)
         return summary
 
 
@@ -210,7 +219,13 @@ class NativeEpisode:
         return agent
 
     def outputs(self) -> dict[str, list[str]]:
-        return {name: list(agent.outputs) for name, agent in self.agents.items()}
+        """Each agent's replies, and its summaries under `<agent>~summary` (as external harnesses' summary
+        calls are named) for an agent that compacted."""
+        out = {name: list(agent.outputs) for name, agent in self.agents.items()}
+        for name, agent in self.agents.items():
+            if agent.summaries:
+                out[f"{name}{AUX_SEPARATOR}summary"] = list(agent.summaries)
+        return out
 
 
 async def run_program(

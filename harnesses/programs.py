@@ -12,11 +12,13 @@ from harnesses import (
     opencode_reader,
     opencode_report,
     scenario,
+    summary_delegation,
 )
 from harnesses.native import Program
 
 PROGRAMS: dict[str, Program] = {
     delegation.FAMILY: delegation.program,
+    summary_delegation.FAMILY: summary_delegation.program,
     scenario.NAME: scenario.program,
     scenario.SINGLE_NAME: scenario.single_agent_program,
     scenario.OUTCOMES_NAME: scenario.group_outcomes_program,
@@ -33,6 +35,8 @@ TASK_FAMILIES: dict[
 ] = {
     delegation.FAMILY: (delegation.make_task, delegation.score),
     scenario.NAME: (scenario.make_task, scenario.score),
+    # delegation whose workers answer from their own summaries (harnesses/summary_delegation.py)
+    summary_delegation.FAMILY: (summary_delegation.make_task, summary_delegation.score),
     # driven by stock OpenCode through the gateway (harnesses/opencode_delegation.py)
     opencode_delegation.FAMILY: (opencode_delegation.make_task, opencode_delegation.score),
     # the same with workers that read a file and compact mid-way (harnesses/opencode_reader.py)

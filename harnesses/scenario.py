@@ -74,7 +74,7 @@ async def group_outcomes_program(episode: NativeEpisode) -> str:
     j = episode.spec.index_in_group
     agent = await episode.root("parent", [system("You are an agent."), user("Answer briefly.")])
     if j == AUX_ONLY_INDEX:
-        title = await agent.reply(user("Give this conversation a title."), kind=CallKind.AUXILIARY)
+        title = await agent.reply(user("Give this conversation a title."), kind=CallKind.TITLE)
         return title.text
     if j == POLICY_FAILURE_INDEX:
         await episode.spawn("worker-1", by=agent, messages=[user("Help.")])  # NativeHarnessError

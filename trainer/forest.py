@@ -11,14 +11,18 @@ Rules (docs/design.md, "6. Reconstruction"):
   (named by its first differing position) or a cycle are errors too. Nothing is guessed.
 - Endpoints are members with no member child; each endpoint's row is its prompt + completion, which
   (links being verified) holds every ancestor's completion at [prompt_len, prompt_len + completion_len).
-- Eligible calls: SELECTED actions (and AUXILIARY calls when `train_auxiliary`), of every agent or of
-  the parent agent only (`train_agents="parent_only"`, the parent-only baseline). Each eligible call is
-  owned by exactly one row (trainer/ownership.py: first endpoint in canonical order among its
-  descendants). `loss_mask` is True only on owned eligible completion tokens, `behavior_logprobs` are
-  the staged logprobs there and 0 elsewhere. Every span carries its call's sampling processing
-  (temperature, top_p from the receipt; a member without it is `MissingSamplingError`): the learner
-  scores the span's tokens under it. Everything else — prompts, observations (tool results,
-  worker answers, user turns, summaries), other rows' completions — is conditioning with mask 0.
+- Eligible calls: SELECTED actions, and the AUXILIARY calls of a kind the run trains
+  (`train_auxiliary`: only SUMMARY may be named, grove/contracts/episode.py; a summary is then its
+  agent's action like any other), of every agent or of the parent agent only
+  (`train_agents="parent_only"`, the parent-only baseline; an auxiliary agent `parent~summary` acts for
+  `parent`: grove/receipts.py `acting_agent`). Titles and other auxiliary calls are never eligible.
+  Each eligible call is owned by exactly one row (trainer/ownership.py: first endpoint in canonical
+  order among its descendants). `loss_mask` is True only on owned eligible completion tokens,
+  `behavior_logprobs` are the staged logprobs there and 0 elsewhere. Every span carries its call's
+  sampling processing (temperature, top_p from the receipt; a member without it is
+  `MissingSamplingError`): the learner scores the span's tokens under it. Everything else — prompts,
+  observations (tool results, worker answers, user turns, a summary fed back into its rewritten
+  context), other rows' completions — is conditioning with mask 0.
 - An endpoint whose row would own no eligible call (an auxiliary leaf, a worker under "parent_only")
   produces no row: it would carry no loss. The accounting lists it under `endpoints_without_loss`.
 - Rows come out sorted by (context_id, depth, call_id) of their endpoint; the same receipts and
@@ -38,7 +42,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from grove.receipts import TERMINAL_STATES, CallKind, CallReceipt, CallState, TokenDigests
+from grove.contracts.episode import TrainAuxiliary
+from grove.receipts import TERMINAL_STATES, CallKind, CallReceipt, CallState, TokenDigests, acting_agent
 from grove.sampling import SamplingProcessing
 from trainer.ownership import ForestPlan, Link, plan_forest
 from trainer.rows import Row, Span
@@ -123,7 +128,8 @@ class ReconstructionOptions(BaseModel):
 
     train_agents: Literal["all", "parent_only"] = "all"
     parent_agent: str = "parent"
-    train_auxiliary: bool = False
+    # auxiliary call kinds trained as their agent's actions: [] or ["summary"] (others are refused)
+    train_auxiliary: TrainAuxiliary = []
 
 
 class EpisodeRef(BaseModel):
@@ -157,6 +163,9 @@ class ForestAccounting(BaseModel):
     eligible_calls: list[str]
     eligible_tokens: int  # == total loss tokens over all rows (each eligible token owned once)
     per_agent: dict[str, AgentAccounting]
+    summary_calls: list[str] = []  # members of kind SUMMARY (compactions' summaries), sorted
+    summary_calls_trained: list[str] = []  # of them, the eligible ones (train_auxiliary: [summary])
+    summary_tokens_trained: int = 0  # their completion tokens (each trained once)
 
 
 @dataclass(frozen=True)
@@ -345,9 +354,9 @@ def _verify_links(
 
 def _eligible(members: Mapping[str, CallReceipt], options: ReconstructionOptions) -> set[str]:
     def trains(r: CallReceipt) -> bool:
-        if options.train_agents == "parent_only" and r.agent != options.parent_agent:
+        if options.train_agents == "parent_only" and acting_agent(r.agent) != options.parent_agent:
             return False
-        return r.state == CallState.SELECTED or options.train_auxiliary
+        return r.state == CallState.SELECTED or r.kind.value in options.train_auxiliary
 
     return {c for c, r in members.items() if trains(r)}
 
@@ -481,6 +490,8 @@ def _account(
             "report this reconstruction bug",
         )
     emitted = {r.spans[-1].call_id for r in rows}
+    summaries = [c for c, r in members.items() if r.kind == CallKind.SUMMARY]  # members are sorted
+    trained = [c for c in summaries if c in eligible]
     return ForestAccounting(
         episode_id=episode.episode_id,
         group_id=episode.group_id,
@@ -494,4 +505,7 @@ def _account(
         eligible_calls=[c for c in by_id if c in eligible],  # by_id is sorted by call id
         eligible_tokens=eligible_tokens,
         per_agent=per_agent,
+        summary_calls=summaries,
+        summary_calls_trained=trained,
+        summary_tokens_trained=sum(members[c].digests.completion_len for c in trained),
     )

@@ -143,6 +143,8 @@ def episode_result(
         failure_kind=outcome.failure_kind if outcome.failure is not None else None,
         call_stats=stats,
         policy_versions=versions,
+        summary_calls_trained=rows.summary_calls_trained,
+        summary_tokens_trained=rows.summary_tokens_trained,
     )
 
 

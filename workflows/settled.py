@@ -100,7 +100,7 @@ class SettledCalls(BaseModel):
                 self.dead.setdefault(state, IdRanges()).add(gone, context_id)
         for r in receipts:
             self.counts[r.state] = self.counts.get(r.state, 0) + 1
-            if r.state == CallState.COMPLETED and r.kind == CallKind.AUXILIARY:
+            if r.state == CallState.COMPLETED and r.kind.auxiliary:
                 self.completed_auxiliary += 1
             if r.kind == CallKind.ACTION:
                 self.has_action = True

@@ -19,7 +19,7 @@ Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandb
 
 from __future__ import annotations
 
-from grove.receipts import CallKind, CallState, ContextOrigin
+from grove.receipts import CallState, ContextOrigin
 from workflows.accounting import LedgerAccounting, count_states
 from workflows.ledger_errors import ClosingWithOutstandingCallsError, UnresolvedAcknowledgementError
 from workflows.ledger_state import DEAD_STATES, LedgerState
@@ -69,7 +69,7 @@ class Settlement(LedgerState):
                 self.cancelled_at_close.append(call_id)
             for call_id, receipt in self.calls.items():
                 if receipt.state == CallState.COMPLETED:
-                    final = CallState.AUXILIARY if receipt.kind == CallKind.AUXILIARY else CallState.SELECTED
+                    final = CallState.AUXILIARY if receipt.kind.auxiliary else CallState.SELECTED
                     self.calls[call_id] = receipt.model_copy(update=dict(state=final))
             self.closed = True
         return self.accounting().check_complete()

@@ -11,20 +11,25 @@ import math
 from collections.abc import Iterable
 
 from grove.contracts import EpisodeResult, StepRecord
-from grove.receipts import CallReceipt, ContextOrigin, ContextRecord, ToolCallOutcome
+from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord, ToolCallOutcome
 
 TOOLS_OFFERED = "tools_offered"  # calls whose request offered tools (each has a ToolCallOutcome)
 REWRITES = "rewrite_contexts"  # declared rewrites (compactions): each opened a REWRITE context
+SUMMARIES = "summary_calls"  # calls of kind SUMMARY (a compaction's summary of its agent's context)
 
 
 def call_stats(calls: Iterable[CallReceipt], contexts: Iterable[ContextRecord]) -> dict[str, int]:
     """An episode's tool-call outcomes and compactions, counted from its ledger (EpisodeResult.call_stats).
 
-    Keys: `tools_offered`, `tool_calls_<outcome>` per ToolCallOutcome, `rewrite_contexts`."""
+    Keys: `tools_offered`, `tool_calls_<outcome>` per ToolCallOutcome, `rewrite_contexts`,
+    `summary_calls` (summary calls the harness used: completed, or settled auxiliary)."""
+    calls = list(calls)
     outcomes = [c.tool_call for c in calls if c.tool_call is not None]
     stats = {TOOLS_OFFERED: len(outcomes)}
     stats |= {f"tool_calls_{o.value}": sum(1 for x in outcomes if x == o) for o in ToolCallOutcome}
     stats[REWRITES] = sum(1 for c in contexts if c.origin == ContextOrigin.REWRITE)
+    used = (CallState.COMPLETED, CallState.AUXILIARY)
+    stats[SUMMARIES] = sum(1 for c in calls if c.kind == CallKind.SUMMARY and c.state in used)
     return stats
 
 
@@ -43,11 +48,25 @@ def tool_call_metrics(results: list[EpisodeResult]) -> dict[str, float]:
     return out
 
 
+def summary_metrics(results: list[EpisodeResult]) -> dict[str, float]:
+    """Over the step's episodes that reported their calls: summary calls made (compactions' summaries)
+    and, of them, the calls and completion tokens trained (0 unless the run trains summaries)."""
+    counted = [r for r in results if r.call_stats]
+    if not counted:
+        return {}
+    return {
+        "summary_calls": float(sum(r.call_stats.get(SUMMARIES, 0) for r in counted)),
+        "summary_calls_trained": float(sum(r.summary_calls_trained for r in counted)),
+        "summary_tokens_trained": float(sum(r.summary_tokens_trained for r in counted)),
+    }
+
+
 def rollout_metrics(results: list[EpisodeResult]) -> dict[str, float]:
-    """Reward spread and episode size over the step's ok episodes (calls, rows, trained tokens), and
-    tool-call validity and compactions over all its episodes (`tool_call_metrics`)."""
+    """Reward spread and episode size over the step's ok episodes (calls, rows, trained tokens), summary
+    calls made and trained (`summary_metrics`), and tool-call validity and compactions over all its
+    episodes (`tool_call_metrics`)."""
     ok = [r for r in results if r.status == "ok"]
-    out = tool_call_metrics(results)
+    out = tool_call_metrics(results) | summary_metrics(results)
     if not ok:
         return out
     rewards = [r.reward for r in ok]

@@ -124,6 +124,7 @@ def step_specs(state: RunState, step: int) -> list[EpisodeSpec]:
                     harness=cfg.harness,
                     sampling=cfg.sampling,
                     train_agents=cfg.train_agents,
+                    train_auxiliary=cfg.train_auxiliary,
                     inference_queue=cfg.inference_queue,
                     policy=PolicyRef(
                         run_id=cfg.run_id, min_version=min_version(cfg, step), base_model=cfg.model

@@ -14,6 +14,7 @@ One module per boundary, re-exported here so `from grove.contracts import X` sta
 """
 
 from grove.contracts.episode import (
+    AuxiliaryTrainingError,
     CallRequest,
     CallResult,
     CleanStagingInput,
@@ -31,6 +32,9 @@ from grove.contracts.episode import (
     RewardInput,
     RewardResult,
     TrainAgents,
+    TrainAuxiliary,
+    UnknownAuxiliaryKindError,
+    UntrainableAuxiliaryKindError,
     close_digest,
 )
 from grove.contracts.generation import (
@@ -88,6 +92,7 @@ from grove.contracts.training import (
 
 __all__ = [
     "ArchiveStepsInput",
+    "AuxiliaryTrainingError",
     "COMPLETION_INLINE_MAX",
     "CallRequest",
     "CallResult",
@@ -145,6 +150,9 @@ __all__ = [
     "TrackStepResult",
     "TrackingConfig",
     "TrainAgents",
+    "TrainAuxiliary",
+    "UnknownAuxiliaryKindError",
+    "UntrainableAuxiliaryKindError",
     "TrainStepInput",
     "TrainStepResult",
     "close_digest",

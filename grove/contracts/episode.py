@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator, model_validator
 
 from grove.contracts.generation import ObjectRef, PolicyRef, PromptSpec, _CompletionCarrier
 from grove.contracts.harness import HarnessOutcome, HarnessSpec, TaskSpec
 from grove.episodes import EpisodeRecord, FailureKind
 from grove.ids import check_id
-from grove.receipts import CallKind, CallReceipt, ContextRecord, TokenDigests
+from grove.receipts import (
+    AUXILIARY_KINDS,
+    TRAINABLE_AUXILIARY_KINDS,
+    CallKind,
+    CallReceipt,
+    ContextRecord,
+    TokenDigests,
+)
 from grove.sampling import SamplingConfig
 
 TrainAgents = Literal["all", "parent_only"]
@@ -31,6 +38,63 @@ class EpisodeSpecError(Exception):
     it (workflows/episode.py EPISODE_FAILURE_TYPES) when a Temporal client started it with such a spec,
     instead of retrying its first workflow task for ever.
     """
+
+
+class AuxiliaryTrainingError(Exception):
+    """A setting naming auxiliary calls to train that grove cannot train (base of the kinds below).
+
+    Not a ValueError on purpose: pydantic re-raises it as itself, so callers can catch it by name.
+    """
+
+
+class UnknownAuxiliaryKindError(AuxiliaryTrainingError):
+    """`train_auxiliary` names something that is not an auxiliary call kind."""
+
+
+class UntrainableAuxiliaryKindError(AuxiliaryTrainingError):
+    """`train_auxiliary` names an auxiliary kind that is never trained (title, auxiliary)."""
+
+
+def trained_auxiliary(value: object) -> list[str]:
+    """The auxiliary call kinds a setting trains, checked: each a trainable auxiliary kind (`summary`),
+    sorted, once each. `false` and null train none; `true` (every auxiliary call, titles included) is
+    refused like `[title]`."""
+    if value is False or value is None:
+        return []
+    if value is True:
+        raise UntrainableAuxiliaryKindError(
+            "train_auxiliary: true would train every auxiliary call, titles and helper calls included; "
+            "only summary calls may be trained: set train_auxiliary: [summary] (or [] for none)"
+        )
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple | set | frozenset):
+        raise UnknownAuxiliaryKindError(
+            f"train_auxiliary: {value!r} is not a list of auxiliary call kinds; expected [summary] or []"
+        )
+    kinds = {_auxiliary_kind(item) for item in items}
+    return sorted(k.value for k in kinds)
+
+
+def _auxiliary_kind(item: object) -> CallKind:
+    name = str(item.value if isinstance(item, CallKind) else item).strip().lower()
+    known = [k.value for k in AUXILIARY_KINDS]
+    if name not in known:
+        raise UnknownAuxiliaryKindError(
+            f"train_auxiliary: {item!r} is not an auxiliary call kind; the kinds are {known} "
+            "(grove/receipts.py CallKind; actions are always trained); only summary may be trained"
+        )
+    kind = CallKind(name)
+    if kind not in TRAINABLE_AUXILIARY_KINDS:
+        raise UntrainableAuxiliaryKindError(
+            f"train_auxiliary: {name!r} calls are never trained: only a summary call is read by its "
+            "agent (it is what the agent knows after the compaction), so only its text is judged by the "
+            "episode's reward; remove it (only summary may be trained)"
+        )
+    return kind
+
+
+# Which auxiliary call kinds train as their agent's actions (checked by `trained_auxiliary`)
+TrainAuxiliary = Annotated[list[str], BeforeValidator(trained_auxiliary)]
 
 
 class CallRequest(BaseModel):
@@ -98,7 +162,7 @@ class EpisodeSpec(BaseModel):
     harness: HarnessSpec = Field(default_factory=HarnessSpec)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     train_agents: TrainAgents = "all"
-    train_auxiliary: bool = False
+    train_auxiliary: TrainAuxiliary = Field(default_factory=list)  # RunConfig.train_auxiliary
     # External harness: a new agent whose requests name no spawner (x-grove-spawned-by) while the episode
     # already has a root agent: "warn" opens it as an independent root and lists it in the `summary`
     # query's warnings; "refuse" answers 400 UnspawnedAgentError before anything is admitted.
@@ -216,6 +280,10 @@ class EpisodeResult(BaseModel):
     call_stats: dict[str, int] = Field(default_factory=dict)
     # the distinct policy versions that generated the episode's calls (their receipts), ascending
     policy_versions: list[int] = Field(default_factory=list)
+    # summary calls (compactions' summaries) whose tokens got loss, and those tokens (0 unless the run
+    # trains summaries)
+    summary_calls_trained: int = 0
+    summary_tokens_trained: int = 0
 
     def record(self) -> EpisodeRecord:
         """What the learner needs of this episode (its rows are loaded from rows_key)."""
@@ -253,7 +321,7 @@ class MaterializeInput(BaseModel):
     valid: bool  # False: a failed episode -> one masked placeholder row keeps its group intact
     failure: str | None = None
     train_agents: TrainAgents = "all"
-    train_auxiliary: bool = False
+    train_auxiliary: TrainAuxiliary = Field(default_factory=list)
     # A large ledger travels as snapshot pages (keys of LedgerPage objects), `contexts` and `receipts`
     # then stay empty: Temporal payloads stay small whatever the episode's length.
     ledger_pages: list[str] = Field(default_factory=list)
@@ -277,6 +345,8 @@ class MaterializeResult(BaseModel):
     counts: dict[str, int] | None = None
     call_stats: dict[str, int] | None = None
     policy_versions: list[int] | None = None
+    summary_calls_trained: int = 0  # summary calls that got loss (train_auxiliary: [summary])
+    summary_tokens_trained: int = 0  # their completion tokens
 
 
 class CleanStagingInput(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from grove.contracts.episode import TrainAgents
+from grove.contracts.episode import TrainAgents, TrainAuxiliary
 from grove.contracts.harness import RUNNER_KINDS, HarnessSpec
 from grove.ids import RUN_ID_PARTS, check_id
 from grove.learner_config import LearnerConfig
@@ -114,6 +114,14 @@ class RunConfig(BaseModel):
         "all",
         description="whose actions get loss: all (parent and workers) or parent_only (workers' calls "
         "are recorded, never trained)",
+    )
+    # Off by default (docs/design.md, "Summaries"): a summary call's prompt is its agent's whole context,
+    # so training it adds a row as long as the context it replaces; a run opts in.
+    train_auxiliary: TrainAuxiliary = Field(
+        default_factory=list,
+        description="auxiliary call kinds trained as their agent's actions: [summary] trains each "
+        "compaction's summary call (its own tokens, loss once, its agent's advantage); [] trains none. "
+        "title and auxiliary (other helper calls) are never trained and are refused, as is an unknown kind",
     )
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the GRPO learner")
     engine: EngineLimits = Field(

@@ -8,7 +8,7 @@ framework already knows, so user code stays the agent program itself:
                                  last call of each agent (read from `x-grove-call-id`), `close`
     harnesses.clients.langgraph  LangChain / LangGraph: a chat model that names the agent from
                                  LangGraph's run config, spawn links from the parent's last call,
-                                 SummarizationMiddleware's summary (auxiliary) and rewrite
+                                 SummarizationMiddleware's summary (kind summary) and rewrite
     harnesses.clients.agents_sdk OpenAI Agents SDK: a ModelProvider (agent from `agent.name`, spawner
                                  from the tool-call context or the handoff); also the model of
                                  Temporal-native runs (`temporalio.contrib.openai_agents`)
@@ -31,7 +31,10 @@ from typing import Any
 
 from grove.headers import AGENT_HEADER, CALL_ID_HEADER, LAUNCH_HEADER
 
-AUXILIARY = "auxiliary"
+# `x-grove-call-kind` values (grove/receipts.py CallKind): the summary of an agent's context (a
+# compaction's summary call, trainable), a title, any other helper call
+SUMMARY, TITLE, AUXILIARY = "summary", "title", "auxiliary"
+AUXILIARY_KINDS = (SUMMARY, TITLE, AUXILIARY)
 ROOT_AGENT = "parent"  # the gateway's default agent; parent-only baselines train this one
 
 BASE_URL_ENV = "GROVE_BASE_URL"  # http://host/episodes/<ref>/v1, set by whoever starts the harness

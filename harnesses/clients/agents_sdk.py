@@ -22,8 +22,10 @@
   and several runs inside one invocation are one agent (its later runs continue or rewrite its context).
 - compaction: pass your own filter, `provider.run_config(call_model_input_filter=f)` (a summariser,
   `agents.extensions.ToolOutputTrimmer`, ...); grove's filter runs it inside its own. Model calls made
-  while it runs are the agent's auxiliary calls (`<agent>~aux`, never trained); a call whose input it
-  changed so that it no longer extends what the agent sent last declares a rewrite (`x-grove-rewrite`).
+  while it runs write the agent's new input: they are the summary of that agent's context
+  (`x-grove-call-kind: summary`, in `<agent>~summary`; trained when the run trains summaries); a call
+  whose input it changed so that it no longer extends what the agent sent last declares a rewrite
+  (`x-grove-rewrite`).
 - How the identity reaches the request: `run_config()` installs a `call_model_input_filter` (it sees
   the agent and the tool-call context of every model call). In a plain process it passes the headers
   to the model through a context variable; inside a Temporal workflow (temporalio.contrib.openai_agents)
@@ -72,7 +74,7 @@ from agents.run_config import CallModelData, CallModelInputFilter, ModelInputDat
 from openai import AsyncOpenAI
 
 from grove.headers import AGENT_HEADER, CALL_ID_HEADER, KIND_HEADER, REWRITE_HEADER, SPAWNED_BY_HEADER
-from harnesses.clients import AUXILIARY, ROOT_AGENT, Episode, header_safe
+from harnesses.clients import ROOT_AGENT, SUMMARY, Episode, header_safe
 from harnesses.clients.agents_handoffs import FAKE_ID, handoff_spawner, handoff_targets
 
 EPISODE_ARG = "grove_episode"  # model_settings.extra_args: {"base_url", "api_key"} (Temporal runs)
@@ -114,8 +116,9 @@ class IdentityFilter:
     ToolContext's call ids in a context variable for the nested run, which executes inside it.
 
     The program's filter may rewrite the history (compaction: summarise older turns, trim old tool
-    outputs). Model calls made while it runs (a summariser agent's, a direct model call) are the agent's
-    auxiliary calls (`x-grove-call-kind: auxiliary`: the gateway names them `<agent>~aux`, trains none).
+    outputs). Model calls made while it runs (a summariser agent's, a direct model call) write what the
+    agent will know: they are the summary of its context (`x-grove-call-kind: summary`: the gateway
+    names them `<agent>~summary`; trained only when the run trains summaries).
     A call whose input the filter changed, or whose agent's previous input it had changed, and that
     does not extend what that agent sent last, declares a rewrite (`x-grove-rewrite: 1`); a filter that
     keeps producing the same rewritten prefix continues that rewritten context."""
@@ -134,7 +137,7 @@ class IdentityFilter:
         """The call's identity headers; `items`: its input, where a handoff names its spawner."""
         aux_of = _AUX_OF.get()
         if aux_of is not None:  # a call made by the program's filter, for the agent it filters
-            return {AGENT_HEADER: aux_of, KIND_HEADER: AUXILIARY}
+            return {AGENT_HEADER: aux_of, KIND_HEADER: SUMMARY}
         headers = self._agent_headers(agent)
         handed_off_by = handoff_spawner(items, agent.name, self._handoffs)
         if handed_off_by:  # the request that enters a handoff target: spawned by the handing-off call
@@ -176,9 +179,9 @@ class IdentityFilter:
         return model_data
 
     async def _run_input_filter(self, data: CallModelData[Any], agent: str) -> ModelInputData:
-        """The program's filter, with every model call it makes marked as `agent`'s auxiliary call."""
+        """The program's filter, with every model call it makes marked as the summary of `agent`'s context."""
         assert self.input_filter is not None
-        aux = {AGENT_HEADER: agent, KIND_HEADER: AUXILIARY}
+        aux = {AGENT_HEADER: agent, KIND_HEADER: SUMMARY}
         aux_token, identity_token = _AUX_OF.set(agent), _IDENTITY.set(aux)
         try:
             result = self.input_filter(data)

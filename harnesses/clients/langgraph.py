@@ -20,10 +20,15 @@ run) and the responses' headers; nothing in the graph mentions grove:
 - spawn link: a worker's requests name `parent`'s last call (`x-grove-call-id` of the last response
   the parent got before the worker's first call) in `x-grove-spawned-by`, until the worker's first
   call is answered (later requests continue or rewrite the worker's own context).
-- SummarizationMiddleware: its summary call (run metadata `lc_source: summarization`) is auxiliary;
-  the first request whose history starts with a new summary message (`lc_source: summarization` in
-  the message's additional kwargs) declares the rewrite (`x-grove-rewrite: 1`), later requests of
-  that history continue it.
+- SummarizationMiddleware: its summary call (run metadata `lc_source: summarization`) is the summary
+  of its agent's context (`x-grove-call-kind: summary`: trained when the run trains summaries); the
+  first request whose history starts with a new summary message (`lc_source: summarization` in the
+  message's additional kwargs) declares the rewrite (`x-grove-rewrite: 1`), later requests of that
+  history continue it.
+- A graph's own summary step: give its model run the metadata `grove_call_kind: summary`
+  (`model.with_config(metadata={"grove_call_kind": "summary"})`; `title` and `auxiliary` likewise mark
+  calls never trained) and put the summary in a HumanMessage with `additional_kwargs={"lc_source":
+  "summarization"}` at the start of the rewritten history, as the middleware does.
 - `model.for_agent("writer", spawned_by=...)` names an agent explicitly (e.g. a graph with two
   model-calling nodes that keep separate histories, or workers spawned by a worker).
 """
@@ -42,11 +47,16 @@ from langchain_openai import ChatOpenAI
 from pydantic import Field
 
 from grove.headers import AGENT_HEADER, KIND_HEADER, REWRITE_HEADER, SPAWNED_BY_HEADER
-from harnesses.clients import AUXILIARY, ROOT_AGENT, Episode, header_safe
+from harnesses.clients import AUXILIARY_KINDS, ROOT_AGENT, SUMMARY, Episode, header_safe
 
 SERVED_MODEL = "grove-served-model"  # placeholder until the first request asks the gateway
 SUMMARY_SOURCE = "summarization"  # LangChain's `lc_source` of SummarizationMiddleware's call and message
+KIND_METADATA = "grove_call_kind"  # run metadata a graph's own auxiliary step sets (module docstring)
 _PUSH = "__pregel_push"
+
+
+class UnknownCallKindError(ValueError):
+    """A model run whose `grove_call_kind` metadata names no auxiliary call kind."""
 
 
 class GroveGraphs:
@@ -166,8 +176,9 @@ class GroveGraphs:
     def headers_for(
         self, agent: str, spawned_by: str | None, messages: Sequence[BaseMessage], metadata: Mapping[str, Any]
     ) -> dict[str, str]:
-        if metadata.get("lc_source") == SUMMARY_SOURCE:  # SummarizationMiddleware's summary call
-            return {AGENT_HEADER: agent, KIND_HEADER: AUXILIARY}
+        kind = call_kind(metadata)
+        if kind is not None:  # an auxiliary call of the agent: its own context, no spawn link
+            return {AGENT_HEADER: agent, KIND_HEADER: kind}
         headers = {AGENT_HEADER: agent}
         if spawned_by and self.episode.last_call(agent) is None:
             # Only until the worker's first call is answered: after it, its requests continue (or
@@ -193,6 +204,22 @@ class GroveGraphs:
         if headers_sent.get(REWRITE_HEADER):
             with self._lock:
                 self._declared[agent] = summary_text(messages) or ""
+
+
+def call_kind(metadata: Mapping[str, Any]) -> str | None:
+    """The auxiliary kind of a model run: `summary` for SummarizationMiddleware's call, else the kind its
+    metadata names (`grove_call_kind`); None for the agent's own action."""
+    if metadata.get("lc_source") == SUMMARY_SOURCE:
+        return SUMMARY
+    kind = metadata.get(KIND_METADATA)
+    if kind is None:
+        return None
+    if kind not in AUXILIARY_KINDS:
+        raise UnknownCallKindError(
+            f"model run metadata {KIND_METADATA}={kind!r} is not an auxiliary call kind; expected one of "
+            f"{list(AUXILIARY_KINDS)} (or no {KIND_METADATA} for the agent's own action)"
+        )
+    return str(kind)
 
 
 def summary_text(messages: Sequence[BaseMessage]) -> str | None:

@@ -45,6 +45,7 @@ ALL_CALLS = {
     "worker-1.1.c0",  # after the declared rewrite
     "worker-2.0.c0",
 }  # fmt: skip
+COUNTS = {"selected": len(ALL_CALLS) - 1, "auxiliary": 1}  # the summary call settles auxiliary
 # Rows: one per endpoint; each eligible call owned by exactly one row (its only descendant endpoint).
 EXPECTED_ROWS = {
     "parent.0.c1": ["parent.0.c0", "parent.0.c1"],
@@ -66,6 +67,7 @@ def run_config(train_agents: str, steps: int) -> RunConfig:
         harness=HarnessSpec(program=scenario.NAME),
         sampling=SAMPLING,
         train_agents=train_agents,
+        train_auxiliary=["summary"],  # worker-1's summary call is trained like its actions
         learner=LEARNER,
     )
 
@@ -161,7 +163,7 @@ async def test_acceptance_episode_trains_worker_actions_and_publishes(
     for spec, result in zip(step1, results, strict=True):
         served = recording_engine.calls_of(spec.episode_id)
         assert set(served) == ALL_CALLS  # nothing lost, nothing extra
-        assert result.status == "ok" and result.counts == {"selected": len(ALL_CALLS)}
+        assert result.status == "ok" and result.counts == COUNTS
         # the workers' calls were outstanding at the same time, and worker-2 answered before worker-1
         scheduled, completed = await generate_timeline(temporal_client, spec.episode_id)
         first_worker_done = min(completed["worker-1.0.c0"], completed["worker-2.0.c0"])
@@ -230,7 +232,7 @@ async def test_parent_only_option_trains_parent_actions_only(
     all_rows: list[Row] = []
     for spec, result in zip(specs, results, strict=True):
         served = recording_engine.calls_of(spec.episode_id)
-        assert set(served) == ALL_CALLS and result.counts == {"selected": len(ALL_CALLS)}
+        assert set(served) == ALL_CALLS and result.counts == COUNTS
         # the engine served the other run's version 2 before: this run switched it back to its base model
         assert all(s.policy_version == 0 for s in served.values())
         s = served["parent.0.c1"]
@@ -273,10 +275,11 @@ async def test_single_agent_with_one_compaction_gives_two_rows(
     served = recording_engine.calls_of(eid)
     # two calls, the summary call (c2), a declared rewrite, two more calls
     assert set(served) == {"parent.0.c0", "parent.0.c1", "parent.0.c2", "parent.1.c0", "parent.1.c1"}
-    assert result.status == "ok" and result.counts == {"selected": 5} and result.num_rows == 2
+    # the summary call settles auxiliary; not trained (the default), its row still trains c0 and c1
+    assert result.status == "ok" and result.counts == {"selected": 4, "auxiliary": 1} and result.num_rows == 2
     # the episode's ledger counted one rewrite context; the scenario offers no tools
     assert result.call_stats == {"tools_offered": 0, "tool_calls_well_formed": 0, "tool_calls_malformed": 0,
-                                 "tool_calls_none": 0, "rewrite_contexts": 1}  # fmt: skip
+                                 "tool_calls_none": 0, "rewrite_contexts": 1, "summary_calls": 1}  # fmt: skip
     rows = rows_from_parquet(e2e_store.get(result.rows_key))
     assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {
         "parent.0.c2": ["parent.0.c0", "parent.0.c1", "parent.0.c2"],
@@ -284,6 +287,7 @@ async def test_single_agent_with_one_compaction_gives_two_rows(
     }
     for row in rows:
         check_row_against_served(row, served)
+    assert [s.call_id for r in rows for s in r.spans if not s.owned] == ["parent.0.c2"]  # the summary
     # the second segment starts fresh: its root prompt does not extend the first segment's tokens
     first = served["parent.0.c2"]
     seg1 = np.concatenate([first.prompt_ids, first.completion_ids])

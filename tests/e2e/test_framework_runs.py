@@ -113,7 +113,7 @@ async def check_compacting_steps(client, engine, store, specs, workers) -> list[
         assert ctx[f"{w}.1"].origin == ContextOrigin.REWRITE and ctx[f"{w}.1"].rewrite_of == f"{w}.0"
         actions = {"parent.0.c0", "parent.0.c1", f"{plain}.0.c0", f"{w}.0.c0", f"{w}.1.c0"}
         served = engine.calls_of(eid)
-        assert set(served) == actions | {f"{w}~aux.0.c0"}  # nothing lost, nothing extra
+        assert set(served) == actions | {f"{w}~summary.0.c0"}  # nothing lost, nothing extra
         assert result.counts == {"selected": 5, "auxiliary": 1}  # accounting complete
         rows = published_rows(store, result.rows_key)
         assert {endpoint_of(r): [s.call_id for s in r.spans] for r in rows} == {

@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
+from grove.receipts import AUXILIARY_KINDS, CallKind, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingProcessing
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import rows_to_parquet
@@ -73,7 +73,7 @@ def context_calls(draw, context_id: str, agent: str, counter: list[int]) -> list
                 context_id=context_id,
                 agent=agent,
                 parent=None if parent is None else parent.call_id,
-                kind=draw(st.sampled_from([CallKind.ACTION, CallKind.ACTION, CallKind.AUXILIARY])),
+                kind=draw(st.sampled_from([CallKind.ACTION, CallKind.ACTION, *AUXILIARY_KINDS])),
                 outcome=outcome,
                 prompt=prompt,
                 completion=completion,
@@ -187,7 +187,7 @@ def eligible_calls(spec: Spec, options: ReconstructionOptions) -> set[str]:
         c.call_id
         for c in spec.calls
         if c.kept
-        and (c.kind == CallKind.ACTION or options.train_auxiliary)
+        and (c.kind == CallKind.ACTION or c.kind.value in options.train_auxiliary)
         and (options.train_agents == "all" or c.agent == "parent")
     }
 
@@ -195,7 +195,7 @@ def eligible_calls(spec: Spec, options: ReconstructionOptions) -> set[str]:
 options_ = st.builds(
     ReconstructionOptions,
     train_agents=st.sampled_from(["all", "parent_only"]),
-    train_auxiliary=st.booleans(),
+    train_auxiliary=st.sampled_from([[], ["summary"]]),
 )
 
 
@@ -223,6 +223,8 @@ def test_ledger_accounting_is_always_complete_and_matches_the_outcomes(spec, see
     expected = {
         ("selected", CallKind.ACTION): CallState.SELECTED,
         ("selected", CallKind.AUXILIARY): CallState.AUXILIARY,
+        ("selected", CallKind.SUMMARY): CallState.AUXILIARY,
+        ("selected", CallKind.TITLE): CallState.AUXILIARY,
     }
     other = {
         "discarded": CallState.DISCARDED,

@@ -104,37 +104,59 @@ def test_discarded_retry_is_accounted_and_never_trained_nor_needed():
     assert result.accounting.eligible_calls == ["c1", "c2r"]
 
 
-def _with_title_call() -> Episode:
+def _with_auxiliary_calls() -> Episode:
+    """A parent call, a title call and a summary call in auxiliary contexts of their own."""
     ep = Episode()
     ep.root("p", "parent")
-    ep.root("t", "title")
+    ep.root("t", "parent~title")
+    ep.root("s", "parent~summary")
     ep.call("p1", "p", tokens([1, 2], [3, 4], [-1, -2]))
-    ep.call("t1", "t", tokens([90, 91], [92], [-9]), kind=CallKind.AUXILIARY)
+    ep.call("t1", "t", tokens([90, 91], [92], [-9]), kind=CallKind.TITLE)
+    ep.call("s1", "s", tokens([80, 81], [82, 83], [-8, -7]), kind=CallKind.SUMMARY)
     ep.close()
     return ep
 
 
-def test_auxiliary_call_is_not_trained_by_default():
-    ep = _with_title_call()
+def test_auxiliary_calls_are_not_trained_by_default():
+    ep = _with_auxiliary_calls()
     assert ep.ledger.calls["t1"].state == CallState.AUXILIARY
+    assert ep.ledger.calls["s1"].state == CallState.AUXILIARY
     result = ep.reconstruct()
     assert [r.row_id for r in result.rows] == ["ep#p1"]
-    assert result.accounting.by_state[CallState.AUXILIARY] == ["t1"]
-    assert result.accounting.endpoints_without_loss == ["t1"]
+    assert result.accounting.by_state[CallState.AUXILIARY] == ["s1", "t1"]
+    assert result.accounting.endpoints_without_loss == ["s1", "t1"]
     assert result.accounting.eligible_calls == ["p1"]
+    assert result.accounting.summary_calls == ["s1"] and result.accounting.summary_calls_trained == []
 
 
-def test_auxiliary_call_is_trained_when_configured():
-    rows = _with_title_call().reconstruct(ReconstructionOptions(train_auxiliary=True)).rows
-    assert [r.row_id for r in rows] == ["ep#p1", "ep#t1"]
+def test_summary_call_is_trained_when_configured_and_the_title_never():
+    result = _with_auxiliary_calls().reconstruct(ReconstructionOptions(train_auxiliary=["summary"]))
+    assert [r.row_id for r in result.rows] == ["ep#p1", "ep#s1"]
     assert_row(
-        rows[1],
-        row_id="ep#t1",
-        input_ids=[90, 91, 92],
-        mask=[0, 0, 1],
-        logprobs=[0, 0, -9],
-        spans=[("t1", 2, 3, True, True)],
+        result.rows[1],
+        row_id="ep#s1",
+        input_ids=[80, 81, 82, 83],
+        mask=[0, 0, 1, 1],
+        logprobs=[0, 0, -8, -7],
+        spans=[("s1", 2, 4, True, True)],
     )
+    assert result.accounting.eligible_calls == ["p1", "s1"]
+    assert result.accounting.summary_calls_trained == ["s1"] and result.accounting.summary_tokens_trained == 2
+
+
+def test_a_parent_only_run_trains_the_parents_summary_but_no_workers():
+    ep = Episode()
+    ep.root("p", "parent")
+    ep.call("p1", "p", tokens([1, 2], [3], [-1]))
+    ep.root("ps", "parent~summary")
+    ep.call("ps1", "ps", tokens([5, 6], [7], [-2]), kind=CallKind.SUMMARY)
+    ep.spawn("w", "worker-1", by="p1")
+    ep.call("w1", "w", tokens([4], [8, 9], [-3, -4]), kind=CallKind.SUMMARY)
+    ep.close()
+    options = ReconstructionOptions(train_agents="parent_only", train_auxiliary=["summary"])
+    result = ep.reconstruct(options)
+    assert result.accounting.eligible_calls == ["p1", "ps1"]
+    assert result.accounting.summary_calls == ["ps1", "w1"] and result.accounting.summary_tokens_trained == 1
 
 
 def test_auxiliary_leaf_in_a_context_still_carries_its_ancestors_loss():

@@ -113,6 +113,11 @@ def test_grove_headers_name_agent_spawner_rewrite_and_kind():
     assert ident.spawner == Spawner(context_id="parent.0") and ident.rewrite == RewriteMode.DECLARED
     aux = grove_identity({"x-grove-agent": "w", "x-grove-call-kind": "auxiliary"})
     assert (aux.agent, aux.kind, aux.rewrite) == ("w~aux", CallKind.AUXILIARY, RewriteMode.IF_NOT_EXTENSION)
+    # a compaction's summary call and a title call: each its agent's auxiliary context of its kind
+    summary = grove_identity({"x-grove-agent": "w", "x-grove-call-kind": "summary"})
+    assert (summary.agent, summary.kind, summary.spawner) == ("w~summary", CallKind.SUMMARY, None)
+    title = grove_identity({"x-grove-call-kind": "Title"})
+    assert (title.agent, title.kind) == ("parent~title", CallKind.TITLE)
     ident = grove_identity({"x-grove-context": "worker-1.0"})
     assert (ident.agent, ident.context_id) == (None, "worker-1.0")
 
@@ -126,7 +131,7 @@ def test_grove_headers_name_agent_spawner_rewrite_and_kind():
         {"x-grove-context": "../x"},
         {"x-grove-spawned-by": "p.0.c1", "x-grove-parent-context": "p.0"},
         {"x-grove-rewrite": "maybe"},
-        {"x-grove-call-kind": "title"},
+        {"x-grove-call-kind": "caption"},  # no call kind
     ],
 )
 def test_bad_identity_headers_are_refused(headers):
@@ -171,14 +176,14 @@ def test_opencode_root_child_and_auxiliary_calls():
     )
     title = [{"role": "system", "content": "You are a title generator. You output ONLY a title."}, USER]
     t = opencode.identify({"x-session-id": "ses_a"}, title, None, {"parent"})
-    assert (t.agent, t.kind, t.rewrite) == ("parent~title", CallKind.AUXILIARY, RewriteMode.IF_NOT_EXTENSION)
+    assert (t.agent, t.kind, t.rewrite) == ("parent~title", CallKind.TITLE, RewriteMode.IF_NOT_EXTENSION)
     # a subagent's compaction call lacks x-parent-session-id: still the worker's, since it is known
     summary = [
         {"role": "system", "content": [{"type": "text", "text": "You are a context summarization agent."}]},
         USER,
     ]
     s = opencode.identify({"x-session-id": "ses_b"}, summary, None, {"parent", "worker-ses_b"})
-    assert s.agent == "worker-ses_b~summary"
+    assert (s.agent, s.kind) == ("worker-ses_b~summary", CallKind.SUMMARY)  # the summary of its context
     # the same system prompt *with* tools is not a title call
     assert opencode.identify({"x-session-id": "ses_a"}, title, TOOLS, {"parent"}).kind == CallKind.ACTION
 

@@ -180,11 +180,11 @@ async def test_a_compacting_filter_in_a_custom_agent_tool(
     assert ctx[f"{w}.0"].origin == ContextOrigin.SPAWN and ctx[f"{w}.0"].spawned_by_call == "parent.0.c0"
     assert ctx[f"{w}.1"].origin == ContextOrigin.REWRITE and ctx[f"{w}.1"].rewrite_of == f"{w}.0"
     assert nonzero(ctx[f"{w}.1"].counts) == {CallState.COMPLETED: 2}  # the third turn continued it
-    assert nonzero(ctx[f"{w}~aux.0"].counts) == {CallState.COMPLETED: 1}  # summarised once
+    assert nonzero(ctx[f"{w}~summary.0"].counts) == {CallState.COMPLETED: 1}  # summarised once
     assert extension_of(recording_engine, eid, f"{w}.1.c1", f"{w}.1.c0")
     served = recording_engine.calls_of(eid)
     # the rewritten history the agent sent holds the summary the auxiliary call wrote
-    summary_text = response_text(tiny_tokenizer, served[f"{w}~aux.0.c0"].completion_ids).strip()
+    summary_text = response_text(tiny_tokenizer, served[f"{w}~summary.0.c0"].completion_ids).strip()
     assert summary_text and summary_text in tiny_tokenizer.decode(served[f"{w}.1.c0"].prompt_ids)
 
     closed = await episode.aclose(answer, wait=True)

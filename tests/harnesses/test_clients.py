@@ -18,8 +18,9 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 import harnesses.clients as clients
 from gateway import identity as gw
 from grove import headers
+from grove.receipts import AUXILIARY_KINDS
 from harnesses.clients import Episode, EpisodeConfigError, header_safe
-from harnesses.clients.langgraph import GroveGraphs, summary_text
+from harnesses.clients.langgraph import GroveGraphs, UnknownCallKindError, summary_text
 from tests.bounds import PROCESS_WAIT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,9 @@ def test_every_header_name_is_the_documented_one():
     assert defined == documented
     gateway_md = (ROOT / "docs" / "gateway.md").read_text()
     assert all(name in gateway_md for name in defined)
-    assert clients.ROOT_AGENT == gw.DEFAULT_AGENT and clients.AUXILIARY == "auxiliary"
+    assert clients.ROOT_AGENT == gw.DEFAULT_AGENT
+    # the clients' call kinds are the receipts' auxiliary kinds, which the gateway's header accepts
+    assert set(clients.AUXILIARY_KINDS) == {k.value for k in AUXILIARY_KINDS}
 
 
 NAMES = ["Research agent", "billing.v2", "a:b/c", "ünïcode", "  ", "x" * 200, "worker-1", "plain_name", "-"]
@@ -177,13 +180,19 @@ async def test_send_workers_are_numbered_in_send_order_whichever_reaches_the_mod
     assert sorted(out["named"]) == [(0, "worker-1"), (1, "worker-2"), (2, "worker-3")]
 
 
-def test_summarization_call_is_auxiliary_and_a_new_summary_is_declared_once():
+def test_summarization_call_is_its_agents_summary_and_a_new_summary_is_declared_once():
     g = GroveGraphs(Episode(BASE, "tok"))
     prompt = [HumanMessage("<role>\nContext Extraction Assistant\n</role> ...")]
     assert g.headers_for("worker-1", "parent.0.c0", prompt, {"lc_source": "summarization"}) == {
         "x-grove-agent": "worker-1",
-        "x-grove-call-kind": "auxiliary",
+        "x-grove-call-kind": "summary",
     }
+    # a graph's own summary step marks its model run; a title likewise; an unknown kind is refused
+    own = g.headers_for("worker-1", "parent.0.c0", prompt, {"grove_call_kind": "summary"})
+    assert own == {"x-grove-agent": "worker-1", "x-grove-call-kind": "summary"}
+    assert g.headers_for("parent", None, prompt, {"grove_call_kind": "title"})["x-grove-call-kind"] == "title"
+    with pytest.raises(UnknownCallKindError, match="'summarize' is not an auxiliary call kind"):
+        g.headers_for("parent", None, prompt, {"grove_call_kind": "summarize"})
     summary = HumanMessage(
         "Here is a summary of the conversation to date:\n\nS1",
         additional_kwargs={"lc_source": "summarization"},

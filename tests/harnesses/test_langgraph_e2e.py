@@ -63,9 +63,9 @@ async def test_supervisor_with_send_workers_and_summarization(
     [w] = compacted
     [plain] = {"worker-1", "worker-2"} - {w}
     assert ctx[f"{w}.1"].origin == ContextOrigin.REWRITE and ctx[f"{w}.1"].rewrite_of == f"{w}.0"
-    assert ctx[f"{w}.0"].retired_by == f"{w}.1" and f"{w}~aux.0" in ctx
-    assert f"{plain}.1" not in ctx and f"{plain}~aux.0" not in ctx
-    assert {c.agent for c in ctx.values()} == {"parent", "worker-1", "worker-2", f"{w}~aux"}
+    assert ctx[f"{w}.0"].retired_by == f"{w}.1" and f"{w}~summary.0" in ctx
+    assert f"{plain}.1" not in ctx and f"{plain}~summary.0" not in ctx
+    assert {c.agent for c in ctx.values()} == {"parent", "worker-1", "worker-2", f"{w}~summary"}
     assert not (await summary(temporal_client, eid)).warnings  # no agent without a spawn link
     # exact continuations, read from what the engine served
     assert extension_of(recording_engine, eid, "parent.0.c1", "parent.0.c0")

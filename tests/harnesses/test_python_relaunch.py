@@ -47,7 +47,7 @@ from trainer.rows import rows_from_parquet
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow, pytest.mark.long]
 
 PLAIN, COMPACTING = "worker-1", "worker-2"  # Send order (harnesses/clients/langgraph.py)
-SUMMARY = f"{COMPACTING}~aux.0.c0"  # SummarizationMiddleware's call: auxiliary, in no row
+SUMMARY = f"{COMPACTING}~summary.0.c0"  # SummarizationMiddleware's call: auxiliary, in no row
 BEFORE_KILL = ["parent.0.c0", f"{PLAIN}.0.c0", f"{COMPACTING}.0.c0", SUMMARY, f"{COMPACTING}.1.c0"]
 
 
@@ -138,7 +138,7 @@ async def test_a_relaunched_agents_sdk_program_is_answered_from_the_records(stac
     eid = spec.episode_id
     plain, w = "Worker-call_w1", "Worker-call_w2"  # header_safe(f"{agent.name}-{tool call id}")
     actions = ["parent.0.c0", f"{plain}.0.c0", f"{w}.0.c0", f"{w}.1.c0", "parent.0.c1"]
-    calls_made = [*actions, f"{w}~aux.0.c0"]  # the summary call: auxiliary, in no row
+    calls_made = [*actions, f"{w}~summary.0.c0"]  # the summary call: auxiliary, in no row
     stack.gates.arm("harness_exited", f"^{re.escape(eid)}$")
     handle = await stack.client.start_workflow(
         "EpisodeWorkflow", spec, id=eid, task_queue="episodes", result_type=EpisodeResult

@@ -80,6 +80,7 @@ def test_call_stats_count_the_ledgers_receipts_and_rewrite_contexts():
         "tool_calls_malformed": 1,
         "tool_calls_none": 1,
         "rewrite_contexts": 2,
+        "summary_calls": 0,  # the summary call here is an action (no kind SUMMARY)
     }
     # the outcome lives in the receipts, so it survives the ledger's hand-over through JSON
     assert stats_of(Ledger.model_validate(json.loads(ledger.model_dump_json()))) == stats_of(ledger)
@@ -95,6 +96,7 @@ def test_a_ledger_without_tools_or_rewrites_counts_zeros():
         "tool_calls_malformed": 0,
         "tool_calls_none": 0,
         "rewrite_contexts": 0,
+        "summary_calls": 0,
     }
 
 

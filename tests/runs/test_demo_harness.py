@@ -21,6 +21,7 @@ from cli.main import app
 from cli.runs import check_run_engine
 from grove import queues
 from grove.contracts import RunState, StepRecord
+from grove.runconfig import load_run_config
 from harnesses.opencode import TASK_SETUPS, setup_for
 from models.registry import ensure_model, known_positions, uncached_builds
 from workflows.training_run import step_specs
@@ -222,3 +223,20 @@ def test_the_demo_summary_compares_halves_and_the_pair_step_by_step():
     assert "d-parent-only" in lines[2] and "0.300 -> 0.600  (3 steps, 1 per half)" in lines[2]
     # steps 1-3: -0.1, +0.1, -0.1
     assert lines[3].endswith("per step: -0.033 (ahead at 1 of 3 steps)")
+
+
+def test_the_summaries_demo_pairs_summaries_trained_with_not_trained_and_nothing_else():
+    runs = run_configs(DemoConfig(summaries=True, name="s"), ensure_model("tiny"))
+    trained, untrained = runs
+    assert (trained.run_id, untrained.run_id) == ("s-summaries-trained", "s-summaries-not-trained")
+    assert (trained.train_auxiliary, untrained.train_auxiliary) == (["summary"], [])
+    assert {r.train_agents for r in runs} == {"all"}
+    assert {r.task_family for r in runs} == {"summary-delegation"}
+    mine = {"run_id", "train_auxiliary", "inference_queue"}
+    assert trained.model_dump(exclude=mine) == untrained.model_dump(exclude=mine)
+    # the examples are the same pair
+    for run, name in ((trained, "trained"), (untrained, "not-trained")):
+        example = load_run_config(EXAMPLES / f"summary-delegation-{name}.yaml")
+        assert example.train_auxiliary == run.train_auxiliary and example.task_family == run.task_family
+    refused = CliRunner().invoke(app, ["demo", "--summaries", "--harness", "opencode"])
+    assert refused.exit_code == 2 and "--summaries: only with --harness native" in refused.output

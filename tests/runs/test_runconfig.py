@@ -10,11 +10,17 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
 from cli.run_commands import EXIT_INVALID_CONFIG
-from grove.contracts import RunConfig, RunState
+from grove.contracts import (
+    RunConfig,
+    RunState,
+    UnknownAuxiliaryKindError,
+    UntrainableAuxiliaryKindError,
+)
 from grove.runconfig import (
     ConfigFileError,
     ConfigValidationError,
@@ -209,3 +215,41 @@ def test_an_unset_episode_bound_fits_a_long_launched_harness_and_survives_the_st
     del old["config"]["episode_timeout_s"]
     assert RunState.model_validate(old).config == cfg
     assert RunState.model_validate_json(RunState(config=cfg).model_dump_json()).config == cfg
+
+
+def test_summaries_are_trained_only_when_the_run_says_so_and_reach_its_episodes(tmp_path):
+    from workflows.training_run import step_specs
+
+    assert load_run_config(write(tmp_path, "run_id: r\n")).train_auxiliary == []
+    cfg = load_run_config(write(tmp_path, "run_id: r\ntrain_auxiliary: [summary]\n"))
+    assert cfg.train_auxiliary == ["summary"]
+    assert {tuple(s.train_auxiliary) for s in step_specs(RunState(config=cfg), 1)} == {("summary",)}
+    assert load_run_config(
+        write(tmp_path, "run_id: r\n"), ["train_auxiliary=[Summary, summary]"]
+    ).train_auxiliary == ["summary"]
+    assert "train_auxiliary" in runner.invoke(app, ["run", "schema"]).output
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "match"),
+    [
+        ("[title]", UntrainableAuxiliaryKindError, "'title' calls are never trained"),
+        ("[summary, auxiliary]", UntrainableAuxiliaryKindError, "'auxiliary' calls are never trained"),
+        ("true", UntrainableAuxiliaryKindError, "titles and helper calls included"),
+        ("[summaries]", UnknownAuxiliaryKindError, "'summaries' is not an auxiliary call kind"),
+        ("[action]", UnknownAuxiliaryKindError, "'action' is not an auxiliary call kind"),
+        ("3", UnknownAuxiliaryKindError, "3 is not a list of auxiliary call kinds"),
+    ],
+)
+def test_training_titles_or_an_unknown_auxiliary_kind_is_refused_when_the_run_starts(
+    tmp_path, value, kind, match
+):
+    with pytest.raises(ConfigValidationError, match=r"train_auxiliary = .*" + re.escape(match)) as info:
+        load_run_config(write(tmp_path, f"run_id: r\ntrain_auxiliary: {value}\n"))
+    assert isinstance(info.value.__cause__, kind)
+    with pytest.raises(kind):  # the same refusal for a config that never was a file (Python, Temporal)
+        RunConfig.model_validate({"run_id": "r", "train_auxiliary": yaml.safe_load(value)})
+    bad = runner.invoke(
+        app, ["run", "validate", str(write(tmp_path, f"run_id: r\ntrain_auxiliary: {value}\n"))]
+    )
+    assert bad.exit_code == EXIT_INVALID_CONFIG and match in bad.output
