@@ -25,6 +25,8 @@ from activities.failures import retryable_storage_failure
 from capture.claims import load_completion
 from capture.records import load_record
 from chat.message_text import text_of
+from gateway.identity import AUX_SEPARATOR
+from gateway.identity import DEFAULT_AGENT as ROOT_AGENT
 from grove.contracts import (
     ArchiveStepsInput,
     CleanStagingInput,
@@ -94,6 +96,16 @@ def placeholder_row(inp: MaterializeInput) -> Row:
         reward=inp.reward,
         valid=False,
     )
+
+
+def parent_agent(ledger: Ledger | None) -> str:
+    """The agent `parent_only` training trains: `parent` (the gateway's default root agent) where the
+    episode has it, else its first root agent that is no auxiliary agent (a harness that names its root
+    itself, e.g. an Agents SDK program's starting agent under its own name)."""
+    if ledger is None or ledger.contexts_of(ROOT_AGENT):
+        return ROOT_AGENT
+    roots = [a for a in ledger.agents_opened_as_roots() if AUX_SEPARATOR not in a]
+    return roots[0] if roots else ROOT_AGENT
 
 
 class EpisodeIO:
@@ -179,7 +191,11 @@ class EpisodeIO:
                     EpisodeRef(episode_id=inp.episode_id, group_id=inp.group_id),
                     receipts,
                     self._tokens(receipts),
-                    ReconstructionOptions(train_agents=inp.train_agents, train_auxiliary=inp.train_auxiliary),
+                    ReconstructionOptions(
+                        train_agents=inp.train_agents,
+                        parent_agent=parent_agent(ledger),
+                        train_auxiliary=inp.train_auxiliary,
+                    ),
                     reward=inp.reward,
                 )
                 rows, eligible = rec.rows, rec.accounting.eligible_tokens

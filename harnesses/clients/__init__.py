@@ -58,6 +58,26 @@ def header_safe(name: str) -> str:
     return f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
+class ReadableAgents:
+    """Agent ids that read as the framework's agent names: the name itself when it is header-safe, else
+    its slug (runs of other characters -> '-': "Research agent" -> "Research-agent"), with
+    `header_safe`'s hash only where a slug is empty, too long, or already taken by another name of the
+    same program (the first name to reach a slug keeps it), so distinct names stay distinct agents."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, str] = {}  # agent id -> the name that took it
+
+    def __call__(self, name: str) -> str:
+        slug = name if _NAME.match(name) else _NOT_NAME.sub("-", name).strip("-")
+        if not _NAME.match(slug):  # empty or longer than a header-safe name
+            return header_safe(name)
+        owner = self._owners.setdefault(slug, name)
+        if owner == name:
+            return slug
+        stem = slug[:CANONICAL_STEM_CHARS].strip("-") or "agent"
+        return f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
 @dataclass
 class Episode:
     """One episode as a harness sees it: where to send requests, with which token, and what it learned
