@@ -10,12 +10,16 @@ from tests.forest.kit import Episode, tokens
 from trainer.forest import ReconstructionOptions
 
 
+def records(ep: Episode) -> list:
+    return [c.record for c in ep.ledger.contexts.values()]
+
+
 def test_the_parent_agent_is_parent_where_the_episode_has_it():
     ep = Episode()
     ep.root("t", "parent~title")
     ep.root("p", "parent")
-    assert parent_agent(ep.ledger) == "parent"
-    assert parent_agent(None) == "parent"
+    assert parent_agent(records(ep)) == "parent"
+    assert parent_agent([]) == "parent"
 
 
 def test_a_root_named_by_its_harness_is_the_parent_and_parent_only_trains_it():
@@ -26,8 +30,8 @@ def test_a_root_named_by_its_harness_is_the_parent_and_parent_only_trains_it():
     ep.spawn("w", "Porter", by="c0")
     ep.call("w0", "w", tokens([4], [5], [-0.25]))
     ep.root("x", "Stray")  # an unspawned agent opened later is not the parent
-    assert parent_agent(ep.ledger) == "Concierge"
-    options = ReconstructionOptions(train_agents="parent_only", parent_agent=parent_agent(ep.ledger))
+    assert parent_agent(records(ep)) == "Concierge"
+    options = ReconstructionOptions(train_agents="parent_only", parent_agent=parent_agent(records(ep)))
     ep.close()
     rec = ep.reconstruct(options)
     assert sorted(s.call_id for row in rec.rows for s in row.spans if s.owned) == ["c0"]
