@@ -7,13 +7,14 @@ vLLM engine per process, `trainer` owns the GPU(s) of the learner. Any number of
 serve a run's inference queue: each loads the run's latest committed policy before it serves a call
 (activities/follow.py, docs/rollout-scale.md).
 
-Readiness: a worker polls its queues only once it can serve them, so Temporal's list of a queue's pollers
-says which queues are served (grove/queue_readiness.py: what the gateway's `/readyz` and `grove infra
-status` read). A worker with the inference queue loads its engine first (slow on CPU, more so on a loaded
-machine: docs/results.md section 5; vLLM's start blocks this process's event loop) and polls every queue
-after; a request that reaches the gateway meanwhile waits for it (gateway/worker_wait.py) and a generation
-scheduled meanwhile waits in the inference queue. `say` gets one line when the engine starts loading and one
-when every queue is polled ("worker ready: ...").
+Readiness: a worker polls its queues only once it can serve them, so Temporal's list of a queue's pollers says
+which queues are served (grove/queue_readiness.py: what the gateway's `/readyz` and `grove infra status`
+read). A worker with the inference queue loads its engine first (slow on CPU, more so on a loaded machine:
+docs/results.md section 5; vLLM's start blocks this process's event loop) and polls every queue after; a
+request that reaches the gateway meanwhile waits for it (gateway/worker_wait.py) and a generation scheduled
+meanwhile waits in the inference queue. SIGTERM stops it while the engine loads too
+(`terminable_while_blocked`), and the engine's CPU binding goes to its log (activities/cpu_binding.py). `say`
+gets one line when the engine starts loading and one when every queue is polled ("worker ready: ...").
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import tempfile
+import threading
 import time
 from asyncio import FIRST_COMPLETED
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -45,6 +48,30 @@ STICKY_TIMEOUT = timedelta(seconds=2)
 
 class UnknownQueueError(ValueError):
     """A queue name that is not one of grove's task queues."""
+
+
+class WorkerTerminated(KeyboardInterrupt):
+    """SIGTERM while vLLM's start blocked the event loop (the worker stops as on Ctrl-C)."""
+
+
+@contextlib.contextmanager
+def terminable_while_blocked() -> Iterator[None]:
+    """SIGTERM raises WorkerTerminated in the main thread while this block runs: vLLM's engine start
+    blocks the event loop (for minutes on a loaded CPU), so the loop's own SIGTERM handler could only
+    run once the engine had loaded. The engine's processes die with this one (activities/
+    vllm_worker_ext.py). Outside the main thread (signals go to it only) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise WorkerTerminated("SIGTERM while the inference engine was loading")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def parse_queues(spec: str | Sequence[str]) -> list[str]:
@@ -161,8 +188,11 @@ async def run_worker(
             gates = Gates.from_env()
             if gates is not None:  # tests: a worker whose engine has not started yet
                 await gates.hold("engine_start", inference_queue)
-            engine = owned_engine = await PolicyEngine.start(config)
+            with terminable_while_blocked():
+                engine = owned_engine = await PolicyEngine.start(config)
             say(f"worker: engine loaded in {time.monotonic() - started:.0f} s")
+            if engine.cpu_binding is not None:
+                say(f"worker: {engine.cpu_binding.describe()}")
         workers.append(
             build_inference_worker(
                 client, engine, store, weights_root=work_dir / "weights", task_queue=inference_queue
