@@ -145,15 +145,17 @@ class Episode:
         *,
         outputs: dict[str, list[str]] | None = None,
         failure: str | None = None,
+        failure_kind: str | None = None,
         wait: bool = False,
         timeout: float = 600.0,
     ) -> dict:
-        """End the harness's part of the episode (POST .../close). Idempotent for the same close."""
+        """End the harness's part of the episode (POST .../close). Idempotent for the same close.
+        `failure_kind`: "infrastructure" for a failure that is grove's or the harness's own, not the
+        policy's (unset: grove decides; a failure naming a gateway 5xx code is infrastructure)."""
         import httpx  # only here: the identity helpers need no HTTP client of their own
 
-        r = httpx.post(
-            self.close_url, **self._close_request(final_answer, outputs, failure, wait), timeout=timeout
-        )
+        request = self._close_request(final_answer, outputs, failure, failure_kind, wait)
+        r = httpx.post(self.close_url, **request, timeout=timeout)
         r.raise_for_status()
         return r.json()
 
@@ -163,22 +165,32 @@ class Episode:
         *,
         outputs: dict[str, list[str]] | None = None,
         failure: str | None = None,
+        failure_kind: str | None = None,
         wait: bool = False,
         timeout: float = 600.0,
     ) -> dict:
         import httpx
 
+        request = self._close_request(final_answer, outputs, failure, failure_kind, wait)
         async with httpx.AsyncClient(timeout=timeout) as c:
-            r = await c.post(self.close_url, **self._close_request(final_answer, outputs, failure, wait))
+            r = await c.post(self.close_url, **request)
         r.raise_for_status()
         return r.json()
 
     def _close_request(
-        self, final_answer: str, outputs: dict[str, list[str]] | None, failure: str | None, wait: bool
+        self,
+        final_answer: str,
+        outputs: dict[str, list[str]] | None,
+        failure: str | None,
+        failure_kind: str | None,
+        wait: bool,
     ) -> dict:
         """The close POST's query, body and auth: one shape for close and aclose."""
+        body = {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure}
+        if failure_kind is not None:
+            body["failure_kind"] = failure_kind
         return {
             "params": {"wait": str(wait).lower()},
-            "json": {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure},
+            "json": body,
             "headers": {"authorization": f"Bearer {self.api_key}"},
         }
