@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import tempfile
 import threading
@@ -57,21 +58,43 @@ class WorkerTerminated(KeyboardInterrupt):
 @contextlib.contextmanager
 def terminable_while_blocked() -> Iterator[None]:
     """SIGTERM raises WorkerTerminated in the main thread while this block runs: vLLM's engine start
-    blocks the event loop (for minutes on a loaded CPU), so the loop's own SIGTERM handler could only
-    run once the engine had loaded. The engine's processes die with this one (activities/
-    vllm_worker_ext.py). Outside the main thread (signals go to it only) this does nothing."""
+    blocks the event loop (for minutes on a loaded CPU) in a long C-level poll, so the loop's own SIGTERM
+    handler could only run once the engine had loaded. The kernel may hand a process's SIGTERM to any
+    of its threads (Temporal's runtime has several), which leaves the main thread's poll running: a
+    forwarding thread reads the signal from the wakeup fd and sends it to the main thread itself,
+    whose poll it interrupts. The engine's processes die with this one (activities/vllm_worker_ext.py).
+    Outside the main thread (signals go to it only) this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    fired = threading.Event()
 
     def stop(signum: int, frame: object) -> None:
-        raise WorkerTerminated("SIGTERM while the inference engine was loading")
+        if not fired.is_set():  # once: a second SIGTERM must not break the unwinding
+            fired.set()
+            raise WorkerTerminated("SIGTERM while the inference engine was loading")
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    main = threading.main_thread().ident
+
+    def forward() -> None:
+        while data := os.read(read_fd, 64):  # b"" once the block closes the pipe
+            if signal.SIGTERM in data and not fired.is_set() and main is not None:
+                signal.pthread_kill(main, signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, stop)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    forwarder = threading.Thread(target=forward, name="grove-sigterm-forward", daemon=True)
+    forwarder.start()
     try:
         yield
     finally:
+        signal.set_wakeup_fd(previous_fd)
         signal.signal(signal.SIGTERM, previous)
+        os.close(write_fd)
+        forwarder.join(timeout=5)
+        os.close(read_fd)
 
 
 def parse_queues(spec: str | Sequence[str]) -> list[str]:
