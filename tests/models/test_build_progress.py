@@ -4,10 +4,12 @@ test's own, so the ETA is exact."""
 
 from __future__ import annotations
 
+import models.progress as progress_module
 from models.progress import EVERY_S, EVERY_STEPS, BuildProgress, listen_to_progress
 
 
-def test_a_build_reports_step_loss_and_eta_on_schedule():
+def test_a_build_reports_step_loss_and_eta_on_schedule(monkeypatch):
+    monkeypatch.setattr(progress_module, "_listeners", [])  # this test's listener only
     now = [0.0]
     heard: list[str] = []
     remove = listen_to_progress(heard.append)
@@ -23,4 +25,3 @@ def test_a_build_reports_step_loss_and_eta_on_schedule():
     assert heard[-1] == "tiny build: step 100/100 loss 0.0100, 3m20s elapsed, ETA 0s"
     assert "step 26/100" in heard[2] and len(heard) >= 100 * 2.0 / EVERY_S
     assert all("ETA" in line for line in heard) and EVERY_STEPS < 100
-
