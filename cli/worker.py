@@ -12,9 +12,8 @@ which queues are served (grove/queue_readiness.py: what the gateway's `/readyz` 
 read). A worker with the inference queue loads its engine first (slow on CPU, more so on a loaded machine:
 docs/results.md section 5; vLLM's start blocks this process's event loop) and polls every queue after; a
 request that reaches the gateway meanwhile waits for it (gateway/worker_wait.py) and a generation scheduled
-meanwhile waits in the inference queue. SIGTERM stops it while the engine loads too
-(`terminable_while_blocked`), and the engine's CPU binding goes to its log (activities/cpu_binding.py). `say`
-gets one line when the engine starts loading and one when every queue is polled ("worker ready: ...").
+meanwhile waits in the inference queue. The engine's CPU binding goes to its log (activities/cpu_binding.py).
+`say` gets one line when the engine starts loading and one when every queue is polled ("worker ready: ...").
 """
 
 from __future__ import annotations
@@ -22,13 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import tempfile
-import threading
 import time
 from asyncio import FIRST_COMPLETED
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -49,52 +45,6 @@ STICKY_TIMEOUT = timedelta(seconds=2)
 
 class UnknownQueueError(ValueError):
     """A queue name that is not one of grove's task queues."""
-
-
-class WorkerTerminated(KeyboardInterrupt):
-    """SIGTERM while vLLM's start blocked the event loop (the worker stops as on Ctrl-C)."""
-
-
-@contextlib.contextmanager
-def terminable_while_blocked() -> Iterator[None]:
-    """SIGTERM raises WorkerTerminated in the main thread while this block runs: vLLM's engine start
-    blocks the event loop (for minutes on a loaded CPU) in a long C-level poll, so the loop's own SIGTERM
-    handler could only run once the engine had loaded. The kernel may hand a process's SIGTERM to any
-    of its threads (Temporal's runtime has several), which leaves the main thread's poll running: a
-    forwarding thread reads the signal from the wakeup fd and sends it to the main thread itself,
-    whose poll it interrupts. The engine's processes die with this one (activities/vllm_worker_ext.py).
-    Outside the main thread (signals go to it only) this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired = threading.Event()
-
-    def stop(signum: int, frame: object) -> None:
-        if not fired.is_set():  # once: a second SIGTERM must not break the unwinding
-            fired.set()
-            raise WorkerTerminated("SIGTERM while the inference engine was loading")
-
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    main = threading.main_thread().ident
-
-    def forward() -> None:
-        while data := os.read(read_fd, 64):  # b"" once the block closes the pipe
-            if signal.SIGTERM in data and not fired.is_set() and main is not None:
-                signal.pthread_kill(main, signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    forwarder = threading.Thread(target=forward, name="grove-sigterm-forward", daemon=True)
-    forwarder.start()
-    try:
-        yield
-    finally:
-        signal.set_wakeup_fd(previous_fd)
-        signal.signal(signal.SIGTERM, previous)
-        os.close(write_fd)
-        forwarder.join(timeout=5)
-        os.close(read_fd)
 
 
 def parse_queues(spec: str | Sequence[str]) -> list[str]:
@@ -211,8 +161,7 @@ async def run_worker(
             gates = Gates.from_env()
             if gates is not None:  # tests: a worker whose engine has not started yet
                 await gates.hold("engine_start", inference_queue)
-            with terminable_while_blocked():
-                engine = owned_engine = await PolicyEngine.start(config)
+            engine = owned_engine = await PolicyEngine.start(config)
             say(f"worker: engine loaded in {time.monotonic() - started:.0f} s")
             if engine.cpu_binding is not None:
                 say(f"worker: {engine.cpu_binding.describe()}")
