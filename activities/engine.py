@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from activities.cpu_binding import CpuBinding, bound_env, claim_cores
 from activities.engine_config import EngineConfig, check_engine_limits, scheduling_args
 from activities.engine_errors import (
     EmptyPromptError,
@@ -140,6 +141,7 @@ class PolicyEngine:
         self._gates = Gates.from_env()  # test gates: None unless $GROVE_TEST_GATES is set
         self.batch_stats = stats
         self.tool_parser: ToolCallParser = HermesParser()  # start() sets the configured one
+        self.cpu_binding: CpuBinding | None = None  # start() sets it on CPU: the cores it claimed
 
     @classmethod
     async def start(cls, config: EngineConfig) -> PolicyEngine:
@@ -181,10 +183,21 @@ class PolicyEngine:
         # The engine's child processes watch this process and die with it, even on SIGKILL
         # (activities/vllm_worker_ext.py); spawn children inherit the environment.
         os.environ[OWNER_PID_ENV] = str(os.getpid())
-        # No local reference to the AsyncLLM outlives this call (see shutdown): only the engine holds it.
-        engine = cls(
-            config, AsyncLLM.from_engine_args(args, stat_loggers=[stats_logger_factory(stats)]), stats
-        )
+        binding = claim_cores() if on_cpu else None  # cores no other engine of the host binds
+        if binding is not None:
+            log.info("engine for %s: %s", config.model_dir, binding.describe())
+        try:
+            with bound_env(binding):
+                # No local reference to the AsyncLLM outlives this call (see shutdown): only the engine
+                # holds it.
+                engine = cls(
+                    config, AsyncLLM.from_engine_args(args, stat_loggers=[stats_logger_factory(stats)]), stats
+                )
+        except BaseException:
+            if binding is not None:
+                binding.release()
+            raise
+        engine.cpu_binding = binding
         engine.tool_parser = parser
         await engine._llm.update_weight_version(str(config.initial_version))
         return engine
@@ -235,6 +248,8 @@ class PolicyEngine:
         if llm is None:
             return
         llm.shutdown()
+        if self.cpu_binding is not None:
+            self.cpu_binding.release()
         await asyncio.sleep(0)  # let the cancelled output handler finish
         # Collect it now: AsyncLLM.__del__ calls shutdown() again, which fails noisily if it only runs
         # at interpreter exit, after the modules it uses are torn down.

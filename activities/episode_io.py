@@ -14,17 +14,20 @@ each attempt heartbeats its phase and attempt number, so the UI shows what it is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.episode_map import contexts_key, encode_contexts, ledger_contexts, record_contexts
 from activities.failures import retryable_storage_failure
 from capture.claims import load_completion
 from capture.records import load_record
 from chat.message_text import text_of
+from gateway.identity import AUX_SEPARATOR
+from gateway.identity import DEFAULT_AGENT as ROOT_AGENT
 from grove.contracts import (
     ArchiveStepsInput,
     CleanStagingInput,
@@ -38,7 +41,7 @@ from grove.contracts import (
     RewardResult,
     step_record_key,
 )
-from grove.receipts import CallReceipt
+from grove.receipts import CallReceipt, ContextOrigin, ContextRecord
 from harnesses.programs import family
 from storage.base import (
     DigestMismatchError,
@@ -94,6 +97,20 @@ def placeholder_row(inp: MaterializeInput) -> Row:
         reward=inp.reward,
         valid=False,
     )
+
+
+def parent_agent(records: Iterable[ContextRecord]) -> str:
+    """The agent `parent_only` training trains, from the episode's contexts in opening order: `parent`
+    (the gateway's default root agent) where the episode has it, else its first root agent that is no
+    auxiliary agent (a harness that names its root itself, e.g. an Agents SDK program's starting agent
+    under its own name)."""
+    roots: list[str] = []
+    for record in records:
+        if record.agent == ROOT_AGENT:
+            return ROOT_AGENT
+        if record.origin == ContextOrigin.ROOT and AUX_SEPARATOR not in record.agent:
+            roots.append(record.agent)
+    return roots[0] if roots else ROOT_AGENT
 
 
 class EpisodeIO:
@@ -175,11 +192,16 @@ class EpisodeIO:
             if inp.valid:
                 ledger = self._joined(inp) if inp.ledger_pages or inp.ledger_index else None
                 receipts = ledger.receipts() if ledger is not None else inp.receipts
+                records = [c.record for c in ledger.contexts.values()] if ledger is not None else inp.contexts
                 rec = reconstruct(
                     EpisodeRef(episode_id=inp.episode_id, group_id=inp.group_id),
                     receipts,
                     self._tokens(receipts),
-                    ReconstructionOptions(train_agents=inp.train_agents, train_auxiliary=inp.train_auxiliary),
+                    ReconstructionOptions(
+                        train_agents=inp.train_agents,
+                        parent_agent=parent_agent(records),
+                        train_auxiliary=inp.train_auxiliary,
+                    ),
                     reward=inp.reward,
                 )
                 rows, eligible = rec.rows, rec.accounting.eligible_tokens
@@ -193,6 +215,11 @@ class EpisodeIO:
             self.store.put_if_absent(inp.rows_key, rows_to_parquet(rows))
         if not inp.valid and (inp.ledger_pages or inp.ledger_index):
             ledger = self._placeholder_ledger(inp)
+        with io_attempt("materialize: the episode's contexts", rows_key=inp.rows_key):
+            contexts = (
+                ledger_contexts(ledger) if ledger is not None else record_contexts(inp.contexts, inp.receipts)
+            )
+            self.store.put_if_absent(contexts_key(inp.episode_id), encode_contexts(contexts))
         return MaterializeResult(
             rows_key=inp.rows_key, num_rows=len(rows), eligible_tokens=eligible, placeholder=not inp.valid,
             **summaries, **self._numbers(ledger),

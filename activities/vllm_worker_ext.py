@@ -67,6 +67,16 @@ def _kill_engine_when_owner_exits(owner: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _hold_while_loading() -> None:
+    """Test gate `engine_loading` (grove/gates.py): the model worker holds while its engine loads, so a
+    test can signal the owner while vLLM's start blocks it; key = the owner's pid."""
+    from grove.gates import Gates
+
+    gates, owner = Gates.from_env(), os.environ.get(OWNER_PID_ENV)
+    if gates is not None and owner and multiprocessing.parent_process() is not None:
+        gates.hold_sync("engine_loading", owner)
+
+
 def tie_engine_to_owner() -> None:
     """Make this engine process die with its owner; a no-op outside an engine child process."""
     owner = os.environ.get(OWNER_PID_ENV)
@@ -80,6 +90,7 @@ def tie_engine_to_owner() -> None:
 
 
 tie_engine_to_owner()
+_hold_while_loading()
 
 
 class GroveWorkerExtension:

@@ -143,7 +143,7 @@ def show(
     address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS)."),
 ) -> None:
     """What grove recorded of an episode: its contexts (agents, spawns, rewrites) while it runs; its
-    result and rows once it is closed (rows from $GROVE_STORE)."""
+    result, contexts and rows once it is closed (from $GROVE_STORE)."""
     try:
         lines = asyncio.run(_show(episode_id, address))
     except _Unreachable as err:
@@ -211,9 +211,6 @@ async def _show(eid: str, address: str | None) -> list[str]:
     from cli.episode_show import result_lines, summary_lines
     from grove.client import connect
     from grove.contracts import EpisodeResult
-    from storage.config import store_from_env
-    from trainer.rows import rows_from_parquet
-    from workflows.accounting import LedgerSummary
 
     try:
         client = await connect(address)
@@ -227,9 +224,36 @@ async def _show(eid: str, address: str | None) -> list[str]:
             raise _NotFound(f"no episode {eid!r} on {client.service_client.config.target_host}") from None
         raise
     if desc.status == WorkflowExecutionStatus.RUNNING:
-        return summary_lines(eid, await handle.query("summary", result_type=LedgerSummary))
+        return summary_lines(eid, await _summary_pages(handle))
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         result = await handle.result()
-        rows = rows_from_parquet(store_from_env().get(result.rows_key)) if result.num_rows else []
-        return result_lines(result, rows)
+        rows, contexts = await asyncio.to_thread(_closed_records, result)
+        return result_lines(result, rows, contexts)
     return [f"episode   {eid}  {desc.status.name if desc.status else 'unknown'}"]
+
+
+async def _summary_pages(handle) -> list:
+    """Every page of a running episode's `summary` (each answer bounded: workflows/accounting.py)."""
+    from workflows.accounting import LedgerSummary, SummaryPage
+
+    pages = [await handle.query("summary", SummaryPage(), result_type=LedgerSummary)]
+    while pages[-1].next_offset is not None:
+        page = SummaryPage(offset=pages[-1].next_offset)
+        pages.append(await handle.query("summary", page, result_type=LedgerSummary))
+    return pages
+
+
+def _closed_records(result) -> tuple[list, list | None]:
+    """A closed episode's rows and context map from the store ($GROVE_STORE); None: no map was written."""
+    from activities.episode_map import contexts_key, decode_contexts
+    from storage.base import ObjectNotFoundError
+    from storage.config import store_from_env
+    from trainer.rows import rows_from_parquet
+
+    store = store_from_env()
+    rows = rows_from_parquet(store.get(result.rows_key)) if result.num_rows else []
+    try:
+        contexts = decode_contexts(store.get(contexts_key(result.episode_id)))
+    except ObjectNotFoundError:
+        contexts = None
+    return rows, contexts

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from models.names import models_help
+
 app = typer.Typer(help="grove: GRPO on multi-agent rollouts, durable on Temporal.", no_args_is_help=True)
 infra_app = typer.Typer(help="Start, stop and inspect the local services (Temporal dev server, S3).")
 model_app = typer.Typer(help="Build or convert the policy model folders grove trains.")
@@ -86,12 +88,14 @@ def infra_status(
 
 @model_app.command("init")
 def model_init(
-    name: str = typer.Argument("tiny", help="tiny | tiny-random | smollm2 | a path to a HF model folder"),
+    name: str = typer.Argument("tiny", help=models_help("The model to build")),
 ) -> None:
     """Build (or convert) a model folder and print its path; cached under $GROVE_MODELS (default
     ~/.cache/grove/models, shared by every stack whatever its $GROVE_HOME)."""
+    from models.progress import listen_to_progress
     from models.registry import ensure_model
 
+    listen_to_progress(lambda line: typer.echo(line, err=True))  # step, loss, ETA of each build
     path: Path = ensure_model(name)
     typer.echo(str(path))
 
@@ -99,7 +103,7 @@ def model_init(
 @app.command("worker")
 def worker(
     queues: str = typer.Option("episodes,io,trainer,inference", help="Comma-separated task queues to serve."),
-    model: str = typer.Option("tiny", help="Model for the inference engine: tiny | smollm2 | a HF folder."),
+    model: str = typer.Option("tiny", help=models_help("Model for the inference engine")),
     address: str = typer.Option(
         None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS or 127.0.0.1:7233)."
     ),

@@ -7,13 +7,13 @@ vLLM engine per process, `trainer` owns the GPU(s) of the learner. Any number of
 serve a run's inference queue: each loads the run's latest committed policy before it serves a call
 (activities/follow.py, docs/rollout-scale.md).
 
-Readiness: a worker polls its queues only once it can serve them, so Temporal's list of a queue's pollers
-says which queues are served (grove/queue_readiness.py: what the gateway's `/readyz` and `grove infra
-status` read). A worker with the inference queue loads its engine first (slow on CPU, more so on a loaded
-machine: docs/results.md section 5; vLLM's start blocks this process's event loop) and polls every queue
-after; a request that reaches the gateway meanwhile waits for it (gateway/worker_wait.py) and a generation
-scheduled meanwhile waits in the inference queue. `say` gets one line when the engine starts loading and one
-when every queue is polled ("worker ready: ...").
+Readiness: a worker polls its queues only once it can serve them, so Temporal's list of a queue's pollers says
+which queues are served (grove/queue_readiness.py: what the gateway's `/readyz` and `grove infra status`
+read). A worker with the inference queue loads its engine first (slow on CPU, more so on a loaded machine:
+docs/results.md section 5; vLLM's start blocks this process's event loop) and polls every queue after; a
+request that reaches the gateway meanwhile waits for it (gateway/worker_wait.py) and a generation scheduled
+meanwhile waits in the inference queue. The engine's CPU binding goes to its log (activities/cpu_binding.py).
+`say` gets one line when the engine starts loading and one when every queue is polled ("worker ready: ...").
 """
 
 from __future__ import annotations
@@ -163,6 +163,8 @@ async def run_worker(
                 await gates.hold("engine_start", inference_queue)
             engine = owned_engine = await PolicyEngine.start(config)
             say(f"worker: engine loaded in {time.monotonic() - started:.0f} s")
+            if engine.cpu_binding is not None:
+                say(f"worker: {engine.cpu_binding.describe()}")
         workers.append(
             build_inference_worker(
                 client, engine, store, weights_root=work_dir / "weights", task_queue=inference_queue

@@ -81,7 +81,7 @@ from grove.contracts import (
     close_digest,
 )
 from grove.receipts import ContextRecord
-from workflows.accounting import LedgerSummary
+from workflows.accounting import LedgerSummary, SummaryPage
 from workflows.context_view import ContextView, ViewRequest
 
 EPISODE_WORKFLOW = "EpisodeWorkflow"
@@ -307,9 +307,10 @@ class Episodes:
     async def progress(self, episode_id: str) -> EpisodeProgress:
         return await self._query(episode_id, "progress", result_type=EpisodeProgress)
 
-    async def summary(self, episode_id: str) -> LedgerSummary:
-        """The whole ledger's summary (one entry per context: for people and tools, not per request)."""
-        return await self._query(episode_id, "summary", result_type=LedgerSummary)
+    async def summary(self, episode_id: str, page: SummaryPage | None = None) -> LedgerSummary:
+        """One page of the ledger's summary (the first page without `page`; for people and tools, never
+        per request: a request reads its `context_view`)."""
+        return await self._query(episode_id, "summary", page or SummaryPage(), result_type=LedgerSummary)
 
     async def context_view(self, episode_id: str, req: ViewRequest) -> ContextView:
         """The contexts of the agents one request may involve (workflows/context_view.py)."""

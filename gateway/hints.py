@@ -13,7 +13,11 @@ header (gateway/identity.py):
   Fix: `x-grove-rewrite: 1`. Checked before the missing headers below: such a request is the agent's own
   compacted history, and an error about identity headers would name the wrong fix.
 - `UndeclaredAuxiliaryCallError`: the request looks like a summary/title call: it has no tools where the
-  agent's context has them. Fix: `x-grove-call-kind: summary` (or `title`, `auxiliary`).
+  agent's context has them, or (with the context's own tools or none) its last message or its system
+  message *asks* for a summary ("Summarize the conversation...", "Write a short summary of...", "You
+  are a summarizer"). Fix: `x-grove-call-kind: summary` (or `title`, `auxiliary`). Checked before the
+  summary-reading rule below: the request that asks for a summary is not the history the summary
+  replaced, and declaring a rewrite on it would retire the agent's context.
 - `MissingIdentityHeadersError`: the request has no identity header at all, so it went to the default
   agent "parent", whose context it does not extend, and it looks like another conversation (other
   tools, another first message, or no assistant turn yet): most likely another agent (a worker) sent
@@ -50,6 +54,13 @@ AUX_KIND_ADVICE = (
     f"`{KIND_HEADER}: summary` for the summary of the agent's context (trained when the run trains "
     f"summaries), `{KIND_HEADER}: title` for a title or `{KIND_HEADER}: auxiliary` for another helper "
     "call (never trained)"
+)
+# How a summary call asks for one: an imperative at the start of a message, or a summarizer's role.
+SUMMARY_ASK = re.compile(
+    r"^\W*(?:please[,\s]+)?(?:summari[sz]e\b|compact\b|(?:write|provide|create|give|produce|make|generate)"
+    r"\b[^.\n]{0,40}?\bsummar(?:y|ies)\b)|\byou are an? [\w\s-]{0,30}?summari[sz]er\b|\byou summari[sz]e\b"
+    r"|\byour (?:task|job) is to summari[sz]e\b",
+    re.IGNORECASE,
 )
 
 
@@ -120,6 +131,16 @@ def diagnose(
             f"with the header {AUX_KIND_ADVICE}; if it is another agent's request, name the agent with "
             f"`{AGENT_HEADER}`",
         )
+    asked = _asks_for_summary(messages, tools, head)
+    if asked is not None:
+        return _with(
+            UndeclaredAuxiliaryCallError,
+            err,
+            f"message {asked} asks for a summary: the request looks like a summary call of agent "
+            f"{head.agent!r}, not a continuation of its context {head.context_id!r} ({err}). Send it with "
+            f"the header {AUX_KIND_ADVICE}. Declare "
+            f"`{REWRITE_HEADER}: 1` only on the agent's next request, whose history the summary replaced",
+        )
     rewritten = _reads_as_summary(messages, tools, head, err)
     if rewritten is not None:
         return rewrite_error(rewritten, "a message that reads as a summary of the conversation", err)
@@ -147,6 +168,22 @@ def _reads_as_summary(
     for i in range(err.index, len(messages)):
         if messages[i].get("role") in ("user", "system") and SUMMARY_WORDS.search(
             text_of(messages[i].get("content"))[:SUMMARY_HEAD_CHARS]
+        ):
+            return i
+    return None
+
+
+def _asks_for_summary(messages: Sequence[dict[str, Any]], tools: Any, head: ChatRecord) -> int | None:
+    """The index of the request's last message, or of its system message, when it asks for a summary
+    (SUMMARY_ASK in its first lines), in a request with the context's own tools or none; else None
+    (another agent's request has other tools: it is an identity mistake, not a summary call)."""
+    if not messages or (tools and not same_tools(tools, head.tools)):
+        return None
+    candidates = [len(messages) - 1, *(i for i, m in enumerate(messages) if m.get("role") == "system")]
+    for i in candidates:
+        message = messages[i]
+        if message.get("role") in ("user", "system") and SUMMARY_ASK.search(
+            text_of(message.get("content"))[:SUMMARY_HEAD_CHARS]
         ):
             return i
     return None

@@ -33,6 +33,7 @@ from agents.run_config import CallModelData, ModelInputData, RunConfig
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall
 
+from harnesses.clients import ROOT_AGENT
 from harnesses.clients.agents_sdk import GroveModelProvider
 from harnesses.clients.program import HarnessContext
 from harnesses.delegation_words import PARENT_SYSTEM, WARM_UP, WORKER_SYSTEM
@@ -152,7 +153,8 @@ async def run(harness: HarnessContext) -> str:
     provider = GroveModelProvider(harness.episode, model_name=harness.model)
     words = list(harness.task["params"]["words"])
     stream = bool(harness.options.get("stream", False))
-    lead, config = lead_agent(provider, stream), provider.run_config()
+    # The task family's reward and its parent-only baseline read the lead as `parent` (ROOT_AGENT).
+    lead, config = lead_agent(provider, stream), provider.run_config(root_agent=ROOT_AGENT)
     first = await run_agent(lead, "Words:\n" + "\n".join(words), config, stream)
     item_id = first.raw_responses[-1].response_id  # the lead's delegating call (x-grove-call-id)
     # one word per tool, the second to the worker with a history (the one that compacts)

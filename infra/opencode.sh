@@ -2,13 +2,14 @@
 # Installs the stock OpenCode harness (npm `opencode-ai`, pinned) into a grove-local folder, never
 # globally: $GROVE_HOME/tools/opencode-ai-<version>/ (GROVE_HOME defaults to ~/.cache/grove). Idempotent:
 # a complete install (the platform binary answers `--version` with the pinned version) is kept.
-# Prints the binary's path on its last line. Needs `npm` (on these machines; else `apt-get install npm`).
+# Prints the binary's path on its last line. Needs `npm`: installed with apt-get when missing (as root).
 #
 #   bash infra/opencode.sh                      # install (or find) the pinned version
 #   GROVE_OPENCODE_VERSION=1.18.33 bash infra/opencode.sh
 #
 # harnesses/opencode_install.py calls this (under a file lock) when the binary is missing, so the tests
-# and the demo work on a fresh machine; infra/bootstrap.sh calls it too.
+# and the demo work on a fresh machine: OpenCode is installed on first use (infra/bootstrap.sh does not
+# install it); run this once yourself to launch OpenCode by hand.
 set -euo pipefail
 VERSION="${GROVE_OPENCODE_VERSION:-1.18.33}"
 HOME_DIR="${GROVE_HOME:-$HOME/.cache/grove}"
@@ -23,7 +24,12 @@ if [ -x "$BIN" ] && [ "$("$BIN" --version 2>/dev/null | tail -1)" = "$VERSION" ]
   echo "$BIN"
   exit 0
 fi
-command -v npm >/dev/null || { echo "[opencode] npm is missing: apt-get install -y npm" >&2; exit 1; }
+if ! command -v npm >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "[opencode] npm is missing: installing it (apt-get install -y npm)" >&2
+  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >&2
+fi
+command -v npm >/dev/null || {
+  echo "[opencode] npm is missing and could not be installed here: install npm, then run again" >&2; exit 1; }
 TMP="$DEST.partial.$$"
 rm -rf "$TMP"
 mkdir -p "$TMP"

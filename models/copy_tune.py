@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from models import reader_drills, report_drills
 from models.manifest import write_manifest
+from models.progress import BuildProgress
 from models.reader_drills import READER_PROMPT
 from models.tool_drills import (
     _DAYS,
@@ -412,6 +413,7 @@ def tune(
     opt = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
     model.train()
     losses = []
+    progress = BuildProgress("copy tune", spec.total_steps)
     for step in range(spec.total_steps):
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, spec)
@@ -426,8 +428,7 @@ def tune(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss_sum / total)
-        if step % 50 == 0 or step == spec.total_steps - 1:
-            log.info("copy tune: step %d/%d loss %.3f", step, spec.total_steps, losses[-1])
+        progress.report(step, losses[-1])
         if on_step is not None:
             on_step(step, losses[-1])
     model.eval()

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from models.corpus import generate_copy_drills, generate_corpus
 from models.manifest import write_manifest
+from models.progress import BuildProgress
 from models.tokenizer import END_OF_TEXT, IM_END, IM_START, save_tokenizer, train_tokenizer
 from models.tool_drills import Shape, generate_tool_drills, harness_texts
 
@@ -331,6 +332,7 @@ def _pretrain(model: torch.nn.Module, phases: list[_Phase], spec: TinyModelSpec)
     losses = []
     model.train()
     schedule = [phase for phase in phases for _ in range(phase.steps)]
+    progress = BuildProgress("tiny build", len(schedule))
     for step, phase in enumerate(schedule):
         batch, weights = _batch(phase, gen)
         loss = _loss(model(input_ids=batch).logits, batch, weights)
@@ -341,8 +343,7 @@ def _pretrain(model: torch.nn.Module, phases: list[_Phase], spec: TinyModelSpec)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
-        if step % 50 == 0 or step == len(schedule) - 1:
-            log.info("tiny build: step %d/%d loss %.3f", step, len(schedule), losses[-1])
+        progress.report(step, losses[-1])
     model.eval()
     return losses
 

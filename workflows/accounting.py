@@ -45,6 +45,19 @@ class ContextSummary(BaseModel):
     awaiting_delivery: list[str] = Field(default_factory=list)  # completed, response not yet delivered
 
 
+SUMMARY_PAGE_CONTEXTS = 500  # ~300 KB of contexts per answer, far below Temporal's 2 MB payload limit
+MAX_WARNINGS = 20  # warnings listed in one answer; more are counted in a last line
+
+
+class SummaryPage(BaseModel):
+    """Which contexts one `summary` query answer holds: `limit` of them from `offset` (opening order).
+    The answer's size is bounded by the page, whatever the episode's: a reader pages with
+    `next_offset` until it is None."""
+
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=SUMMARY_PAGE_CONTEXTS, ge=1, le=SUMMARY_PAGE_CONTEXTS)
+
+
 class LedgerSummary(BaseModel):
     """Small, query-friendly picture of the ledger: counts per state per context and in total."""
 
@@ -53,8 +66,11 @@ class LedgerSummary(BaseModel):
     closed: bool
     totals: dict[CallState, int]
     contexts: list[ContextSummary]
-    # What the harness may have wired wrong (e.g. a worker started without a spawner), in words
+    # What the harness may have wired wrong (e.g. a worker started without a spawner), in words: at most
+    # MAX_WARNINGS, then one line counting the rest
     warnings: list[str] = Field(default_factory=list)
+    context_count: int = 0  # contexts in the whole ledger (`contexts` may be one page of them)
+    next_offset: int | None = None  # the offset of the next page of contexts; None: this is the last
 
 
 class LedgerAccounting(BaseModel):

@@ -5,10 +5,12 @@ different contexts may be outstanding at once. A context id is opened once, and 
 
 - ROOT: an agent's first context, spawned by nobody and rewriting nothing (the root agent; an agent
   opened as ROOT beside it is warned about: workflows/ledger_report.py);
-- SPAWN: a worker's context, started by a named call of *another* agent that is admitted or completed (a
-  streaming response may start the worker before its receipt arrives). A worker may be spawned again, a
-  fresh history beside its earlier contexts (a second agent-as-tool invocation, a second LangGraph `Send`
-  round); an agent that started as ROOT is never spawned;
+- SPAWN: a context started by a named call of *another* agent that is admitted or completed (a
+  streaming response may start the agent before its receipt arrives). Any agent may be spawned again, a
+  fresh history beside its earlier contexts: a worker invoked a second time (a second agent-as-tool
+  invocation, a second LangGraph `Send` round), and the root agent too when another agent hands the
+  conversation back to it (an Agents SDK handoff back: the history it gets holds the other agent's
+  turns, so it extends none of its own contexts);
 - REWRITE: a declared rewrite (compaction) of the same agent's current context, which it retires
   (`ContextState.retired_by`): a retired context admits no call and is rewritten only once.
 
@@ -112,23 +114,8 @@ class ContextOpening(LedgerState):
                 "a spawning call that is admitted or completed",
                 "spawn workers only from responses the harness actually uses",
             )
-        self._check_respawn(record)
-
-    def _check_respawn(self, record: ContextRecord) -> None:
-        """A worker may be spawned again (a fresh history: a second agent-as-tool invocation, a second
-        LangGraph `Send` round): another SPAWN context of an agent whose first context was a SPAWN too.
-        Its earlier contexts stay live (the invocations may run concurrently); the root agent, opened
-        as ROOT, is never spawned."""
-        existing = self.contexts_of(record.agent)
-        if existing and self.contexts[existing[0]].record.origin != ContextOrigin.SPAWN:
-            raise self._invalid(
-                record,
-                [],
-                f"agent {record.agent!r} started as a {self.contexts[existing[0]].record.origin.value} "
-                f"context ({existing[0]!r}), so it is not a worker",
-                "a SPAWN context only for a new agent or for an agent that was spawned before",
-                "give the spawned worker its own agent name",
-            )
+        # An agent with contexts already is spawned again (module docstring): its earlier contexts stay
+        # live, since the invocations may run concurrently.
 
     def _check_rewrite(self, record: ContextRecord) -> None:
         old_id = record.rewrite_of

@@ -59,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from grove.receipts import ContextRecord
     from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_outcome, run_program
     from harnesses.programs import PROGRAMS
-    from workflows.accounting import LedgerSummary
+    from workflows.accounting import LedgerSummary, SummaryPage
     from workflows.context_view import ContextView, ViewRequest, admitted_count, context_view
     from workflows.delivery import (
         delivered_before,
@@ -488,8 +488,11 @@ class EpisodeWorkflow:
             )
 
     @workflow.query(name="summary")
-    def summary(self) -> LedgerSummary:
-        return self.ledger.summary()
+    def summary(self, page: SummaryPage | None = None) -> LedgerSummary:
+        """One page of the ledger's summary (the first SUMMARY_PAGE_CONTEXTS contexts without `page`):
+        bounded, so the answer fits a Temporal payload however long the episode."""
+        page = page or SummaryPage()
+        return self.ledger.summary(page.offset, page.limit)
 
     @workflow.query(name="context_view")
     def context_view(self, req: ViewRequest) -> ContextView:

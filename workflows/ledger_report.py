@@ -2,7 +2,9 @@
 
 - `summary()` (the workflow's `summary` query): counts per state per context and in total, each context's
   origin links (spawned by which call, rewrite of which context, retired by which), head, pending calls
-  and calls awaiting delivery, and warnings (the models are workflows/accounting.py's). Settled calls count
+  and calls awaiting delivery, and warnings (the models are workflows/accounting.py's). The query
+  answers one page of contexts (`SummaryPage`) and at most MAX_WARNINGS warnings, so its payload stays
+  bounded however many contexts the episode opens. Settled calls count
   in the state they were settled in: the close's SELECTED / AUXILIARY of a settled call is applied by the
   materialize activity, not here;
 - `context_summary`: one context as the queries show it (the `context_view` query answers with a few:
@@ -17,20 +19,25 @@ Pure module: pydantic + stdlib only (imported inside the Temporal workflow sandb
 
 from __future__ import annotations
 
+from itertools import islice
+
 from grove.receipts import CallKind, CallState, ContextOrigin
-from workflows.accounting import ContextSummary, LedgerSummary, count_states
+from workflows.accounting import MAX_WARNINGS, ContextSummary, LedgerSummary, count_states
 from workflows.ledger_state import LedgerState
 
 
 class LedgerReport(LedgerState):
     """The ledger's answers to queries and to the reward (module docstring)."""
 
-    def summary(self) -> LedgerSummary:
+    def summary(self, offset: int = 0, limit: int | None = None) -> LedgerSummary:
         """Counts per state per context and in total, pending ids, and each context's origin links
         (spawned by which call, rewrite of which context, retired by which) (the Temporal query answer).
+        `limit` contexts from `offset` in opening order (None: all; `next_offset` names the next page).
         Settled calls count in the state they were settled in (completed or dead: the close's SELECTED /
         AUXILIARY of a settled call is applied by the materialize activity, not here)."""
-        contexts = [self.context_summary(context_id) for context_id in self.contexts]
+        stop = None if limit is None else offset + limit
+        page = list(islice(self.contexts, offset, stop))
+        contexts = [self.context_summary(context_id) for context_id in page]
         totals = count_states(self.calls.values())
         for tail in self.settled.values():
             for call_state, n in tail.counts.items():
@@ -41,7 +48,9 @@ class LedgerReport(LedgerState):
             closed=self.closed,
             totals=totals,
             contexts=contexts,
-            warnings=self.warnings(),
+            warnings=bounded(self.warnings()),
+            context_count=len(self.contexts),
+            next_offset=stop if stop is not None and stop < len(self.contexts) else None,
         )
 
     def context_summary(self, context_id: str) -> ContextSummary:
@@ -109,3 +118,11 @@ class LedgerReport(LedgerState):
             "(EpisodeSpec.unspawned_agents='refuse' makes this an error)"
             for agent in roots[1:]
         ]
+
+
+def bounded(warnings: list[str]) -> list[str]:
+    """At most MAX_WARNINGS warnings, then one line counting the ones left out."""
+    if len(warnings) <= MAX_WARNINGS:
+        return warnings
+    left = len(warnings) - MAX_WARNINGS
+    return [*warnings[:MAX_WARNINGS], f"... and {left} more warning(s) of the same kinds"]

@@ -21,6 +21,7 @@ from gateway.chat_response import completion_body, sse_events, stream_chunks
 from gateway.delivery import DeliveredJSONResponse, DeliveredStreamingResponse
 from gateway.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
 from grove.headers import AGENT_HEADER, CALL_ID_HEADER, CONTEXT_HEADER, WARNING_HEADER
+from workflows.context_view import ContextView, ViewRequest
 
 router = APIRouter(prefix="/episodes/{episode_ref}/v1", tags=["openai"])
 
@@ -60,9 +61,20 @@ async def _advice(capture: Capture, episode_id: str, record: ChatRecord) -> str 
     """The warning this call deserves, if any: a tool call cut by max_tokens, a compaction loop."""
     found = say_once(record, "tool_call_cut", tool_call_cut(record))
     if may_loop(record):
-        summary = await capture.episodes.summary(episode_id)
-        found = say_once(record, "compaction_loop", compaction_loop(summary, record)) or found
+        view = await _rewrite_view(capture, episode_id, record)
+        found = say_once(record, "compaction_loop", compaction_loop(view, record)) or found
     return found
+
+
+async def _rewrite_view(capture: Capture, episode_id: str, record: ChatRecord) -> ContextView:
+    """The record's context and the context it rewrote: all `compaction_loop` reads, from `context_view`
+    queries whose size is the agent's, not the episode's."""
+    view = await capture.episodes.context_view(episode_id, ViewRequest(contexts=[record.context_id]))
+    ctx = next((c for c in view.contexts if c.context_id == record.context_id), None)
+    if ctx is None or ctx.rewrite_of is None:
+        return view
+    req = ViewRequest(contexts=[record.context_id, ctx.rewrite_of])
+    return await capture.episodes.context_view(episode_id, req)
 
 
 @router.post("/responses")

@@ -144,6 +144,9 @@ class CloseRequest(BaseModel):
     final_answer: str = ""
     outputs: dict[str, list[str]] = Field(default_factory=dict)
     failure: str | None = None
+    # Whose failure it is, where the harness knows (grove could not serve it: "infrastructure"). Unset:
+    # the workflow decides (workflows/episode_failures.py close_failure_kind).
+    failure_kind: FailureKind | None = None
 
 
 def close_digest(req: CloseRequest) -> str:

@@ -62,6 +62,26 @@ def header_safe(name: str) -> str:
     return f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
+class ReadableAgents:
+    """Agent ids that read as the framework's agent names: the name itself when it is header-safe, else
+    its slug (runs of other characters -> '-': "Research agent" -> "Research-agent"), with
+    `header_safe`'s hash only where a slug is empty, too long, or already taken by another name of the
+    same program (the first name to reach a slug keeps it), so distinct names stay distinct agents."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, str] = {}  # agent id -> the name that took it
+
+    def __call__(self, name: str) -> str:
+        slug = name if _NAME.match(name) else _NOT_NAME.sub("-", name).strip("-")
+        if not _NAME.match(slug):  # empty or longer than a header-safe name
+            return header_safe(name)
+        owner = self._owners.setdefault(slug, name)
+        if owner == name:
+            return slug
+        stem = slug[:CANONICAL_STEM_CHARS].strip("-") or "agent"
+        return f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
 @dataclass
 class Episode:
     """One episode as a harness sees it: where to send requests, with which token, and what it learned
@@ -129,15 +149,17 @@ class Episode:
         *,
         outputs: dict[str, list[str]] | None = None,
         failure: str | None = None,
+        failure_kind: str | None = None,
         wait: bool = False,
         timeout: float = 600.0,
     ) -> dict:
-        """End the harness's part of the episode (POST .../close). Idempotent for the same close."""
+        """End the harness's part of the episode (POST .../close). Idempotent for the same close.
+        `failure_kind`: "infrastructure" for a failure that is grove's or the harness's own, not the
+        policy's (unset: grove decides; a failure naming a gateway 5xx code is infrastructure)."""
         import httpx  # only here: the identity helpers need no HTTP client of their own
 
-        r = httpx.post(
-            self.close_url, **self._close_request(final_answer, outputs, failure, wait), timeout=timeout
-        )
+        request = self._close_request(final_answer, outputs, failure, failure_kind, wait)
+        r = httpx.post(self.close_url, **request, timeout=timeout)
         r.raise_for_status()
         return r.json()
 
@@ -147,22 +169,32 @@ class Episode:
         *,
         outputs: dict[str, list[str]] | None = None,
         failure: str | None = None,
+        failure_kind: str | None = None,
         wait: bool = False,
         timeout: float = 600.0,
     ) -> dict:
         import httpx
 
+        request = self._close_request(final_answer, outputs, failure, failure_kind, wait)
         async with httpx.AsyncClient(timeout=timeout) as c:
-            r = await c.post(self.close_url, **self._close_request(final_answer, outputs, failure, wait))
+            r = await c.post(self.close_url, **request)
         r.raise_for_status()
         return r.json()
 
     def _close_request(
-        self, final_answer: str, outputs: dict[str, list[str]] | None, failure: str | None, wait: bool
+        self,
+        final_answer: str,
+        outputs: dict[str, list[str]] | None,
+        failure: str | None,
+        failure_kind: str | None,
+        wait: bool,
     ) -> dict:
         """The close POST's query, body and auth: one shape for close and aclose."""
+        body = {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure}
+        if failure_kind is not None:
+            body["failure_kind"] = failure_kind
         return {
             "params": {"wait": str(wait).lower()},
-            "json": {"final_answer": final_answer, "outputs": outputs or {}, "failure": failure},
+            "json": body,
             "headers": {"authorization": f"Bearer {self.api_key}"},
         }

@@ -5,14 +5,17 @@
     await provider.episode.aclose(final_answer=str(result.final_output))
 
 - Chat completions, always: the SDK's default Responses API is not what the gateway serves.
-- agent: the run's starting agent is the root agent `parent` (parent-only baselines train it); an agent
-  run as a tool (`agent.as_tool`) is `{agent.name}-{tool call id}` made header-safe, one agent per
-  invocation, so two concurrent calls of the same worker tool never share a context; a handoff target
-  is its own header-safe name.
+- agent: every agent id reads as the SDK agent's name (`ReadableAgents`: "Triage agent" ->
+  `Triage-agent`): the run's starting agent is the root agent under its own name (pass `root_agent=` to
+  `run_config()` for a fixed one, e.g. `parent` where a reward reads that name); a handoff target is its
+  own name; an agent run as a tool (`agent.as_tool`) is `{agent.name}-{tool call id}`, one agent per
+  invocation, so two concurrent calls of the same worker tool never share a context.
 - handoffs: the agent a handoff transfers to is spawned by the call that handed off: the handoff is a
   tool call in that call's response, stamped with its grove call id, and the receiving agent's first
   request carries that item in its input (agents_handoffs.py reads it), in a plain, a streamed and a
-  Temporal-native run alike; nothing to declare.
+  Temporal-native run alike; nothing to declare. An agent handed back to, the root included, enters
+  again: a new context of that agent spawned by the call that handed back (the history it gets holds
+  the other agent's turns, so it extends none of its own contexts).
 - spawn link: a worker's requests name the call whose response held its tool call. This provider's
   model stamps each response's items with the grove call id (`x-grove-call-id`); the SDK hands that
   item to the tool as `ToolContext.tool_call`, which is where the spawner is read from (by a wrapper
@@ -74,11 +77,12 @@ from agents.run_config import CallModelData, CallModelInputFilter, ModelInputDat
 from openai import AsyncOpenAI
 
 from grove.headers import AGENT_HEADER, CALL_ID_HEADER, KIND_HEADER, REWRITE_HEADER, SPAWNED_BY_HEADER
-from harnesses.clients import ROOT_AGENT, SUMMARY, Episode, header_safe
+from harnesses.clients import SUMMARY, Episode, ReadableAgents, header_safe
 from harnesses.clients.agents_handoffs import FAKE_ID, handoff_spawner, handoff_targets
 
 EPISODE_ARG = "grove_episode"  # model_settings.extra_args: {"base_url", "api_key"} (Temporal runs)
 IDENTITY_ARG = "grove_identity"  # model_settings.extra_args: identity headers (Temporal runs)
+MAX_AGENT_CHARS = 96  # a longer agent id would be hashed by the gateway (gateway.identity.canonical_agent)
 _IDENTITY: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "grove_identity", default=None
 )
@@ -121,13 +125,17 @@ class IdentityFilter:
     names them `<agent>~summary`; trained only when the run trains summaries).
     A call whose input the filter changed, or whose agent's previous input it had changed, and that
     does not extend what that agent sent last, declares a rewrite (`x-grove-rewrite: 1`); a filter that
-    keeps producing the same rewritten prefix continues that rewritten context."""
+    keeps producing the same rewritten prefix continues that rewritten context.
+
+    `root_agent`: the root agent's id; None (the default) names it after the run's starting agent, as
+    every other agent is named (`ReadableAgents`)."""
 
     def __init__(
-        self, root_agent: str = ROOT_AGENT, input_filter: CallModelInputFilter | None = None
+        self, root_agent: str | None = None, input_filter: CallModelInputFilter | None = None
     ) -> None:
         self.root_agent = root_agent
         self.input_filter = input_filter
+        self.agent_id = ReadableAgents()
         self._root_name: str | None = None
         self._sent: dict[str, tuple[str, ...]] = {}  # agent -> the input it sent last (item keys)
         self._filtered: dict[str, bool] = {}  # agent -> whether `input_filter` had changed that input
@@ -148,15 +156,20 @@ class IdentityFilter:
         invocation = _TOOL_CALL.get()
         if invocation is not None:  # inside an agent-tool: a worker of its own, spawned by that call
             tool_call_id, spawner = invocation
-            headers = {AGENT_HEADER: header_safe(f"{agent.name}-{tool_call_id}")}
+            headers = {AGENT_HEADER: self._invocation_id(agent.name, tool_call_id)}
             if spawner:
                 headers[SPAWNED_BY_HEADER] = spawner
             return headers
         if self._root_name is None:
             self._root_name = agent.name
-        if agent.name == self._root_name:
+        if agent.name == self._root_name and self.root_agent is not None:
             return {AGENT_HEADER: self.root_agent}
-        return {AGENT_HEADER: header_safe(agent.name)}  # a handoff target
+        return {AGENT_HEADER: self.agent_id(agent.name)}  # the root, or a handoff target
+
+    def _invocation_id(self, name: str, tool_call_id: str) -> str:
+        """`{agent id}-{tool call id}`; header_safe's form where that is longer than an agent id may be."""
+        readable = f"{self.agent_id(name)}-{tool_call_id}"
+        return readable if len(readable) <= MAX_AGENT_CHARS else header_safe(f"{name}-{tool_call_id}")
 
     async def __call__(self, data: CallModelData[Any]) -> ModelInputData:
         wrap_agent_tools(data.agent)
@@ -242,14 +255,15 @@ def grove_run_config(
     base_url: str | None = None,
     api_key: str | None = None,
     *,
-    root_agent: str = ROOT_AGENT,
+    root_agent: str | None = None,
     provider: ModelProvider | None = None,
     call_model_input_filter: CallModelInputFilter | None = None,
     **kwargs: Any,
 ) -> RunConfig:
     """A RunConfig for grove: the identity filter (around the program's own `call_model_input_filter`,
-    if given), tracing off (nothing to export to), and, when given, the episode's URL and token in the
-    model settings (how a Temporal workflow names its episode)."""
+    if given; `root_agent`: a fixed id for the root agent, else its own name), tracing off (nothing to
+    export to), and, when given, the episode's URL and token in the model settings (how a Temporal
+    workflow names its episode)."""
     settings = ModelSettings()
     if base_url is not None:
         settings = ModelSettings(extra_args={EPISODE_ARG: {"base_url": base_url, "api_key": api_key or ""}})

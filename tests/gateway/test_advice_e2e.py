@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 async def test_a_tool_call_cut_by_max_tokens_comes_with_a_warning(agents_script_stack: AgentsScriptStack):
     stack = agents_script_stack
-    (lead, *_), _ = await asyncio.to_thread(capture_requests)  # the lead's first request, as the SDK sends it
+    (lead, *_), *_ = await asyncio.to_thread(capture_requests)  # the lead's first request, as sent
     body = {**lead, "model": MODEL, "max_tokens": 6, "temperature": 0.3}
     eid = await start_episode(stack.client, "advice-cut")
     headers = {"authorization": f"Bearer {issue_token(SECRET, eid)}"}

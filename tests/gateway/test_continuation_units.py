@@ -182,6 +182,25 @@ def test_common_wiring_mistakes_get_errors_that_name_the_fixing_header():
     assert isinstance(_diagnosed(langchain, TOOLS, {}, head), UndeclaredRewriteError)
 
 
+def test_a_hand_written_summary_call_without_its_header_is_told_to_be_auxiliary_not_a_rewrite():
+    """A program's own summary call, sent under the agent's name with the agent's tools (or none) and
+    without `x-grove-call-kind: auxiliary`: the hint names the auxiliary header; declaring a rewrite on
+    it would train the summary as an action and retire the agent's context."""
+    head = record([SYSTEM, USER, OK, MORE], OK, TOOLS)
+    transcript = {"role": "user", "content": "user: Read a.txt\nassistant: I read it, the answer is 42."}
+    summarizer = {"role": "system", "content": "You are a careful summarizer."}
+    for asking in (
+        [SYSTEM, {"role": "user", "content": f"Summarize the conversation so far:\n{transcript['content']}"}],
+        [summarizer, transcript],
+        [SYSTEM, USER, {"role": "user", "content": "Please write a short summary of the work above."}],
+    ):
+        with_tools = _diagnosed(asking, TOOLS, {"x-grove-agent": "parent"}, head)
+        assert isinstance(with_tools, UndeclaredAuxiliaryCallError), (asking, str(with_tools))
+        assert "asks for a summary" in str(with_tools) and "x-grove-call-kind: auxiliary" in str(with_tools)
+        without = _diagnosed(asking, None, {"x-grove-agent": "parent"}, head)
+        assert isinstance(without, UndeclaredAuxiliaryCallError) and "auxiliary" in str(without)
+
+
 def test_a_history_replaced_by_a_summary_is_an_undeclared_rewrite_whoever_wrote_it():
     """The probe: the parent's history replaced by a summary the harness wrote itself (no auxiliary call of
     the agent returned it), sent without `x-grove-rewrite` and without identity headers. Refused (right),

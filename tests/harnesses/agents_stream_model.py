@@ -12,7 +12,10 @@ tool call arrive in the stream and the SDK run the worker tool (a nested run) fr
 - the lead's resumption with both tool results -> `red cat`;
 - a second program, a front desk with a handoff to a specialist, asked `Route: sun` -> the handoff call
   `transfer_to_billing_specialist` (`{}`); the specialist, on the history the SDK hands it (the request,
-  the handoff call and its output) -> `sun`. The handoff tests (plain, streamed, Temporal-native) run it.
+  the handoff call and its output) -> `sun`. The handoff tests (plain, streamed, Temporal-native) run it;
+- a third program, a concierge (the run's starting agent) with a handoff to a porter who has a handoff
+  back, asked `Carry: bag` -> `transfer_to_porter`; the porter -> `transfer_to_concierge`; the concierge
+  handed back to, on the whole history -> `bag`. The hand-back tests (plain, streamed) run it.
 
 The training prompts are what the gateway will render for those requests: the request bodies are the
 ones the SDK itself sends (captured by running the program once against a scripted in-memory
@@ -33,7 +36,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-VERSION = "agents-stream-2"
+VERSION = "agents-stream-3"
 BASE = "tiny"
 WORDS = ("red", "cat")
 USER = "Words: " + " ".join(WORDS)
@@ -47,6 +50,12 @@ SPECIALIST_INSTRUCTIONS = "Reply with the word in the request."
 ROUTE_WORD = "sun"
 ROUTE_USER = f"Route: {ROUTE_WORD}"
 HANDOFF_TOOL = "transfer_to_billing_specialist"  # the SDK's default tool name for SPECIALIST_NAME
+CONCIERGE_NAME, PORTER_NAME = "Concierge", "Porter"
+CONCIERGE_INSTRUCTIONS = "You pass each request to the porter and answer when it comes back."
+PORTER_INSTRUCTIONS = "You hand every request back to the concierge."
+CARRY_WORD = "bag"
+CARRY_USER = f"Carry: {CARRY_WORD}"
+TO_PORTER, TO_CONCIERGE = "transfer_to_porter", "transfer_to_concierge"  # the SDK's default tool names
 STEPS, LR = 120, 3e-3
 
 
@@ -85,8 +94,21 @@ def front_desk(settings: Any = None) -> Any:
     )
 
 
-def handoff_message() -> dict[str, Any]:
-    call = {"type": "function", "function": {"name": HANDOFF_TOOL, "arguments": {}}}
+def concierge() -> Any:
+    """The hand-back program's starting agent: one handoff, to a porter whose one handoff is back to it."""
+    from agents import Agent
+
+    settings = script_settings()
+    porter = Agent(name=PORTER_NAME, instructions=PORTER_INSTRUCTIONS, model_settings=settings)
+    desk = Agent(
+        name=CONCIERGE_NAME, instructions=CONCIERGE_INSTRUCTIONS, handoffs=[porter], model_settings=settings
+    )
+    porter.handoffs = [desk]
+    return desk
+
+
+def handoff_message(tool: str = HANDOFF_TOOL) -> dict[str, Any]:
+    call = {"type": "function", "function": {"name": tool, "arguments": {}}}
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
@@ -105,6 +127,13 @@ def _scripted_reply(body: dict[str, Any]) -> dict[str, Any]:
         return {"role": "assistant", "content": None, "tool_calls": [call]}
     if system.startswith(SPECIALIST_INSTRUCTIONS):
         return {"role": "assistant", "content": ROUTE_WORD}
+    if system.startswith(PORTER_INSTRUCTIONS):
+        return _handoff_reply(TO_CONCIERGE)
+    if system.startswith(CONCIERGE_INSTRUCTIONS):
+        handed_back = any(
+            c["function"]["name"] == TO_CONCIERGE for m in body["messages"] for c in m.get("tool_calls") or ()
+        )
+        return {"role": "assistant", "content": CARRY_WORD} if handed_back else _handoff_reply(TO_PORTER)
     last = body["messages"][-1]
     if last["role"] == "tool":
         return {"role": "assistant", "content": " ".join(WORDS)}
@@ -121,9 +150,14 @@ def _scripted_reply(body: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": last["content"]}
 
 
-def capture_requests() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _handoff_reply(tool: str) -> dict[str, Any]:
+    call = {"id": f"call_{tool}", "type": "function", "function": {"name": tool, "arguments": "{}"}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def capture_requests() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """The chat-completions bodies the programs send, in order: lead, two workers, lead again; then
-    the front desk and the specialist it hands off to."""
+    the front desk and the specialist it hands off to; then the concierge, the porter, the concierge."""
     import httpx
     from agents import OpenAIChatCompletionsModel, RunConfig, Runner
     from openai import AsyncOpenAI
@@ -152,9 +186,10 @@ def capture_requests() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
     asyncio.run(run(lead_agent(), USER))
     asyncio.run(run(front_desk(), ROUTE_USER))
-    if len(bodies) != 6:
-        raise AgentsScriptModelError(f"the programs sent {len(bodies)} requests, expected 4 + 2")
-    return bodies[:4], bodies[4:]
+    asyncio.run(run(concierge(), CARRY_USER))
+    if len(bodies) != 9:
+        raise AgentsScriptModelError(f"the programs sent {len(bodies)} requests, expected 4 + 2 + 3")
+    return bodies[:4], bodies[4:6], bodies[6:]
 
 
 def examples(tok: Any) -> list[tuple[list[int], list[int]]]:
@@ -167,7 +202,7 @@ def examples(tok: Any) -> list[tuple[list[int], list[int]]]:
     def reply(message: dict[str, Any], tools: Any) -> list[int]:
         return [*encode(tok, assistant_turn_text(tok, message, tools)), end]
 
-    (lead, *workers, resume), (front, specialist) = capture_requests()
+    (lead, *workers, resume), (front, specialist), carry = capture_requests()
     tools = lead.get("tools")
     lead_prompt = render_root(tok, lead["messages"], tools)
     lead_reply = reply(tool_call_message(), tools)
@@ -184,7 +219,32 @@ def examples(tok: Any) -> list[tuple[list[int], list[int]]]:
     out.append((render_root(tok, front["messages"], front_tools), reply(handoff_message(), front_tools)))
     word = reply({"role": "assistant", "content": ROUTE_WORD}, None)
     out.append((render_root(tok, specialist["messages"], specialist.get("tools")), word))
-    return out
+    return out + hand_back_examples(tok, carry, reply)
+
+
+def hand_back_examples(
+    tok: Any, carry: list[dict[str, Any]], reply: Any
+) -> list[tuple[list[int], list[int]]]:  # noqa: E501
+    """The concierge's handoff, the porter's handoff back, and the concierge's answer. Its last request
+    holds the porter's assistant turn, so it extends none of the concierge's calls: a fresh context's
+    prompt (the generation guard below says so if a renderer ever made it a continuation)."""
+    from chat.render import Predecessor, UndeclaredDiscontinuityError, render_chat, render_root
+
+    first, porter, back = carry
+    tools = first.get("tools")
+    first_prompt = render_root(tok, first["messages"], tools)
+    first_reply = reply(handoff_message(TO_PORTER), tools)
+    out = [(first_prompt, first_reply)]
+    porter_tools = porter.get("tools")
+    back_call = reply(handoff_message(TO_CONCIERGE), porter_tools)
+    out.append((render_root(tok, porter["messages"], porter_tools), back_call))
+    answer = reply({"role": "assistant", "content": CARRY_WORD}, tools)
+    pred = Predecessor(first["messages"], first_prompt, first_reply, tools)
+    try:
+        render_chat(tok, back["messages"], back.get("tools"), pred)
+    except UndeclaredDiscontinuityError:
+        return [*out, (render_root(tok, back["messages"], back.get("tools")), answer)]
+    raise AgentsScriptModelError("the concierge handed back continues its first call; the script expects not")
 
 
 def fingerprint(base_dir: Path) -> str:
@@ -192,6 +252,7 @@ def fingerprint(base_dir: Path) -> str:
     h.update((base_dir / "model.safetensors").read_bytes())
     script = [WORDS, USER, LEAD_INSTRUCTIONS, WORKER_INSTRUCTIONS, STEPS, LR]
     script += [FRONT_NAME, SPECIALIST_NAME, FRONT_INSTRUCTIONS, SPECIALIST_INSTRUCTIONS, ROUTE_USER]
+    script += [CONCIERGE_NAME, PORTER_NAME, CONCIERGE_INSTRUCTIONS, PORTER_INSTRUCTIONS, CARRY_USER]
     h.update(json.dumps(script).encode())
     return h.hexdigest()[:16]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from models.progress import BuildProgress
 from models.tiny import _deterministic_torch
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,14 @@ def fine_tune(
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
         rng = random.Random(0)
         model.train()
+        progress = BuildProgress(label, steps)
         for step in range(steps):
             loss = batch_loss(model, next_batch(rng))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            if step % 20 == 0:
-                log.info("%s: step %d loss %.4f", label, step, loss.item())
+            progress.report(step, loss.item())
         model.eval()
         model.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(base_dir)).save_pretrained(str(out))

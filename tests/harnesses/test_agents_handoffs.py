@@ -8,6 +8,7 @@ import json
 
 from agents import Agent, handoff
 
+from harnesses.clients import ReadableAgents, header_safe
 from harnesses.clients.agents_handoffs import FAKE_ID, handoff_spawner, handoff_targets
 from harnesses.clients.agents_sdk import IdentityFilter
 
@@ -72,8 +73,25 @@ def test_nothing_to_read_names_no_spawner():
 
 def test_the_identity_filter_sends_the_spawner_once_it_saw_who_may_hand_off():
     identity = IdentityFilter()
-    assert identity.identity(FRONT, [USER]) == {"x-grove-agent": "parent"}  # the run's first agent: root
+    # the run's first agent, the root, under its own name
+    assert identity.identity(FRONT, [USER]) == {"x-grove-agent": "Front-desk"}
     identity._handoffs.update(handoff_targets(FRONT))  # as __call__ does for every agent it sees
     entered = identity.identity(SPECIALIST, ENTERS)
-    assert entered["x-grove-spawned-by"] == "parent.0.c0"
-    assert entered["x-grove-agent"].startswith("Billing-specialist-")
+    assert entered == {"x-grove-agent": "Billing-specialist", "x-grove-spawned-by": "parent.0.c0"}
+
+
+def test_a_fixed_root_agent_id_is_kept():
+    assert IdentityFilter("parent").identity(FRONT, [USER]) == {"x-grove-agent": "parent"}
+
+
+def test_agent_ids_read_as_names_and_distinct_names_stay_distinct():
+    ids = ReadableAgents()
+    assert [ids("Research agent"), ids("worker-1"), ids("Research agent")] == [
+        "Research-agent",
+        "worker-1",
+        "Research-agent",
+    ]
+    clash = ids("Research-agent")  # another name with the same slug: header_safe's hashed form
+    assert clash.startswith("Research-agent-") and len(clash) == len("Research-agent-") + 8
+    assert ids("Research.agent") not in {"Research-agent", clash}
+    assert ids("  ") == header_safe("  ") and ids("x" * 200) == header_safe("x" * 200)

@@ -32,7 +32,6 @@ from temporalio.common import RetryPolicy
 from temporalio.contrib.openai_agents import ModelActivityParameters
 
 from grove.receipts import CallState, ContextOrigin
-from harnesses.clients import header_safe
 from harnesses.clients.agents_sdk import GroveModelProvider
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.fixtures.agents_script import AgentsScriptStack
@@ -43,9 +42,9 @@ from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixtur
     start_episode,
     summary,
 )
-from tests.harnesses.agents_handoff_kit import check_handoff_episode
+from tests.harnesses.agents_handoff_kit import FRONT, check_hand_back_episode, check_handoff_episode
 from tests.harnesses.agents_handoff_workflow import HandoffWorkflow
-from tests.harnesses.agents_stream_model import ROUTE_USER, front_desk, script_settings
+from tests.harnesses.agents_stream_model import CARRY_USER, ROUTE_USER, concierge, front_desk, script_settings
 from tests.harnesses.framework_kit import (
     bind,
     external_episode,
@@ -60,6 +59,8 @@ pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from agents_sdk_temporal import LeadWorkflow, lead_agent  # noqa: E402
+
+LEAD = "Lead-agent"  # the example's root agent, "Lead agent", under its own name
 
 
 def tool_context(tool, call_id: str, spawning_item_id: str, topic: str, lead, run_config) -> ToolContext:
@@ -91,9 +92,9 @@ async def test_provider_names_agents_and_spawns_concurrent_workers(
     lead, config = lead_agent(), provider.run_config()
     result = await Runner.run(lead, "Fix the failing build.", run_config=config)
     [response] = result.raw_responses
-    assert response.response_id == "parent.0.c0"  # chat completions through the gateway, the root agent
+    assert response.response_id == f"{LEAD}.0.c0"  # the root agent, under its own name
     item_id = response.output[0].id  # the SDK hands such an item to a tool as ToolContext.tool_call
-    assert item_id == "parent.0.c0"
+    assert item_id == f"{LEAD}.0.c0"
 
     # the lead "calls" its worker tool twice in one response: two concurrent nested runs
     [tool] = lead.tools
@@ -102,19 +103,18 @@ async def test_provider_names_agents_and_spawns_concurrent_workers(
     assert all(isinstance(o, str) and "error occurred" not in o for o in outputs), outputs
 
     ctx = contexts(await summary(temporal_client, eid))
-    workers = [header_safe(f"Research worker-call_t{i}") for i in (0, 1)]
-    assert workers[0] != workers[1] and all(" " not in w for w in workers)
+    workers = [f"Research-worker-call_t{i}" for i in (0, 1)]  # the SDK names, made header-safe
     for w in workers:
-        assert ctx[f"{w}.0"].origin == ContextOrigin.SPAWN and ctx[f"{w}.0"].spawned_by_call == "parent.0.c0"
+        assert ctx[f"{w}.0"].origin == ContextOrigin.SPAWN and ctx[f"{w}.0"].spawned_by_call == f"{LEAD}.0.c0"
         assert nonzero(ctx[f"{w}.0"].counts) == {CallState.COMPLETED: 1}
-    assert ctx["parent.0"].origin == ContextOrigin.ROOT
+    assert ctx[f"{LEAD}.0"].origin == ContextOrigin.ROOT
 
     # a second turn of the lead on its own history continues its context exactly
     again = await Runner.run(
         lead, [*result.to_input_list(), {"role": "user", "content": "Go on."}], run_config=config
     )
-    assert again.raw_responses[0].response_id == "parent.0.c1"
-    assert extension_of(recording_engine, eid, "parent.0.c1", "parent.0.c0")
+    assert again.raw_responses[0].response_id == f"{LEAD}.0.c1"
+    assert extension_of(recording_engine, eid, f"{LEAD}.0.c1", f"{LEAD}.0.c0")
     closed = await provider.episode.aclose(final_answer=str(again.final_output), wait=True)
     assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 4}
 
@@ -177,7 +177,7 @@ async def test_a_compacting_filter_in_a_custom_agent_tool(
 
     w = "Helper-call_h"
     ctx = contexts(await summary(temporal_client, eid))
-    assert ctx[f"{w}.0"].origin == ContextOrigin.SPAWN and ctx[f"{w}.0"].spawned_by_call == "parent.0.c0"
+    assert ctx[f"{w}.0"].origin == ContextOrigin.SPAWN and ctx[f"{w}.0"].spawned_by_call == "Lead.0.c0"
     assert ctx[f"{w}.1"].origin == ContextOrigin.REWRITE and ctx[f"{w}.1"].rewrite_of == f"{w}.0"
     assert nonzero(ctx[f"{w}.1"].counts) == {CallState.COMPLETED: 2}  # the third turn continued it
     assert nonzero(ctx[f"{w}~summary.0"].counts) == {CallState.COMPLETED: 1}  # summarised once
@@ -190,7 +190,7 @@ async def test_a_compacting_filter_in_a_custom_agent_tool(
     closed = await episode.aclose(answer, wait=True)
     result = closed["result"]
     assert result["status"] == "ok" and result["counts"] == {"selected": 4, "auxiliary": 1}
-    actions = ["parent.0.c0", f"{w}.0.c0", f"{w}.1.c0", f"{w}.1.c1"]
+    actions = ["Lead.0.c0", f"{w}.0.c0", f"{w}.1.c0", f"{w}.1.c1"]
     rows = rows_as_served(e2e_store, result["rows_key"], served)
     assert sorted(s.call_id for r in rows for s in r.spans if s.owned) == sorted(actions)
 
@@ -225,10 +225,10 @@ async def test_the_default_responses_model_is_refused_and_admits_nothing(
     result = await Runner.run(
         agents.Agent(name="Tutor", instructions="Answer."), "What is 2 + 2?", run_config=provider.run_config()
     )
-    assert [r.response_id for r in result.raw_responses] == ["parent.0.c0"]
+    assert [r.response_id for r in result.raw_responses] == ["Tutor.0.c0"]
     closed = await provider.episode.aclose(final_answer=str(result.final_output), wait=True)
     assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 1}
-    assert list(recording_engine.calls_of(eid)) == ["parent.0.c0"]  # the engine served that call only
+    assert list(recording_engine.calls_of(eid)) == ["Tutor.0.c0"]  # the engine served that call only
 
 
 class FailFirstAttemptAfterResponse(GroveModelProvider):
@@ -273,18 +273,18 @@ async def test_temporal_native_agents_retry_is_recognised_by_the_gateway(
     # the retried activity re-sent the same request: the gateway discarded the first call and admitted
     # the retry in its place (same prompt tokens); the second turn continues the retry, exactly
     served = recording_engine.calls_of(eid)
-    np.testing.assert_array_equal(served["parent.0.c0"].prompt_ids, served["parent.0.c1"].prompt_ids)
-    ctx = contexts(await summary(temporal_client, eid))["parent.0"]
+    np.testing.assert_array_equal(served[f"{LEAD}.0.c0"].prompt_ids, served[f"{LEAD}.0.c1"].prompt_ids)
+    ctx = contexts(await summary(temporal_client, eid))[f"{LEAD}.0"]
     assert (
-        nonzero(ctx.counts) == {CallState.DISCARDED: 1, CallState.COMPLETED: 2} and ctx.head == "parent.0.c2"
+        nonzero(ctx.counts) == {CallState.DISCARDED: 1, CallState.COMPLETED: 2} and ctx.head == f"{LEAD}.0.c2"
     )
-    assert extension_of(recording_engine, eid, "parent.0.c2", "parent.0.c1")
+    assert extension_of(recording_engine, eid, f"{LEAD}.0.c2", f"{LEAD}.0.c1")
 
     closed = await episode.aclose(answer, wait=True)
     result = closed["result"]
     assert result["status"] == "ok" and result["counts"] == {"selected": 2, "discarded": 1}
     [row] = published_rows(e2e_store, result["rows_key"])
-    assert [s.call_id for s in row.spans] == ["parent.0.c1", "parent.0.c2"]  # the lost attempt: no row
+    assert [s.call_id for s in row.spans] == [f"{LEAD}.0.c1", f"{LEAD}.0.c2"]  # the lost attempt: no row
 
 
 async def test_a_handoff_spawns_the_agent_it_transfers_to(agents_script_stack: AgentsScriptStack):
@@ -295,9 +295,20 @@ async def test_a_handoff_spawns_the_agent_it_transfers_to(agents_script_stack: A
     provider = GroveModelProvider(bind(stack.url, eid))
     result = await Runner.run(front_desk(script_settings()), ROUTE_USER, run_config=provider.run_config())
     [handoff] = [i for i in result.new_items if i.type == "handoff_call_item"]
-    assert handoff.raw_item.id == "parent.0.c0"  # the handoff call is an item of the front desk's call
+    assert handoff.raw_item.id == f"{FRONT}.0.c0"  # the handoff call is an item of the front desk's call
     assert result.last_agent.name != front_desk().name
     await check_handoff_episode(stack, eid, provider.episode, result)
+
+
+async def test_an_agent_handed_back_to_the_root_enters_it_again(agents_script_stack: AgentsScriptStack):
+    """`Runner.run` of a concierge whose (real, scripted) reply hands off to a porter, whose reply hands
+    back: the run ends with the concierge's answer, the concierge (the root agent) entering again in a
+    context spawned by the porter's call; nothing declared by the program."""
+    stack = agents_script_stack
+    eid = await start_episode(stack.client, "agents-hand-back")
+    provider = GroveModelProvider(bind(stack.url, eid))
+    result = await Runner.run(concierge(), CARRY_USER, run_config=provider.run_config())
+    await check_hand_back_episode(stack, eid, provider.episode, result)
 
 
 async def test_a_temporal_native_handoff_spawns_the_agent_it_transfers_to(

@@ -23,17 +23,17 @@ from agents import Runner
 from agents.stream_events import RawResponsesStreamEvent, RunItemStreamEvent
 
 from grove.receipts import CallState, ContextOrigin
-from harnesses.clients import header_safe
 from harnesses.clients.agents_sdk import GroveModelProvider
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.fixtures.agents_script import AgentsScriptStack
 from tests.gateway.test_app_e2e import contexts, start_episode, summary
-from tests.harnesses.agents_handoff_kit import check_handoff_episode
+from tests.harnesses.agents_handoff_kit import FRONT, check_hand_back_episode, check_handoff_episode
 from tests.harnesses.agents_stream_model import (
+    CARRY_USER,
     ROUTE_USER,
     USER,
     WORDS,
-    WORKER_NAME,
+    concierge,
     front_desk,
     lead_agent,
     script_settings,
@@ -43,6 +43,7 @@ from tests.harnesses.framework_kit import bind, nonzero, rows_as_served
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 SETTINGS = script_settings()
+LEAD = "Stream-lead"  # the lead, "Stream lead", under its own name
 
 
 @pytest.fixture
@@ -76,8 +77,8 @@ def check_rows(stack: AgentsScriptStack, eid: str, rows_key: str, dropped: set[s
 def check_streamed_episode(
     stack: AgentsScriptStack, eid: str, run, events: list, nested: list, ctx: dict, lead: str
 ) -> None:
-    """The lead's call `lead` (parent.0.c<n>) streamed two tool calls; the SDK ran both workers from them,
-    each spawned by that call, streamed; the lead answered on its history."""
+    """The lead's call `lead` (Stream-lead.0.c<n>) streamed two tool calls; the SDK ran both workers from
+    them, each spawned by that call, streamed; the lead answered on its history."""
     tool_items = [e.item for e in events if isinstance(e, RunItemStreamEvent) and e.name == "tool_called"]
     calls = [item.raw_item for item in tool_items]
     assert [(c.name, c.arguments) for c in calls] == [("worker", f'{{"input": "{w}"}}') for w in WORDS]
@@ -88,13 +89,13 @@ def check_streamed_episode(
         if isinstance(e, RawResponsesStreamEvent) and e.data.type == "response.output_item.done"
     ]
     assert [(i.name, i.id) for i in done if i.type == "function_call"] == [("worker", lead)] * 2
-    assert [r.response_id for r in run.raw_responses] == [lead, f"parent.0.c{int(lead[-1]) + 1}"]
+    assert [r.response_id for r in run.raw_responses] == [lead, f"{LEAD}.0.c{int(lead[-1]) + 1}"]
     assert run.final_output == " ".join(WORDS)
     served = stack.engine.calls_of(eid)
     for r in run.raw_responses:  # the stream's usage chunk: the call's real token counts
         s = served[r.response_id]
         assert (r.usage.input_tokens, r.usage.output_tokens) == (s.prompt_ids.size, s.completion_ids.size)
-    workers = [header_safe(f"{WORKER_NAME}-{c.call_id}") for c in calls]
+    workers = [f"Stream-worker-{c.call_id}" for c in calls]  # the SDK name, header-safe, per invocation
     for w in workers:
         assert ctx[f"{w}.0"].origin == ContextOrigin.SPAWN and ctx[f"{w}.0"].spawned_by_call == lead
         assert nonzero(ctx[f"{w}.0"].counts) == {CallState.COMPLETED: 1}
@@ -105,7 +106,7 @@ def check_streamed_episode(
         if isinstance(p["event"], RawResponsesStreamEvent) and p["event"].data.type == "response.completed"
     }
     assert completed == {f"{w}.0.c0" for w in workers}
-    assert ctx["parent.0"].origin == ContextOrigin.ROOT
+    assert ctx[f"{LEAD}.0"].origin == ContextOrigin.ROOT
 
 
 async def test_streamed_run_runs_streamed_tool_calls_as_spawned_workers(stack):
@@ -113,8 +114,8 @@ async def test_streamed_run_runs_streamed_tool_calls_as_spawned_workers(stack):
     provider, nested = provider_for(stack, eid), []
     result, events = await asyncio.wait_for(streamed_program(provider, nested), RESULT_WAIT)
     ctx = contexts(await summary(stack.client, eid))
-    check_streamed_episode(stack, eid, result, events, nested, ctx, "parent.0.c0")
-    assert nonzero(ctx["parent.0"].counts) == {CallState.COMPLETED: 2}
+    check_streamed_episode(stack, eid, result, events, nested, ctx, f"{LEAD}.0.c0")
+    assert nonzero(ctx[f"{LEAD}.0"].counts) == {CallState.COMPLETED: 2}
     closed = await provider.episode.aclose(final_answer=str(result.final_output), wait=True)
     assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 4}
     rows = check_rows(stack, eid, closed["result"]["rows_key"])
@@ -135,17 +136,17 @@ async def test_a_streamed_run_dropped_mid_way_is_not_trained(stack):
             dropped.cancel()  # the program gives up: the run's model stream closes its connection
     await asyncio.wait_for(gate.finished.wait(), STATE_WAIT)  # the server saw the client go and settled
     s = await summary(stack.client, eid)
-    assert nonzero(contexts(s)["parent.0"].counts) == {CallState.DISCARDED: 1}
-    assert contexts(s)["parent.0"].head is None
+    assert nonzero(contexts(s)[f"{LEAD}.0"].counts) == {CallState.DISCARDED: 1}
+    assert contexts(s)[f"{LEAD}.0"].head is None
 
     nested: list = []
     result, events = await asyncio.wait_for(streamed_program(provider, nested), RESULT_WAIT)
     ctx = contexts(await summary(stack.client, eid))
-    check_streamed_episode(stack, eid, result, events, nested, ctx, "parent.0.c1")
-    assert nonzero(ctx["parent.0"].counts) == {CallState.DISCARDED: 1, CallState.COMPLETED: 2}
+    check_streamed_episode(stack, eid, result, events, nested, ctx, f"{LEAD}.0.c1")
+    assert nonzero(ctx[f"{LEAD}.0"].counts) == {CallState.DISCARDED: 1, CallState.COMPLETED: 2}
     closed = await provider.episode.aclose(final_answer=str(result.final_output), wait=True)
     assert closed["result"]["counts"] == {"selected": 4, "discarded": 1}
-    check_rows(stack, eid, closed["result"]["rows_key"], dropped={"parent.0.c0"})
+    check_rows(stack, eid, closed["result"]["rows_key"], dropped={f"{LEAD}.0.c0"})
 
 
 async def test_a_streamed_handoff_spawns_the_agent_it_transfers_to(stack):
@@ -154,5 +155,16 @@ async def test_a_streamed_handoff_spawns_the_agent_it_transfers_to(stack):
     result = Runner.run_streamed(front_desk(SETTINGS), ROUTE_USER, run_config=provider.run_config())
     events = [e async for e in result.stream_events()]
     handoffs = [e.item for e in events if isinstance(e, RunItemStreamEvent) and e.name == "handoff_requested"]
-    assert [h.raw_item.id for h in handoffs] == ["parent.0.c0"]  # the stream's item names the grove call
+    assert [h.raw_item.id for h in handoffs] == [f"{FRONT}.0.c0"]  # the stream's item names the grove call
     await check_handoff_episode(stack, eid, provider.episode, result)
+
+
+async def test_a_streamed_hand_back_enters_the_root_agent_again(stack):
+    """The hand-back program streamed: the same contexts and spawn links as `Runner.run`'s."""
+    eid = await start_episode(stack.client, "agents-stream-hand-back")
+    provider = provider_for(stack, eid)
+    result = Runner.run_streamed(concierge(), CARRY_USER, run_config=provider.run_config())
+    events = [e async for e in result.stream_events()]
+    handoffs = [e.item for e in events if isinstance(e, RunItemStreamEvent) and e.name == "handoff_requested"]
+    assert [h.raw_item.id for h in handoffs] == ["Concierge.0.c0", "Porter.0.c0"]
+    await check_hand_back_episode(stack, eid, provider.episode, result)

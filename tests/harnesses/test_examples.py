@@ -27,6 +27,8 @@ pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = sorted((REPO / "examples").glob("*.py"))
+# each program's root agent: the Agents SDK's keeps its SDK name ("Lead agent"), LangGraph's is `parent`
+ROOTS = {"agents_sdk_temporal": "Lead-agent", "langgraph_supervisor": "parent"}
 
 
 def test_the_examples_folder_has_programs():
@@ -67,7 +69,8 @@ async def test_an_example_program_runs_as_shipped_and_reports_the_episode(
     assert printed["calls"].startswith(counts) and result.counts.get("selected", 0) >= 2
     rows = published_rows(e2e_store, result.rows_key)
     assert printed["rows"].startswith(f"{len(rows)} rows, {sum(r.num_loss_tokens for r in rows)} tokens")
-    assert "parent (last call parent.0.c" in printed["agents"]  # the lead's calls were named
+    root = ROOTS[program.stem]
+    assert f"{root} (last call {root}.0.c" in printed["agents"]  # the lead's calls were named
     assert printed["answer"].startswith("'") or printed["answer"].startswith('"')
 
     # `grove episode show` of the closed episode: its result and each row, read from the store

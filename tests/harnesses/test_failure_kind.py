@@ -38,3 +38,32 @@ def test_native_program_errors_and_tagged_generation_failures():
     assert failure_kind(ApplicationError("c", "policy", type=GENERATION_FAILED)) == "policy"
     out = failure_outcome(NativeHarnessError("spawn before reply"))
     assert (out.failure, out.failure_kind) == ("NativeHarnessError: spawn before reply", "policy")
+
+
+def _gateway_server_error_codes() -> set[str]:
+    """The `code` of every error the gateway answers with HTTP 5xx (its own trouble), subclasses too."""
+    import storage.local  # noqa: F401  (their StorageError subclasses)
+    import storage.s3  # noqa: F401
+    from gateway.routes.errors import STATUS
+
+    def names(cls: type) -> set[str]:
+        return {cls.__name__}.union(*(names(sub) for sub in cls.__subclasses__()))
+
+    return {"InternalError"}.union(*(names(cls) for cls, (status, _) in STATUS.items() if status >= 500))
+
+
+def test_a_reported_failure_naming_the_gateways_trouble_is_the_infrastructures():
+    from grove.contracts import CloseRequest
+    from workflows.episode_failures import HARNESS_RUNNER, INFRASTRUCTURE_CODES, close_failure_kind
+
+    assert _gateway_server_error_codes() == INFRASTRUCTURE_CODES
+    no_worker = (
+        "openai.InternalServerError: Error code: 503 - {'error': {'message': \"episode 'e': no worker polls "
+        "the episodes queue\", 'type': 'server_error', 'param': None, 'code': 'NoWorkerError'}}"
+    )
+    assert close_failure_kind(CloseRequest(failure=no_worker), "harness") == "infrastructure"
+    assert close_failure_kind(CloseRequest(failure="the answer was not found"), "harness") == "policy"
+    said = CloseRequest(failure="my tool server is down", failure_kind="infrastructure")
+    assert close_failure_kind(said, "harness") == "infrastructure"  # the harness says whose it is
+    assert close_failure_kind(CloseRequest(failure="x"), HARNESS_RUNNER) == "infrastructure"
+    assert close_failure_kind(CloseRequest(), "harness") is None

@@ -185,9 +185,10 @@ def test_invalid_context_reservations(record):
     raises(InvalidReservationError, ep.ledger.open_context, record)
 
 
-def test_a_worker_may_be_spawned_again_but_a_root_agent_never_is():
+def test_a_worker_and_the_root_agent_may_be_spawned_again():
     """A worker invoked again with a fresh history (a second agent-as-tool call) is another SPAWN
-    context of the same agent; both stay live. An agent that started as a ROOT is not a worker."""
+    context of the same agent; both stay live. The root agent handed back to by a worker (an Agents SDK
+    handoff back) is spawned again the same way: a SPAWN context beside its ROOT one."""
     ep = started()
     again = ContextRecord(
         context_id="w.1", agent="worker-1", origin=ContextOrigin.SPAWN, spawned_by_call="p2"
@@ -195,10 +196,12 @@ def test_a_worker_may_be_spawned_again_but_a_root_agent_never_is():
     assert ep.ledger.open_context(again) == again
     live = {c.context_id: c.retired_by for c in ep.ledger.summary().contexts if c.agent == "worker-1"}
     assert live == {"w": None, "w.1": None}
-    ep.root("s", "solo")
-    solo = ContextRecord(context_id="s.1", agent="solo", origin=ContextOrigin.SPAWN, spawned_by_call="p2")
-    err = raises(InvalidReservationError, ep.ledger.open_context, solo)
-    assert "started as a root context" in str(err)
+    back = ContextRecord(context_id="p.1", agent="parent", origin=ContextOrigin.SPAWN, spawned_by_call="w1")
+    assert ep.ledger.open_context(back) == back
+    contexts = ep.ledger.summary().contexts
+    roots = {c.context_id: (c.origin, c.spawned_by_call) for c in contexts if c.agent == "parent"}
+    assert roots == {"p": (ContextOrigin.ROOT, None), "p.1": (ContextOrigin.SPAWN, "w1")}
+    raises(InvalidReservationError, ep.spawn, "p.2", "parent", by="p2")  # still never by its own call
 
 
 def test_spawn_from_a_discarded_call_is_invalid():
