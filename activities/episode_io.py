@@ -26,8 +26,8 @@ from activities.failures import retryable_storage_failure
 from capture.claims import load_completion
 from capture.records import load_record
 from chat.message_text import text_of
-from gateway.identity import AUX_SEPARATOR
-from gateway.identity import DEFAULT_AGENT as ROOT_AGENT
+from gateway.pipeline.identity import AUX_SEPARATOR
+from gateway.pipeline.identity import DEFAULT_AGENT as ROOT_AGENT
 from grove.contracts import (
     ArchiveStepsInput,
     CleanStagingInput,
@@ -42,7 +42,10 @@ from grove.contracts import (
     step_record_key,
 )
 from grove.receipts import CallReceipt, ContextOrigin, ContextRecord
+from grove.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
 from harnesses.programs import family
+from ledger.handover import LedgerIndex, LedgerPage, join_pages, pack_page, unpack_page
+from ledger.ledger import Ledger
 from storage.base import (
     DigestMismatchError,
     InvalidKeyError,
@@ -52,9 +55,6 @@ from storage.base import (
 )
 from trainer.forest import MEMBER_STATES, EpisodeRef, ForestError, ReconstructionOptions, reconstruct
 from trainer.rows import Row, rows_to_parquet
-from trainer.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
-from workflows.handover import LedgerIndex, LedgerPage, join_pages, pack_page, unpack_page
-from workflows.ledger import Ledger
 from workflows.step_metrics import call_stats
 
 # Retrying cannot fix these: the data is wrong or gone (a storage outage raises other errors).
@@ -251,7 +251,7 @@ class EpisodeIO:
 
     @activity.defn(name="store_ledger_page")
     def store_ledger_page(self, key: str, packed: bytes) -> None:
-        """Write one snapshot page, packed by the workflow (workflows/handover.py pack_page), as plain
+        """Write one snapshot page, packed by the workflow (ledger/handover.py pack_page), as plain
         JSON (idempotent: a retry finds and verifies its own bytes)."""
         with io_attempt("store ledger page", key=key):
             self.store.put_if_absent(key, unpack_page(packed).model_dump_json().encode())

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from grove.receipts import CallReceipt, ContextRecord
-from workflows.accounting import ContextSummary, count_states
-from workflows.ledger import Ledger
+from ledger.accounting import ContextSummary, count_states
+from ledger.ledger import Ledger
 
 
 def contexts_key(episode_id: str) -> str:

@@ -8,7 +8,7 @@ splicing the parent's exact tokens the same way (chat/render.py). The assembly i
 `build_prompt`, the same function the gateway's context window measures prompts with.
 
 Staging (idempotent, deterministic keys):
-1. `staging_key(episode, call)`: the call's CallTokens (trainer/staging_format.py), written last with
+1. `staging_key(episode, call)`: the call's CallTokens (grove/staging_format.py), written last with
    put_if_absent: it is the commit of the call.
 2. `receipt_key(episode, call, sha)`: a small JSON with what the arrays do not hold (policy version,
    finish reason, the sampling processing the engine sampled with), keyed by the sha256 of the
@@ -50,14 +50,14 @@ from chat.toolcalls import ParsedAssistant
 from grove.contracts import ChatPrompt, Completion, Conversation, GenerateInput, GenerateResult
 from grove.receipts import ToolCallOutcome
 from grove.sampling import SamplingProcessing
-from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
-from trainer.staging_format import (
+from grove.staging_format import (
     STAGING_ROOT,
     CallTokens,
     decode_call_tokens,
     encode_call_tokens,
     staging_key,
 )
+from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
 
 HEARTBEAT_SECONDS = 5.0  # the episode workflow's heartbeat timeout is 20 s
 

@@ -34,7 +34,7 @@ started it dies (PR_SET_PDEATHSIG), so a killed worker leaves no harness behind;
 cancellation (the workflow's, or a heartbeat the server refused) and after a normal exit the whole group is
 killed. A runner that died is noticed by its heartbeat timeout; Temporal retries the activity, which
 relaunches the harness (launch n+1): the gateway answers its requests from the calls recorded in the
-episode while they match (gateway/replay.py), so nothing is generated or admitted twice.
+episode while they match (gateway/pipeline/launch_records.py), so nothing is generated or admitted twice.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from gateway.auth import issue_token
-from gateway.episode_ref import episode_ref
+from gateway.http.auth import issue_token
+from gateway.http.episode_ref import episode_ref
 from grove.contracts import (
     CloseRequest,
     EpisodeSpec,
@@ -469,7 +469,7 @@ async def harness_runner(client: Client, store, options: HarnessWorkerOptions, w
     """The runner of this worker, with its embedded gateway served while the context is open."""
     import secrets
 
-    from gateway.settings import SECRET_VAR, GatewaySettings
+    from gateway.http.settings import SECRET_VAR, GatewaySettings
 
     root = Path(options.root or work_dir / "harness")
     root.mkdir(parents=True, exist_ok=True)
@@ -484,7 +484,7 @@ async def harness_runner(client: Client, store, options: HarnessWorkerOptions, w
         config = RunnerConfig(options.gateway_url, secret, root, options.keep_dirs, model_name)
         yield HarnessRunner(config, client)
         return
-    from gateway.embedded import serve_gateway
+    from gateway.http.embedded import serve_gateway
 
     settings = GatewaySettings(
         temporal_address=options.temporal_address or client.service_client.config.target_host,

@@ -33,9 +33,9 @@ from capture.prompt import ParentNotStagedError, PromptSpecError
 from chat.render import ChatRenderError
 from grove import queues
 from grove.contracts import GenerateInput, GenerateResult, PublishInput, PublishResult
+from grove.staging_format import StagedObjectError
 from storage.base import DigestMismatchError, ObjectStore
 from trainer.checkpoint import CheckpointError
-from trainer.staging_format import StagedObjectError
 
 # Failures that the same input would hit again.
 NON_RETRYABLE: tuple[type[Exception], ...] = (

@@ -45,8 +45,8 @@ from activities.train_ranks import (
     RankJob,
     run_ranks,
 )
-from grove.base_model import StageBaseModelInput, StageBaseModelResult
 from grove.contracts import TrainStepInput, TrainStepResult
+from grove.contracts.training import StageBaseModelInput, StageBaseModelResult
 from grove.episodes import EpisodeRecord
 from models.registry import ModelResolutionError, NotAModelFolderError, ensure_model
 from storage.base import ObjectStore, StorageError

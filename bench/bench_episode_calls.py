@@ -1,10 +1,10 @@
 """Benchmark: one external episode driven to N calls, closed and materialized (docs/results.md section 3.5).
 
-Real services in one process: a Temporal dev server (temporary SQLite), a grove worker serving the
-episodes, io and inference queues with vLLM on the tiny-random model, a temporary local object store.
-Calls are the gateway's Updates (gateway/episodes.py: addressed by workflow id, HandingOver retried),
-1-token generations, `--concurrency` at a time: the root call of context `parent`, then branches from
-it (short prompts however long the episode runs; every call is an endpoint, i.e. one row).
+Real services in one process: a Temporal dev server (temporary SQLite), a grove worker serving the episodes,
+io and inference queues with vLLM on the tiny-random model, a temporary local object store. Calls are the
+gateway's Updates (gateway/temporal/episode_client.py: addressed by workflow id, HandingOver retried), 1-token
+generations, `--concurrency` at a time: the root call of context `parent`, then branches from it (short
+prompts however long the episode runs; every call is an endpoint, i.e. one row).
 
 The episode continues-as-new every `--per-run` Updates with its ledger (inline, or as object-store
 pages above `--page-items` contexts + calls). Prints calls/s per segment of `--per-run` calls (does the
@@ -45,10 +45,10 @@ from bench.services_kit import (  # noqa: E402
     gateway_client,
     services,
 )
-from gateway.embedded import serve_gateway  # noqa: E402
-from gateway.episodes import HANDING_OVER, EpisodeQueryError, Episodes  # noqa: E402
-from gateway.routing import view_request  # noqa: E402
-from gateway.settings import GatewaySettings  # noqa: E402
+from gateway.http.embedded import serve_gateway  # noqa: E402
+from gateway.http.settings import GatewaySettings  # noqa: E402
+from gateway.pipeline.routing import view_request  # noqa: E402
+from gateway.temporal.episode_client import HANDING_OVER, EpisodeQueryError, Episodes  # noqa: E402
 from grove import queues  # noqa: E402
 from grove.client import workflow_runs  # noqa: E402
 from grove.contracts import (  # noqa: E402
@@ -59,8 +59,8 @@ from grove.contracts import (  # noqa: E402
 from grove.episode_start import start_episode  # noqa: E402
 from grove.headers import AGENT_HEADER  # noqa: E402
 from grove.receipts import ContextOrigin, ContextRecord  # noqa: E402
+from grove.staging_format import staging_key  # noqa: E402
 from trainer.rows import rows_from_parquet  # noqa: E402
-from trainer.staging_format import staging_key  # noqa: E402
 
 
 def call_request(episode_id: str, i: int) -> CallRequest:

@@ -30,10 +30,10 @@ import numpy as np
 
 from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingProcessing
+from grove.staging_format import CallTokens, staging_key
+from ledger.ledger import Ledger
 from trainer.forest import EpisodeRef, reconstruct
 from trainer.rows import Row, Span, rows_to_parquet
-from trainer.staging_format import CallTokens, staging_key
-from workflows.ledger import Ledger
 
 SAMPLED = SamplingProcessing(temperature=1.0, top_p=1.0)
 

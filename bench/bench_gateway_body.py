@@ -24,8 +24,8 @@ EPISODE = "bench/s000001/t0/g0"
 def _serve(port: int) -> None:
     import uvicorn
 
-    from gateway.app import create_app
-    from gateway.settings import GatewaySettings
+    from gateway.http.app import create_app
+    from gateway.http.settings import GatewaySettings
 
     settings = GatewaySettings(temporal_address="127.0.0.1:1", store="/nonexistent", secret=SECRET)
     uvicorn.run(create_app(settings), host="127.0.0.1", port=port, lifespan="off", log_level="error")
@@ -54,8 +54,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=100)
     args = parser.parse_args()
-    from gateway.auth import issue_token
-    from gateway.episode_ref import episode_ref
+    from gateway.http.auth import issue_token
+    from gateway.http.episode_ref import episode_ref
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

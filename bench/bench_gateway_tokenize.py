@@ -44,8 +44,8 @@ from bench.services_kit import (  # noqa: E402
     gateway_client,
     services,
 )
-from gateway.auth import issue_token  # noqa: E402
-from gateway.episode_ref import episode_ref  # noqa: E402
+from gateway.http.auth import issue_token  # noqa: E402
+from gateway.http.episode_ref import episode_ref  # noqa: E402
 from grove.episode_start import start_episode  # noqa: E402
 
 SECRET = "bench-tokenize-secret-0123456789"

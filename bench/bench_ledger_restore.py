@@ -1,6 +1,6 @@
 """Benchmark: how long the workflow tasks of a ledger restore take (against Temporal's deadlock detector).
 
-A long episode hands its ledger to its next workflow run as object-store pages (workflows/handover.py);
+A long episode hands its ledger to its next workflow run as object-store pages (ledger/handover.py);
 the new run restores them before it admits anything. Temporal fails a workflow task that does not yield
 within 2 s (`_DeadlockError`), so no single workflow task of a restore may grow with the ledger.
 
@@ -39,8 +39,7 @@ from grove.receipts import ContextOrigin, ContextRecord, TokenDigests  # noqa: E
 from grove.sampling import SamplingConfig  # noqa: E402
 from harnesses import scenario  # noqa: E402
 from infra.temporal import TemporalDevServer  # noqa: E402
-from storage.local import LocalStore  # noqa: E402
-from workflows.handover import (  # noqa: E402
+from ledger.handover import (  # noqa: E402
     EpisodeCarry,
     EpisodeRun,
     LedgerPage,
@@ -50,7 +49,8 @@ from workflows.handover import (  # noqa: E402
     page_key,
     unpack_page,
 )
-from workflows.ledger import Ledger  # noqa: E402
+from ledger.ledger import Ledger  # noqa: E402
+from storage.local import LocalStore  # noqa: E402
 
 
 def _sha(text: str) -> str:

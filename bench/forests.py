@@ -21,9 +21,9 @@ import numpy as np
 
 from grove.receipts import CallKind, CallReceipt, CallState
 from grove.sampling import SamplingProcessing
+from grove.staging_format import CallTokens
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import Row, Span
-from trainer.staging_format import CallTokens
 
 
 @dataclass(frozen=True)

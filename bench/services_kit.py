@@ -17,8 +17,8 @@ import httpx
 from temporalio.client import Client
 
 from cli.worker import run_worker
-from gateway.auth import issue_token
-from gateway.episode_ref import episode_ref
+from gateway.http.auth import issue_token
+from gateway.http.episode_ref import episode_ref
 from grove import queues
 from grove.client import connect
 from grove.contracts import EpisodeSpec, HarnessSpec

@@ -6,6 +6,6 @@
                      Temporal carrying their references (size + sha256, verified on read)
     capture.records  chat records: what a harness got for each call, kept beside its staged arrays
 
-Imports only the vocabulary below it (grove/, chat/, storage/, trainer/staging_format.py), never
+Imports only the vocabulary below it (grove/, chat/, storage/, grove/staging_format.py), never
 gateway/ or activities/.
 """

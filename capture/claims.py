@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grove.contracts import CallRequest, CallResult, Completion, Conversation, GenerateResult, ObjectRef
+from grove.staging_format import staging_prefix
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, StorageError, sha256_hex
-from trainer.staging_format import staging_prefix
 
 
 def request_key(episode_id: str, call_id: str, sha256: str) -> str:

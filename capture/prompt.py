@@ -20,8 +20,8 @@ from capture.claims import ClaimErrors, conversation_prefix, read_claim
 from chat.render import Predecessor, render_chat
 from chat.tool_parsers import ToolCallParser
 from grove.contracts import ChatPrompt, Conversation, PromptSpec
+from grove.staging_format import CallTokens, decode_call_tokens, staging_key
 from storage.base import ObjectNotFoundError, ObjectStore
-from trainer.staging_format import CallTokens, decode_call_tokens, staging_key
 
 
 class PromptSpecError(ValueError):

@@ -4,10 +4,10 @@ The gateway keeps no state of its own. After each call, and *before* the HTTP re
 writes the call's chat record (request messages, tools, the response message it returns, usage)
 beside the call's staged arrays, at a deterministic key, with put_if_absent. A completed call without
 a record, whose request no longer runs in this gateway, is a response that was never delivered (the
-gateway died in between): the next request of that context discards it (gateway/planning.py).
+gateway died in between): the next request of that context discards it (gateway/pipeline/planning.py).
 
 Whether the harness got a response whole is not a record here: the ledger decides it (the `deliver`
-Update, workflows/delivery.py). Records are deleted with the episode's staging area when it closes.
+Update, ledger/delivery.py). Records are deleted with the episode's staging area when it closes.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from grove.receipts import CallKind
+from grove.staging_format import staging_prefix
 from storage.base import ObjectNotFoundError, ObjectStore
-from trainer.staging_format import staging_prefix
 
 
 class CorruptChatRecordError(ValueError):

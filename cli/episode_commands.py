@@ -10,7 +10,7 @@ sampling. Point any OpenAI client (OpenCode's provider `baseURL`/`apiKey`) at th
 episode.
 
 Sampling is explicit: a request that names no `temperature` / `top_p` is sampled, and recorded for the
-learner, with the episode's (gateway/chat_request.py `sampling_for`; OpenCode sends a temperature only
+learner, with the episode's (gateway/intake/chat_request.py `sampling_for`; OpenCode sends a temperature only
 when its model entry says `"temperature": true` and the agent names one). The episode's sampling is
 `--temperature` / `--top-p` / `--max-tokens`, else the run config's `sampling` (`--run-config`), else
 grove's defaults (temperature 1.0, top_p 1.0, 256 tokens); it is printed either way:
@@ -70,9 +70,9 @@ def start(
     as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout."),
 ) -> None:
     """Start an episode for a hand-run harness; print its base URL and token."""
-    from gateway.auth import issue_token
-    from gateway.episode_ref import episode_ref
-    from gateway.settings import SECRET_VAR
+    from gateway.http.auth import issue_token
+    from gateway.http.episode_ref import episode_ref
+    from gateway.http.settings import SECRET_VAR
 
     if not external:
         typer.echo("only external episodes start by hand: pass --external", err=True)
@@ -233,8 +233,8 @@ async def _show(eid: str, address: str | None) -> list[str]:
 
 
 async def _summary_pages(handle) -> list:
-    """Every page of a running episode's `summary` (each answer bounded: workflows/accounting.py)."""
-    from workflows.accounting import LedgerSummary, SummaryPage
+    """Every page of a running episode's `summary` (each answer bounded: ledger/accounting.py)."""
+    from ledger.accounting import LedgerSummary, SummaryPage
 
     pages = [await handle.query("summary", SummaryPage(), result_type=LedgerSummary)]
     while pages[-1].next_offset is not None:

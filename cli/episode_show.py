@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from grove.contracts import EpisodeResult
 from grove.receipts import CallState
+from ledger.accounting import ContextSummary, LedgerSummary
 from trainer.rows import Row
-from workflows.accounting import ContextSummary, LedgerSummary
 
 
 def context_line(ctx: ContextSummary, *, head: bool = True) -> str:

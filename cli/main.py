@@ -282,7 +282,7 @@ def demo(
 
 
 def _register_gateway() -> None:
-    from gateway.cli import gateway
+    from gateway.http.cli import gateway
 
     app.command("gateway", help="Serve the OpenAI-compatible capture gateway for external harnesses.")(
         gateway

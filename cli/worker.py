@@ -11,9 +11,10 @@ Readiness: a worker polls its queues only once it can serve them, so Temporal's 
 which queues are served (grove/queue_readiness.py: what the gateway's `/readyz` and `grove infra status`
 read). A worker with the inference queue loads its engine first (slow on CPU, more so on a loaded machine:
 docs/results.md section 5; vLLM's start blocks this process's event loop) and polls every queue after; a
-request that reaches the gateway meanwhile waits for it (gateway/worker_wait.py) and a generation scheduled
-meanwhile waits in the inference queue. The engine's CPU binding goes to its log (activities/cpu_binding.py).
-`say` gets one line when the engine starts loading and one when every queue is polled ("worker ready: ...").
+request that reaches the gateway meanwhile waits for it (gateway/temporal/worker_wait.py) and a generation
+scheduled meanwhile waits in the inference queue. The engine's CPU binding goes to its log
+(activities/cpu_binding.py). `say` gets one line when the engine starts loading and one when every queue is
+polled ("worker ready: ...").
 """
 
 from __future__ import annotations

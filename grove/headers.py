@@ -1,6 +1,7 @@
 """The `x-grove-*` HTTP header names: one definition, read by the gateway and written by the clients.
 
-Request headers (a harness sends them; gateway/identity.py reads them, docs/gateway.md describes them):
+Request headers (a harness sends them; gateway/pipeline/identity.py reads them, docs/gateway.md describes
+them):
 
     AGENT_HEADER           x-grove-agent            the agent (default "parent")
     CONTEXT_HEADER         x-grove-context          an explicit context id
@@ -11,11 +12,11 @@ Request headers (a harness sends them; gateway/identity.py reads them, docs/gate
                                                     agent's context: trained when the run trains
                                                     summaries), `title` or `auxiliary` (never trained)
     LAUNCH_HEADER          x-grove-launch           which launch of a runner-launched harness sent it
-                                                    (gateway/replay.py)
+                                                    (gateway/pipeline/launch_records.py)
 
-Response headers (the gateway sets them, gateway/routes/openai.py): CALL_ID_HEADER, CONTEXT_HEADER and
+Response headers (the gateway sets them, gateway/http/routes/openai.py): CALL_ID_HEADER, CONTEXT_HEADER and
 AGENT_HEADER name where the call went; WARNING_HEADER carries advice about the harness's traffic
-(gateway/advice.py).
+(gateway/pipeline/advice.py).
 
 Stdlib only and importing nothing: harnesses/clients/ (which a harness process imports without the rest
 of grove) takes its names from here.

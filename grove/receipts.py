@@ -20,7 +20,7 @@ from grove.sampling import SamplingProcessing
 class CallKind(StrEnum):
     """What a call is to the policy: an action of the task, or an auxiliary call of one of three kinds.
 
-    Auxiliary calls settle AUXILIARY (workflows/settlement.py). Of them only a SUMMARY has a consequence
+    Auxiliary calls settle AUXILIARY (ledger/settlement.py). Of them only a SUMMARY has a consequence
     the reward can see (its text is what its agent knows after the rewrite that follows), so it is the
     one auxiliary kind a run may train (`RunConfig.train_auxiliary`); a TITLE is shown to people, never
     read by an agent, and AUXILIARY is any other helper call: neither is ever trained.
@@ -39,7 +39,9 @@ class CallKind(StrEnum):
 
 AUXILIARY_KINDS: tuple[CallKind, ...] = (CallKind.SUMMARY, CallKind.TITLE, CallKind.AUXILIARY)
 TRAINABLE_AUXILIARY_KINDS: frozenset[CallKind] = frozenset({CallKind.SUMMARY})
-AUX_SEPARATOR = "~"  # `<agent>~summary`: the context of an agent's auxiliary calls (gateway/identity.py)
+AUX_SEPARATOR = (
+    "~"  # `<agent>~summary`: the context of an agent's auxiliary calls (gateway/pipeline/identity.py)
+)
 
 
 def acting_agent(agent: str) -> str:

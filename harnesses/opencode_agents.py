@@ -2,7 +2,7 @@
 
     researcher, critic, researcher-2, ...
 
-The gateway names each subagent session so in the ledger (gateway/opencode_names.py: from the `task`
+The gateway names each subagent session so in the ledger (gateway/pipeline/opencode_names.py: from the `task`
 call that started it), and the harness runner names each subagent's answer so in the episode's outcome
 (harnesses/opencode.py), so rows, the summary, the UI and the reward's outputs say the same name. The
 k-th `task` call of a type, counted in the order the calls were written (a response's calls in their

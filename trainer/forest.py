@@ -45,9 +45,9 @@ from pydantic import BaseModel, ConfigDict
 from grove.contracts.episode import TrainAuxiliary
 from grove.receipts import TERMINAL_STATES, CallKind, CallReceipt, CallState, TokenDigests, acting_agent
 from grove.sampling import SamplingProcessing
+from grove.staging_format import CallTokens
 from trainer.ownership import ForestPlan, Link, plan_forest
 from trainer.rows import Row, Span
-from trainer.staging_format import CallTokens
 
 MEMBER_STATES: frozenset[CallState] = frozenset({CallState.SELECTED, CallState.AUXILIARY})
 

@@ -34,7 +34,7 @@ from grove.contracts import (
     HarnessRunInput,
     HarnessRunResult,
 )
-from workflows.handover import EpisodeRun
+from ledger.handover import EpisodeRun
 
 T = TypeVar("T")
 

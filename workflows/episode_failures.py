@@ -22,7 +22,7 @@ from __future__ import annotations
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 from grove.contracts import CloseRequest
-from workflows.ledger_errors import LedgerError
+from ledger.errors import LedgerError
 
 # generate activity errors caused by what the policy asked for (activities/engine.py, generate.py):
 # the policy's failure. Every other generation failure is the infrastructure's.
@@ -34,8 +34,8 @@ POLICY_GENERATION_ERRORS = frozenset(
 # worker then exits): the attempt is lost like a crashed worker's, not a wrong answer.
 LOST_ATTEMPT_ERRORS = frozenset({"EngineDiedError"})
 
-# The error codes the gateway answers for its own trouble (HTTP 5xx: gateway/routes/errors.py; a unit test
-# keeps them equal): a harness that gave up on one of them reports grove's failure, not the policy's.
+# The error codes the gateway answers for its own trouble (HTTP 5xx: gateway/http/routes/errors.py; a unit
+# test keeps them equal): a harness that gave up on one of them reports grove's failure, not the policy's.
 INFRASTRUCTURE_CODES = frozenset(
     {
         "NoWorkerError",

@@ -31,11 +31,11 @@ from grove.contracts import (
     RewardInput,
     RewardResult,
 )
-from workflows.accounting import LedgerAccounting
+from ledger.accounting import LedgerAccounting
+from ledger.handover import EpisodeRun, ledger_prefix
+from ledger.ledger import Ledger
 from workflows.episode_activities import io_activity
 from workflows.episode_failures import failure_text
-from workflows.handover import EpisodeRun, ledger_prefix
-from workflows.ledger import Ledger
 from workflows.step_metrics import TOOLS_OFFERED, call_stats
 
 CLOSE_REASON = "harness finished"  # the reason the ledger's close gives the calls it cancels

@@ -1,7 +1,7 @@
 """An episode's ledger pages as its workflow keeps them: written, restored, settled (Temporal workflow code).
 
 A ledger too large for one payload (more than `spec.ledger_page_items` contexts + calls), or settled at an
-earlier hand-over, travels as snapshot pages (the pure splitting and joining is workflows/handover.py).
+earlier hand-over, travels as snapshot pages (the pure splitting and joining is ledger/handover.py).
 `LedgerPages` is the workflow's side of that:
 
 - it remembers what the pages written so far hold, so a later write holds only what changed since
@@ -9,7 +9,7 @@ earlier hand-over, travels as snapshot pages (the pure splitting and joining is 
 - at a hand-over (`hand_over`) the ledger goes into the next run's carry: inline when small, else as
   pages; patched in (`grove-settle-calls`, decided by the workflow), the pages are listed in this run's
   `LedgerIndex` (a chain in the store, one link per hand-over), every call older than its context's
-  branch window is settled (workflows/settlement.py) and only the live ledger is carried, inline or as
+  branch window is settled (ledger/settlement.py) and only the live ledger is carried, inline or as
   pages of its own when it is too large for a payload. Runs recorded before the patch hand the whole
   ledger over as pages and replay as they ran;
 - before the close (`before_close`) a paged ledger writes what changed (this run's calls): materialize
@@ -30,8 +30,7 @@ from temporalio import workflow
 
 from grove.contracts import RestoreProgress
 from grove.receipts import CallReceipt
-from workflows.episode_activities import io_activity
-from workflows.handover import (
+from ledger.handover import (
     EpisodeCarry,
     EpisodeRun,
     LedgerIndex,
@@ -45,8 +44,9 @@ from workflows.handover import (
     split_pages,
     unpack_page,
 )
-from workflows.ledger import Ledger
-from workflows.ledger_state import ContextState
+from ledger.ledger import Ledger
+from ledger.state import ContextState
+from workflows.episode_activities import io_activity
 
 
 class LedgerPages:

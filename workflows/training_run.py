@@ -48,7 +48,6 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from grove import queues
-    from grove.base_model import StageBaseModelInput, StageBaseModelResult
     from grove.contracts import (
         ArchiveStepsInput,
         EngineStatus,
@@ -68,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         TrainStepInput,
         TrainStepResult,
     )
+    from grove.contracts.training import StageBaseModelInput, StageBaseModelResult
     from grove.data_order import task_indices
     from grove.episode_start import EPISODE_WORKFLOW
     from grove.visibility import GROVE_RUN

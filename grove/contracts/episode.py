@@ -113,7 +113,7 @@ class CallRequest(BaseModel):
     # worker (a rolling deploy) still gets what it can decode.
     completion_by_ref: bool = False
     # The response counts only once the caller records its delivery (the `deliver` Update; the gateway,
-    # workflows/delivery.py); False (native programs, callers of before it): delivered on completion.
+    # ledger/delivery.py); False (native programs, callers of before it): delivered on completion.
     await_delivery: bool = False
 
 
@@ -182,7 +182,7 @@ class EpisodeSpec(BaseModel):
     # 2 MB limit).
     ledger_page_items: int = Field(1000, ge=1, le=2000)
     # A paged ledger hands over only its live calls: per context its last `branch_window` calls and
-    # its head's last `branch_window` ancestors, and calls still generating (workflows/settlement.py
+    # its head's last `branch_window` ancestors, and calls still generating (ledger/settlement.py
     # `settle`). Older calls are settled: in the pages, still trained, but extending, branching from,
     # discarding or spawning from one is refused (409 SettledCallError). At least 2: a retry extends
     # the head's parent.
@@ -332,7 +332,7 @@ class MaterializeInput(BaseModel):
     # ledger itself (cancel_outstanding=True, this reason), exactly as the workflow did, so the close's
     # settlement of every call is not written through the history once more.
     close_reason: str | None = None
-    # A settled episode (workflows/handover.py EpisodeCarry.settled): the pages of its earlier runs are
+    # A settled episode (ledger/handover.py EpisodeCarry.settled): the pages of its earlier runs are
     # listed by this chain of LedgerIndex objects; `ledger_pages` are the last run's, joined after them.
     ledger_index: str | None = None
 

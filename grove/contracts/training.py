@@ -55,3 +55,15 @@ class PublishResult(BaseModel):
     version: int
     previous_version: int
     seconds: float
+
+
+# The `stage_base_model` activity: the run's base model (policy version 0) written to the object store once,
+# by the trainer host, when the run starts (trainer/base_model.py says why).
+class StageBaseModelInput(BaseModel):
+    run_id: str
+    model: str  # RunConfig.model: a name or a folder, resolved on the trainer host
+
+
+class StageBaseModelResult(BaseModel):
+    files: int  # in the committed manifest
+    written: bool  # False: the base was committed already (a retry, a resumed run)

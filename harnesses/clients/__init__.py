@@ -52,10 +52,10 @@ class EpisodeConfigError(ValueError):
 
 
 def header_safe(name: str) -> str:
-    """The agent id the gateway makes of a framework's agent name (gateway.identity.canonical_agent, the
-    same rule; a unit test keeps them equal): a name of letters, digits, '_' and '-' (at most 96) as it
-    is, else `<slug>-<8 hex of its sha256>` ("Research agent" -> "Research-agent-<8 hex>"), so distinct
-    names stay distinct agents. Knowing it in advance lets a harness name spawners and read rows."""
+    """The agent id the gateway makes of a framework's agent name (gateway.pipeline.identity.canonical_agent,
+    the same rule; a unit test keeps them equal): a name of letters, digits, '_' and '-' (at most 96) as it
+    is, else `<slug>-<8 hex of its sha256>` ("Research agent" -> "Research-agent-<8 hex>"), so distinct names
+    stay distinct agents. Knowing it in advance lets a harness name spawners and read rows."""
     if _NAME.match(name):
         return name
     stem = _NOT_NAME.sub("-", name).strip("-")[:CANONICAL_STEM_CHARS].strip("-") or "agent"

@@ -82,7 +82,9 @@ from harnesses.clients.agents_handoffs import FAKE_ID, handoff_spawner, handoff_
 
 EPISODE_ARG = "grove_episode"  # model_settings.extra_args: {"base_url", "api_key"} (Temporal runs)
 IDENTITY_ARG = "grove_identity"  # model_settings.extra_args: identity headers (Temporal runs)
-MAX_AGENT_CHARS = 96  # a longer agent id would be hashed by the gateway (gateway.identity.canonical_agent)
+MAX_AGENT_CHARS = (
+    96  # a longer agent id would be hashed by the gateway (gateway.pipeline.identity.canonical_agent)
+)
 _IDENTITY: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
     "grove_identity", default=None
 )

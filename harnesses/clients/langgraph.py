@@ -9,14 +9,14 @@
 What each request carries, read from LangGraph's run config (the metadata LangChain hands every model
 run) and the responses' headers; nothing in the graph mentions grove:
 
-- agent: a LangGraph task reached by `Send` (a push task) is a worker `{node}-{n}` (n counts that
-  node's push tasks in the order they start: the order of the `Send`s, when the graph runs with
-  grove's callbacks (`ainvoke`, `config()`); without them, the order of their first model calls);
-  every other task belongs to the root agent `parent`. Names that do not depend on which task reaches
-  the model first are what lets a relaunched program be answered from the recorded calls
-  (gateway/replay.py). Model calls nested in a subgraph or in an agent invoked inside the node
-  belong to the outermost task (the first segment of `checkpoint_ns`); grove's callback handler
-  (`config()`, `invoke`, `ainvoke`) tells which outer tasks were pushed.
+- agent: a LangGraph task reached by `Send` (a push task) is a worker `{node}-{n}` (n counts that node's push
+  tasks in the order they start: the order of the `Send`s, when the graph runs with grove's callbacks
+  (`ainvoke`, `config()`); without them, the order of their first model calls); every other task belongs to
+  the root agent `parent`. Names that do not depend on which task reaches the model first are what lets a
+  relaunched program be answered from the recorded calls (gateway/pipeline/launch_records.py). Model calls
+  nested in a subgraph or in an agent invoked inside the node belong to the outermost task (the first segment
+  of `checkpoint_ns`); grove's callback handler (`config()`, `invoke`, `ainvoke`) tells which outer tasks were
+  pushed.
 - spawn link: a worker's requests name `parent`'s last call (`x-grove-call-id` of the last response
   the parent got before the worker's first call) in `x-grove-spawned-by`, until the worker's first
   call is answered (later requests continue or rewrite the worker's own context).

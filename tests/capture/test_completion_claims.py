@@ -21,9 +21,9 @@ from capture.claims import (
 )
 from grove.contracts import CallResult, Completion, GenerateResult, ObjectRef
 from grove.receipts import TokenDigests
+from grove.staging_format import staging_prefix
 from storage.base import DigestMismatchError, ObjectNotFoundError, StorageError
 from storage.local import LocalStore
-from trainer.staging_format import staging_prefix
 
 EPISODE = "run/s000001/t0/g0"
 COMPLETION = Completion(

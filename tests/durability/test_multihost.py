@@ -52,9 +52,8 @@ import torch
 from safetensors.torch import load_file
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
-import grove.base_model
+import grove.contracts.training
 from grove import queues
-from grove.base_model import StageBaseModelResult
 from grove.client import connect
 from grove.contracts import (
     EpisodeResult,
@@ -66,6 +65,7 @@ from grove.contracts import (
     TrainStepInput,
     TrainStepResult,
 )
+from grove.contracts.training import StageBaseModelResult
 from grove.gates import GateControl
 from grove.learner_config import LearnerConfig
 from grove.paths import grove_home, models_home
@@ -178,7 +178,10 @@ def check_isolation(fleet: Fleet, models: dict[str, Path], shared_model: Path) -
         seen = host.visible(probes, fleet.hidden_from(name))
         visible = {p for p, yes in seen.items() if yes}
         assert visible == {host.root} | ({models[name]} if name in models else set()), (name, visible)
-        assert host.imports_from("grove.base_model", fleet.hidden_from(name)) == grove.base_model.__file__
+        assert (
+            host.imports_from("grove.contracts.training", fleet.hidden_from(name))
+            == grove.contracts.training.__file__
+        )
 
 
 def sha256(data: bytes) -> str:

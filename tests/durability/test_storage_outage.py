@@ -41,6 +41,7 @@ from grove import queues
 from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState, TrainStepInput, TrainStepResult
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
+from grove.staging_format import staging_prefix
 from harnesses import scenario
 from infra.procs import free_port
 from infra.s3server import ACCESS_KEY, SECRET_KEY, LocalBucketServer
@@ -59,7 +60,6 @@ from trainer.checkpoint import download_model_folder, read_manifest
 from trainer.checkpoint_layout import step_prefix
 from trainer.learner import Learner
 from trainer.rows import rows_from_parquet
-from trainer.staging_format import staging_prefix
 from workflows.training_run import TrainingRunWorkflow
 
 TASKS_PER_STEP, GROUP_SIZE = 1, 2

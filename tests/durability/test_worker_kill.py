@@ -22,6 +22,7 @@ from grove.receipts import CallState
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from infra.worker_process import wait_until
+from ledger.accounting import LedgerSummary
 from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import (
@@ -32,7 +33,6 @@ from tests.durability.helpers import (
     wait_held,
 )
 from trainer.rows import rows_from_parquet
-from workflows.accounting import LedgerSummary
 from workflows.episode import EpisodeWorkflow
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)

@@ -42,13 +42,13 @@ from grove.receipts import ContextOrigin
 from grove.runconfig import load_run_config
 from harnesses.opencode_install import opencode_binary
 from infra.temporal import TemporalDevServer
+from ledger.accounting import LedgerSummary
 from models.tool_drills import WORKER_PROMPT, _env_template
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
 from tests.harnesses.opencode_kit import REPO, opencode_stack, until_reached
 from tests.harnesses.script_model import SUMMARY, WORDS
 from trainer.advantages import episode_advantages
 from trainer.rows import rows_from_parquet
-from workflows.accounting import LedgerSummary
 from workflows.training_run import TrainingRunWorkflow, step_specs
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.long]

@@ -21,13 +21,13 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from gateway.episodes import HANDING_OVER, Episodes
+from gateway.temporal.episode_client import HANDING_OVER, Episodes
 from grove import queues
 from grove.contracts import CallRequest, CallResult, EpisodeSpec, HarnessSpec, PromptSpec
 from grove.receipts import ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
+from grove.staging_format import staging_key
 from harnesses import scenario
-from trainer.staging_format import staging_key
 
 PROMPT = [11, 12, 13, 14, 15, 16]
 ROOT = ContextRecord(context_id="parent", agent="parent", origin=ContextOrigin.ROOT)

@@ -3,7 +3,7 @@ Update and the `generate` activity's input carry a key and a digest, so a megaby
 grow the episode's history by megabytes (inline, each request lands in the history twice, and Temporal
 terminates an episode whose history passes its size limit).
 
-Through the gateway's capture path (gateway/capture.py) on the real stack: Temporal dev server, grove
+Through the gateway's capture path (gateway/pipeline/capture.py) on the real stack: Temporal dev server, grove
 worker with vLLM on the tiny-random model, local object store.
 """
 
@@ -17,17 +17,17 @@ import pytest
 from pydantic import BaseModel
 from temporalio.client import Client
 
-from gateway.capture import Capture
-from gateway.chat_request import ChatCompletionRequest
-from gateway.episodes import Episodes, EpisodeUpdateRejectedError
+from gateway.intake.chat_request import ChatCompletionRequest
+from gateway.pipeline.capture import Capture
+from gateway.temporal.episode_client import Episodes, EpisodeUpdateRejectedError
 from grove import queues
 from grove.contracts import COMPLETION_INLINE_MAX, CloseRequest, EpisodeResult, GenerateInput, HarnessSpec
 from grove.sampling import SamplingConfig
+from grove.staging_format import staging_prefix
 from harnesses import delegation, scenario
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs
 from tests.episodes.kit import ROOT, call_request, episode_spec, start
-from trainer.staging_format import staging_prefix
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 

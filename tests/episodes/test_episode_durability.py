@@ -1,8 +1,8 @@
 """Episodes that survive storage outages, abandonment, repeated closes and any number of calls.
 
 Real services only: the session's Temporal dev server, one grove worker with the real vLLM engine on the
-tiny-random model, the local object store. Calls are the gateway's Updates (gateway/episodes.py), the
-same path an external harness's requests take.
+tiny-random model, the local object store. Calls are the gateway's Updates
+(gateway/temporal/episode_client.py), the same path an external harness's requests take.
 
 Every wait is on something the test itself causes and observes (an attempt number in the workflow's
 description, the workflow's result); the one timer is the episode's own idle timer, in workflow time.
@@ -16,10 +16,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from gateway.episodes import ALREADY_CLOSED, Episodes, EpisodeUpdateRejectedError
+from gateway.temporal.episode_client import ALREADY_CLOSED, Episodes, EpisodeUpdateRejectedError
 from grove.client import workflow_runs
 from grove.contracts import CloseRequest, MaterializeInput
+from grove.staging_format import staging_prefix
 from infra.worker_process import wait_until
+from ledger.handover import ledger_prefix
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_activities
 from tests.episodes.kit import (
@@ -32,8 +34,6 @@ from tests.episodes.kit import (
     unwritable,
 )
 from trainer.rows import rows_from_parquet
-from trainer.staging_format import staging_prefix
-from workflows.handover import ledger_prefix
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 

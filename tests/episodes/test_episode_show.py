@@ -1,7 +1,7 @@
 """`grove episode show` of an episode of 8,000 contexts, running and closed, on real services (the session's
 Temporal dev server, its grove worker and store; the CLI in a process of its own).
 
-Running, it pages the `summary` query (each answer bounded: workflows/accounting.py SummaryPage), so the
+Running, it pages the `summary` query (each answer bounded: ledger/accounting.py SummaryPage), so the
 whole episode is shown although its whole summary is past Temporal's 2 MB payload limit; closed, it shows
 the contexts with their spawn links and rewrites from the map the close wrote beside the rows
 (activities/episode_map.py), then the rows. The ledger is written as pages and restored by the workflow,
@@ -25,9 +25,9 @@ from grove.contracts import CloseRequest, EpisodeResult, EpisodeSpec, HarnessSpe
 from grove.receipts import ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from ledger.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key
+from ledger.ledger import Ledger
 from tests.bounds import PROCESS_WAIT, SERVICE_TEST_TIMEOUT
-from workflows.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key
-from workflows.ledger import Ledger
 
 pytestmark = [pytest.mark.timeout(SERVICE_TEST_TIMEOUT), pytest.mark.slow]
 

@@ -25,11 +25,11 @@ from grove.contracts import EpisodeProgress, EpisodeSpec, HarnessSpec
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from ledger.accounting import LedgerSummary
+from ledger.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key
+from ledger.ledger import Ledger
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
-from workflows.accounting import LedgerSummary
-from workflows.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key
-from workflows.ledger import Ledger
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 

@@ -1,14 +1,14 @@
 """A long episode's hand-overs carry only its live calls (the history per run bounded).
 
 Each continue-as-new of a paged ledger writes the ledger's pages, settles every call older than its
-context's branch window (workflows/settlement.py `settle`) and carries the rest: what the next run restores
+context's branch window (ledger/settlement.py `settle`) and carries the rest: what the next run restores
 is bounded by the live calls, not by the episode's length. Measured here on the runs' real histories:
 the bytes each run restored (its start input, which carries the ledger, plus any `load_ledger_page`
 results) stay flat while the calls before it grow several-fold; and the settled calls are still every
 one accounted and trained once (materialize joins the pages).
 
 Real services: the session's Temporal dev server and grove worker (vLLM on the tiny model), the local
-store. Calls are the gateway's Updates (gateway/episodes.py), HandingOver retried, 4 at a time.
+store. Calls are the gateway's Updates (gateway/temporal/episode_client.py), HandingOver retried, 4 at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from grove.client import workflow_runs
 from grove.contracts import CloseRequest, MaterializeInput
+from ledger.handover import EpisodeRun, ledger_prefix
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs
 from tests.episodes.kit import (
@@ -31,7 +32,6 @@ from tests.episodes.kit import (
     start,
 )
 from trainer.rows import rows_from_parquet
-from workflows.handover import EpisodeRun, ledger_prefix
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 

@@ -9,9 +9,9 @@ from capture.claims import stash_prompt
 from capture.prompt import ClaimCheckError, resolve_chat_ref
 from grove.contracts import CallRequest, ChatPrompt, CloseRequest, PromptSpec, close_digest
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
+from ledger.handover import LedgerPage, changed_pages, join_pages, pack_page, split_pages, unpack_page
+from ledger.ledger import Ledger
 from storage.local import LocalStore
-from workflows.handover import LedgerPage, changed_pages, join_pages, pack_page, split_pages, unpack_page
-from workflows.ledger import Ledger
 
 
 def _ledger(n: int) -> Ledger:

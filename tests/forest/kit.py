@@ -8,10 +8,10 @@ import numpy as np
 
 from grove.receipts import CallKind, CallReceipt, ContextOrigin, ContextRecord
 from grove.sampling import SamplingProcessing
+from grove.staging_format import CallTokens, staging_key
+from ledger.accounting import LedgerAccounting
+from ledger.ledger import Ledger
 from trainer.forest import EpisodeRef, Reconstruction, ReconstructionOptions, reconstruct
-from trainer.staging_format import CallTokens, staging_key
-from workflows.accounting import LedgerAccounting
-from workflows.ledger import Ledger
 
 # What the test calls were "sampled" with (the generate activity reports it; the kit stands in for it).
 SAMPLED = SamplingProcessing(temperature=1.0, top_p=1.0)

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from grove.receipts import AUXILIARY_KINDS, CallKind, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingProcessing
+from grove.staging_format import CallTokens, staging_key
+from ledger.ledger import Ledger
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import rows_to_parquet
-from trainer.staging_format import CallTokens, staging_key
-from workflows.ledger import Ledger
 
 SAMPLED = SamplingProcessing(temperature=1.0, top_p=1.0)
 

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from grove.sampling import SamplingProcessing
+from ledger.errors import InvalidTransitionError
 from tests.forest.kit import Episode, tokens
 from trainer.forest import EpisodeRef, MissingSamplingError, ReconstructionOptions, reconstruct
 from trainer.rows import SpanSamplingColumnsError, rows_from_parquet, rows_to_parquet
-from workflows.ledger_errors import InvalidTransitionError
 
 HALF = SamplingProcessing(temperature=0.5, top_p=1.0)
 NUCLEUS = SamplingProcessing(temperature=0.7, top_p=0.9)

@@ -1,4 +1,4 @@
-"""The gateway says when a limit is too small for delegation (gateway/advice.py): a tool call cut by
+"""The gateway says when a limit is too small for delegation (gateway/pipeline/advice.py): a tool call cut by
 max_tokens, a compaction that cannot end; once per episode and agent. Pure: records and a real ledger."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 from capture.records import ChatRecord, Usage
-from gateway import advice
-from gateway.advice import compaction_loop, may_loop, say_once, tool_call_cut
+from gateway.pipeline import advice
+from gateway.pipeline.advice import compaction_loop, may_loop, say_once, tool_call_cut
 from grove.receipts import CallKind
 from tests.forest.kit import Episode, tokens
 

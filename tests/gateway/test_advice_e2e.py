@@ -9,7 +9,7 @@ import asyncio
 import httpx
 import pytest
 
-from gateway.auth import issue_token
+from gateway.http.auth import issue_token
 from grove.headers import WARNING_HEADER
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.fixtures.agents_script import AgentsScriptStack

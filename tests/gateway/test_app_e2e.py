@@ -21,18 +21,18 @@ import openai
 import pytest
 import uvicorn
 
-from gateway.app import create_app
-from gateway.auth import issue_token
-from gateway.episode_ref import episode_ref
-from gateway.settings import GatewaySettings
+from gateway.http.app import create_app
+from gateway.http.auth import issue_token
+from gateway.http.episode_ref import episode_ref
+from gateway.http.settings import GatewaySettings
 from grove import queues
 from grove.contracts import EpisodeSpec, HarnessSpec
 from grove.receipts import CallState, ContextOrigin
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from ledger.accounting import LedgerSummary
 from tests.bounds import SERVICE_TEST_TIMEOUT, STATE_WAIT
 from trainer.rows import rows_from_parquet
-from workflows.accounting import LedgerSummary
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 

@@ -16,18 +16,19 @@ import pytest
 from fastapi import FastAPI
 
 from capture.records import CorruptChatRecordError, load_record, record_key, save_record
-from gateway import opencode
-from gateway.app import create_app
-from gateway.auth import (
+from gateway.http.app import create_app
+from gateway.http.auth import (
     MalformedTokenError,
     MissingTokenError,
     WrongEpisodeTokenError,
     check_token,
     issue_token,
 )
-from gateway.capture import Capture
-from gateway.capture_errors import ResponsePendingError
-from gateway.chat_request import (
+from gateway.http.chat_response import completion_body, sse_events, stream_chunks
+from gateway.http.episode_ref import InvalidEpisodeRefError, episode_id_of, episode_ref
+from gateway.http.routes.errors import domain_error
+from gateway.http.settings import GatewaySettings, GatewaySettingsError
+from gateway.intake.chat_request import (
     InvalidChatRequestError,
     InvalidSamplingError,
     UnknownModelError,
@@ -35,24 +36,23 @@ from gateway.chat_request import (
     parse_chat_request,
     sampling_for,
 )
-from gateway.chat_response import completion_body, sse_events, stream_chunks
-from gateway.episode_ref import InvalidEpisodeRefError, episode_id_of, episode_ref
-from gateway.identity import (
+from gateway.pipeline import opencode
+from gateway.pipeline.capture import Capture
+from gateway.pipeline.capture_errors import ResponsePendingError
+from gateway.pipeline.identity import (
     InvalidIdentityHeaderError,
     RewriteMode,
     Spawner,
     canonical_agent,
     grove_identity,
 )
-from gateway.routes.errors import domain_error
-from gateway.routing import RoutingError, identify, live_contexts, route, spawn_target
-from gateway.settings import GatewaySettings, GatewaySettingsError
+from gateway.pipeline.routing import RoutingError, identify, live_contexts, route, spawn_target
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
+from ledger.accounting import ContextSummary
+from ledger.context_view import ContextView
 from storage.local import LocalStore
 from tests.gateway.chat_kit import SYSTEM, TOOL_RESPONSE, TOOLS, USER, record
-from workflows.accounting import ContextSummary
-from workflows.context_view import ContextView
 
 SECRET = "unit-test-secret-0123456789"
 

@@ -1,4 +1,4 @@
-"""Admission of large chat bodies (gateway/body_admission.py): per-episode turns in arrival order, a
+"""Admission of large chat bodies (gateway/intake/large_bodies.py): per-episode turns in arrival order, a
 bounded backlog refused with 429, an overall byte budget, and nothing left held by a request that gave up.
 
 Pure asyncio: every "waits" below is a task observed blocked in the admission's own state (a single event
@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from gateway.body_admission import BodyAdmission, BodyAdmissionLimits, LargeBodyBacklogError
+from gateway.intake.large_bodies import BodyAdmission, BodyAdmissionLimits, LargeBodyBacklogError
 
 KiB = 1024
 

@@ -1,4 +1,5 @@
-"""Large bodies never hold the gateway (gateway/body_admission.py, gateway/body_parse.py), on real services.
+"""Large bodies never hold the gateway (gateway/intake/large_bodies.py, gateway/intake/body_parse.py), on real
+services.
 
 Episode A's 3.9 MB over-long prompt is held while it is being decoded in a body worker process (gate
 `body_parse`). Meanwhile:
@@ -22,7 +23,7 @@ import re
 
 import pytest
 
-from gateway.body_admission import BodyAdmissionLimits
+from gateway.intake.large_bodies import BodyAdmissionLimits
 from grove.gates import GateControl
 from tests.bounds import SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.gateway.test_app_e2e import SYSTEM, body, close, start_episode

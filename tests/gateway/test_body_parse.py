@@ -1,5 +1,5 @@
-"""Large chat bodies decoded and checked in a worker process (gateway/body_parse.py): the same refusals the
-event loop gives a small body, the lower bound's refusal without sending the request back, and a worker
+"""Large chat bodies decoded and checked in a worker process (gateway/intake/body_parse.py): the same refusals
+the event loop gives a small body, the lower bound's refusal without sending the request back, and a worker
 that dies answered with 503 and replaced.
 
 A real spawned pool and the tiny model's real tokenizer (for the bound). The worker is killed while a
@@ -16,11 +16,11 @@ import signal
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.body_parse import BodyParser, BodyWorkerLostError
-from gateway.chat_request import InvalidChatRequestError, UnsupportedParameterError
-from gateway.context_window import ContextLengthExceededError, MaxTokensOverContextError
-from gateway.limits import InvalidJsonError, RequestLimits, TooManyItemsError
-from gateway.tokenization import PromptBound
+from gateway.intake.body_parse import BodyParser, BodyWorkerLostError
+from gateway.intake.chat_request import InvalidChatRequestError, UnsupportedParameterError
+from gateway.intake.context_window import ContextLengthExceededError, MaxTokensOverContextError
+from gateway.intake.limits import InvalidJsonError, RequestLimits, TooManyItemsError
+from gateway.intake.tokenization import PromptBound
 from grove.gates import ENV as GATES_ENV
 from grove.gates import GateControl
 from tests.bounds import STATE_WAIT

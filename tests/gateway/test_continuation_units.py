@@ -1,4 +1,4 @@
-"""Continuation decisions of gateway/continuation.py and the errors that name the fix (unit tests, no
+"""Continuation decisions of gateway/pipeline/continuation.py and the errors that name the fix (unit tests, no
 services): what a request is to its context's head, compared type-strictly."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from gateway.continuation import Move, UndeclaredDiscontinuityError, decide
-from gateway.hints import (
+from gateway.pipeline.continuation import Move, UndeclaredDiscontinuityError, decide
+from gateway.pipeline.hints import (
     MissingIdentityHeadersError,
     UndeclaredAuxiliaryCallError,
     UndeclaredRewriteError,
     diagnose,
 )
-from gateway.identity import (
+from gateway.pipeline.identity import (
     RewriteMode,
     grove_identity,
 )

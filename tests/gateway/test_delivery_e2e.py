@@ -19,9 +19,9 @@ import httpx
 import pytest
 import uvicorn
 
-from gateway.app import create_app
-from gateway.auth import issue_token
-from gateway.settings import GatewaySettings
+from gateway.http.app import create_app
+from gateway.http.auth import issue_token
+from gateway.http.settings import GatewaySettings
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (

@@ -1,5 +1,5 @@
 """Only delivered responses are trained, whatever races the close: delivery is decided in the
-ledger (workflows/delivery.py), and a close freezes it.
+ledger (ledger/delivery.py), and a close freezes it.
 
 Real services: the Temporal dev server, a grove worker with the real vLLM engine on the tiny model,
 uvicorn serving the gateway, real client connections. Each race is made, not waited for, with test gates
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.app import create_app
-from gateway.episodes import Episodes, EpisodeUpdateRejectedError
+from gateway.http.app import create_app
+from gateway.temporal.episode_client import Episodes, EpisodeUpdateRejectedError
 from grove import queues
 from grove.contracts import CallRequest, EpisodeSpec, HarnessSpec, PromptSpec
 from grove.gates import ENV as GATES_ENV

@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from gateway.episodes import Episodes
-from gateway.routes.errors import error_response
+from gateway.http.routes.errors import error_response
+from gateway.temporal.episode_client import Episodes
 from grove.contracts import CloseRequest, EpisodeSpec, HarnessSpec
 from grove.episode_start import EpisodeIdReusedError, start_episode
 from grove.sampling import SamplingConfig

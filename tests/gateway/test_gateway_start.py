@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.context_window import ContextWindow
+from gateway.intake.context_window import ContextWindow
 from models.limits import ContextExceedsModelError
 from models.registry import ensure_model
 from storage.local import LocalStore

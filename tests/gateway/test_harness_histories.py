@@ -8,9 +8,9 @@ import pytest
 
 from capture.records import ChatRecord, Usage
 from chat.render import Predecessor, render_chat, render_root
-from gateway import opencode
-from gateway.continuation import Move, UndeclaredDiscontinuityError, decide, is_empty_response
-from gateway.identity import RewriteMode
+from gateway.pipeline import opencode
+from gateway.pipeline.continuation import Move, UndeclaredDiscontinuityError, decide, is_empty_response
+from gateway.pipeline.identity import RewriteMode
 from grove.receipts import CallKind
 
 SYSTEM = {"role": "system", "content": "You are an agent."}

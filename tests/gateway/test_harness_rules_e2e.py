@@ -16,7 +16,7 @@ import uuid
 import openai
 import pytest
 
-from gateway.identity import canonical_agent
+from gateway.pipeline.identity import canonical_agent
 from grove import queues
 from grove.contracts import EpisodeSpec, HarnessOutcome, HarnessSpec
 from grove.receipts import ContextOrigin

@@ -11,7 +11,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from gateway.app import create_app
+from gateway.http.app import create_app
 from grove.contracts import ChatPrompt, PromptSpec
 from grove.receipts import CallState
 from tests.bounds import SERVICE_TEST_TIMEOUT

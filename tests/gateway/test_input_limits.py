@@ -15,14 +15,14 @@ import httpx
 import pytest
 
 from capture.records import ChatRecord, Usage, save_record
-from gateway.app import create_app
-from gateway.auth import issue_token
-from gateway.episode_ref import episode_ref
-from gateway.identity import MAX_ID_CHARS, InvalidIdentityHeaderError, check_headers
-from gateway.limits import RequestLimits
-from gateway.settings import DEFAULT_MAX_MODEL_LEN, GatewaySettings
+from gateway.http.app import create_app
+from gateway.http.auth import issue_token
+from gateway.http.episode_ref import episode_ref
+from gateway.http.settings import DEFAULT_MAX_MODEL_LEN, GatewaySettings
+from gateway.intake.limits import RequestLimits
+from gateway.pipeline.identity import MAX_ID_CHARS, InvalidIdentityHeaderError, check_headers
+from grove.staging_format import staging_key
 from storage.local import LocalStore
-from trainer.staging_format import staging_key
 
 SECRET = "limits-test-secret-0123456789"
 EPISODE = "run/s000001/t0/g0"
@@ -254,7 +254,7 @@ def test_limits_come_from_the_environment():
 
 def test_temperature_above_the_engines_maximum_is_refused():
     # vLLM refuses temperature > 2: a request above it must be refused before admission, not fail there (502)
-    from gateway.chat_request import InvalidSamplingError, parse_chat_request, sampling_for
+    from gateway.intake.chat_request import InvalidSamplingError, parse_chat_request, sampling_for
     from grove.sampling import SamplingConfig
 
     request = parse_chat_request(chat([USER], temperature=3.0), MODEL)

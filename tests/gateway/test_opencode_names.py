@@ -1,6 +1,6 @@
-"""OpenCode subagents named after their agent type (gateway/opencode_names.py, harnesses/opencode_agents.py):
-from the `task` call that started each session, independent of which session's request arrives first,
-stored once per session, the same in the runner's outcome."""
+"""OpenCode subagents named after their agent type (gateway/pipeline/opencode_names.py,
+harnesses/opencode_agents.py): from the `task` call that started each session, independent of which session's
+request arrives first, stored once per session, the same in the runner's outcome."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from capture.records import ChatRecord, Usage
-from gateway.opencode_names import SubagentName, derive, session_names, task_calls
+from gateway.pipeline.opencode_names import SubagentName, derive, session_names, task_calls
 from grove.receipts import CallKind
 from harnesses.opencode_agents import subagent_name, subagent_names
 from storage.local import LocalStore

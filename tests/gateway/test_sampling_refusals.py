@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.chat_request import InvalidChatRequestError, UnsupportedParameterError, parse_chat_request
+from gateway.intake.chat_request import InvalidChatRequestError, UnsupportedParameterError, parse_chat_request
 from grove.sampling import UNMIRRORABLE
 
 VALUES = {

@@ -1,6 +1,6 @@
 """A call that names a settled call is refused through the gateway before anything is admitted.
 
-A long episode's hand-over settles every call older than its context's branch window (workflows/settlement.py
+A long episode's hand-over settles every call older than its context's branch window (ledger/settlement.py
 `settle`): the call stays in the ledger pages and is trained as the close decides, but nothing may build
 on it any more. Through the real gateway the way a harness reaches an old call is a worker whose request
 names its spawner (`x-grove-spawned-by`): spawned by a settled call it gets 409 `SettledCallError`, whose

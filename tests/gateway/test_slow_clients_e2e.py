@@ -22,9 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth import issue_token
-from gateway.episode_ref import episode_ref
-from gateway.limits import RequestLimits
+from gateway.http.auth import issue_token
+from gateway.http.episode_ref import episode_ref
+from gateway.intake.limits import RequestLimits
 from infra.worker_process import wait_until
 from tests.bounds import PROCESS_WAIT, SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import SECRET

@@ -1,4 +1,4 @@
-"""The prompt-length lower bound (gateway/tokenization.py `PromptBound`): it never exceeds the exact
+"""The prompt-length lower bound (gateway/intake/tokenization.py `PromptBound`): it never exceeds the exact
 length, refuses what cannot fit without tokenizing it, and is off where it would not hold.
 
 The tiny model's real tokenizer and chat template; exact lengths from the gateway's own prompt builder
@@ -14,8 +14,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from gateway.context_window import ContextLengthExceededError, ContextWindow
-from gateway.tokenization import PromptBound
+from gateway.intake.context_window import ContextLengthExceededError, ContextWindow
+from gateway.intake.tokenization import PromptBound
 from grove.contracts import ChatPrompt, PromptSpec
 from grove.sampling import SamplingConfig
 from storage.local import LocalStore

@@ -1,4 +1,4 @@
-"""Measuring prompts never blocks the gateway (gateway/tokenization.py), on real services.
+"""Measuring prompts never blocks the gateway (gateway/intake/tokenization.py), on real services.
 
 Over-long prompts are refused in parallel, not one after another behind the episode's planning, and
 another episode's calls go on meanwhile. Here an exact measurement of a large, legitimate prompt of
@@ -27,9 +27,9 @@ from contextlib import asynccontextmanager
 import pytest
 from fastapi import FastAPI
 
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
-from gateway.tokenization import TokenizationLimits
+from gateway.http.app import create_app
+from gateway.http.settings import GatewaySettings
+from gateway.intake.tokenization import TokenizationLimits
 from grove.gates import ENV as GATES_ENV
 from grove.gates import GateControl
 from tests.bounds import SERVICE_TEST_TIMEOUT, STATE_WAIT

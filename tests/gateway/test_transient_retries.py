@@ -1,5 +1,5 @@
 """Transient answers of Temporal are asked again within a bound, on every query and Update the gateway
-makes (gateway/retry_policy.py); answers about the request are not.
+makes (gateway/temporal/retry_policy.py); answers about the request are not.
 
 A request whose episode's worker is SIGKILLed must be served once another worker takes the episode, not
 answered 503 ("the context_view query: Temporal answered CANCELLED"). On a real dev server, a query
@@ -23,13 +23,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from gateway.episodes import (
+from gateway.temporal.episode_client import (
     EpisodeNotFoundError,
     Episodes,
     EpisodeUpdateRejectedError,
     TemporalUnavailableError,
 )
-from gateway.retry_policy import transient_retries
+from gateway.temporal.retry_policy import transient_retries
 from tests.bounds import STATE_WAIT
 
 

@@ -20,7 +20,7 @@ import pytest
 from temporalio import workflow
 from temporalio.worker import Worker
 
-from gateway.episodes import Episodes, UpdateOutcomeTimeoutError
+from gateway.temporal.episode_client import Episodes, UpdateOutcomeTimeoutError
 from infra.worker_process import wait_until
 from tests.bounds import RESULT_WAIT, STATE_WAIT
 

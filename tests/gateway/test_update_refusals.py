@@ -14,7 +14,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from gateway.episodes import Episodes, EpisodeUpdateRejectedError
+from gateway.temporal.episode_client import Episodes, EpisodeUpdateRejectedError
 
 SERVER_MESSAGE = (
     "Workflow Update is rejected because it wasn't processed by worker. Probably, Workflow Update is not "

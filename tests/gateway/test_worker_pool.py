@@ -20,7 +20,7 @@ GONE_WITHIN = 30.0  # seconds (a bound: the kernel signals the workers at once)
 
 PROGRAM = """
 import asyncio, os
-from gateway.worker_pool import WorkerPool
+from gateway.intake.worker_pool import WorkerPool
 
 async def main():
     pool = WorkerPool(2, os.getpid, ())  # the initializer: any importable callable

@@ -18,9 +18,9 @@ import pytest
 
 from cli.episode_commands import _show
 from cli.queue_status import queue_lines
-from gateway.app import create_app
-from gateway.auth import issue_token
-from gateway.settings import GatewaySettings
+from gateway.http.app import create_app
+from gateway.http.auth import issue_token
+from gateway.http.settings import GatewaySettings
 from grove import queues
 from grove.client import connect
 from grove.gates import ENV, GateControl

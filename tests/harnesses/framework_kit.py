@@ -15,7 +15,7 @@ from temporalio.client import Client
 from temporalio.contrib.openai_agents import OpenAIAgentsPlugin
 from temporalio.worker import Worker
 
-from gateway.auth import issue_token
+from gateway.http.auth import issue_token
 from harnesses.clients import Episode
 from tests.e2e.test_acceptance import check_row_against_served
 from tests.gateway.test_app_e2e import SECRET, base_url, start_episode

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from activities.engine_config import EngineConfig
 from cli.worker import run_worker
-from gateway.app import create_app
-from gateway.settings import GatewaySettings
+from gateway.http.app import create_app
+from gateway.http.settings import GatewaySettings
 from grove import queues
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec, OpenCodeOptions, TaskSpec
 from grove.gates import GateControl

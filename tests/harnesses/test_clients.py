@@ -150,8 +150,9 @@ class SendState(TypedDict):
 
 async def test_send_workers_are_numbered_in_send_order_whichever_reaches_the_model_first():
     """A relaunched program is answered from the recorded calls only if its agents keep their names
-    (gateway/replay.py): with grove's callbacks, `Send` task i is `worker-{i+1}` even when the tasks
-    reach their model calls in the opposite order (each waits here until the next one has called)."""
+    (gateway/pipeline/launch_records.py): with grove's callbacks, `Send` task i is `worker-{i+1}` even when
+    the tasks reach their model calls in the opposite order (each waits here until the next one has
+    called)."""
     import asyncio
 
     from langgraph.graph import END, START, StateGraph

@@ -44,7 +44,7 @@ def _gateway_server_error_codes() -> set[str]:
     """The `code` of every error the gateway answers with HTTP 5xx (its own trouble), subclasses too."""
     import storage.local  # noqa: F401  (their StorageError subclasses)
     import storage.s3  # noqa: F401
-    from gateway.routes.errors import STATUS
+    from gateway.http.routes.errors import STATUS
 
     def names(cls: type) -> set[str]:
         return {cls.__name__}.union(*(names(sub) for sub in cls.__subclasses__()))

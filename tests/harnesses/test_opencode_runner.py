@@ -23,8 +23,8 @@ from temporalio.api.enums.v1 import PendingActivityState
 
 from activities.engine_config import EngineConfig
 from activities.harness import episode_folder
-from gateway.auth import issue_token
-from gateway.episode_ref import episode_ref
+from gateway.http.auth import issue_token
+from gateway.http.episode_ref import episode_ref
 from grove import queues
 from grove.client import connect
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessHeartbeat, HarnessSpec, OpenCodeOptions
@@ -41,6 +41,7 @@ from harnesses.opencode import (
 )
 from harnesses.opencode_install import opencode_binary
 from infra.temporal import TemporalDevServer
+from ledger.accounting import LedgerSummary
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import activity_attempts
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
@@ -59,7 +60,6 @@ from tests.harnesses.opencode_kit import (
     until_reached,
 )
 from trainer.rows import rows_from_parquet
-from workflows.accounting import LedgerSummary
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 

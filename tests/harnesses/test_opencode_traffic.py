@@ -5,7 +5,7 @@ one `opencode run` with the restricted `lead` agent (harnesses/opencode.py restr
 server made the lead call `task` twice: the lead's first request, the two subagent sessions' requests
 (sent concurrently, with `x-parent-session-id`), and the lead's resumption with both task results. The
 responses are implied by the requests that follow them (OpenCode echoes them back). This test names the
-sessions, routes and decides each request against a real ledger the way gateway/planning.py does: the
+sessions, routes and decides each request against a real ledger the way gateway/pipeline/planning.py does: the
 subagents are named after their agent type (`worker`, then `worker-2`), in the order the lead wrote the
 `task` calls, whichever subagent's request comes first.
 """
@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 from capture.records import ChatRecord, Usage
-from gateway.continuation import Move, decide
-from gateway.opencode_names import session_names
-from gateway.replay import launch_of, prompt_digest
-from gateway.routing import current_context, identify, route, view_request
+from gateway.pipeline.continuation import Move, decide
+from gateway.pipeline.launch_records import launch_of, prompt_digest
+from gateway.pipeline.opencode_names import session_names
+from gateway.pipeline.routing import current_context, identify, route, view_request
 from grove.receipts import CallKind, ContextOrigin
+from ledger.context_view import ViewRequest, context_view
 from storage.local import LocalStore
 from tests.forest.kit import Episode, tokens
-from workflows.context_view import ViewRequest, context_view
 
 REQUESTS = Path(__file__).parent / "fixtures" / "opencode-run-two-tasks.requests.jsonl"
 
@@ -36,7 +36,7 @@ def load() -> list[dict]:
 
 def head_of(ledger):
     """The call that spawns an agent's workers now: its current context's head, as the gateway asks it
-    (gateway/planning.py `head_of`)."""
+    (gateway/pipeline/planning.py `head_of`)."""
 
     async def head(agent: str) -> str | None:
         view = context_view(ledger, ViewRequest(agents=[agent]), closing=False)

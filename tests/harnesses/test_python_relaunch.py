@@ -3,13 +3,13 @@ delegation program (harnesses/langgraph_delegation.py, the real langgraph / lang
 the `run_harness` activity in a `grove worker --queues harness` subprocess, the real gateway, the Temporal
 dev server and vLLM on the tiny model.
 
-The harness worker is SIGKILLed mid-episode: the program has had five calls answered (the lead's first
-turn; worker-1's answer; worker-2's warm-up, its summary and its answer after the declared rewrite) and
-its lead has sent its second request, held on arrival at the gateway by the `chat_request` gate (nothing
-admitted). Temporal's retry relaunches the program (launch 2), which sends the same five requests again:
-each must be answered from its record (gateway/replay.py), nothing generated or admitted twice, and its
-first new request must continue the lead's recorded call on its exact tokens. The held request of the
-dead launch stays held until the episode is over, then meets a closed episode.
+The harness worker is SIGKILLed mid-episode: the program has had five calls answered (the lead's first turn;
+worker-1's answer; worker-2's warm-up, its summary and its answer after the declared rewrite) and its lead has
+sent its second request, held on arrival at the gateway by the `chat_request` gate (nothing admitted).
+Temporal's retry relaunches the program (launch 2), which sends the same five requests again: each must be
+answered from its record (gateway/pipeline/launch_records.py), nothing generated or admitted twice, and its
+first new request must continue the lead's recorded call on its exact tokens. The held request of the dead
+launch stays held until the episode is over, then meets a closed episode.
 
 The Agents SDK delegation program (harnesses/agents_sdk_delegation.py, the real openai-agents package) is
 killed the way the OpenCode relaunch test kills OpenCode: after the program exited, before the runner

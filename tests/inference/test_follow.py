@@ -22,10 +22,10 @@ from temporalio.testing import ActivityEnvironment
 from activities.inference_worker import InferenceActivities
 from grove.contracts import GenerateInput, PolicyRef, PromptSpec, PublishInput
 from grove.sampling import SamplingConfig
+from grove.staging_format import decode_call_tokens, staging_key
 from tests.inference.checkpoints import commit_checkpoint, perturbed_copy
 from tests.inference.reference import learner_logprobs
 from trainer.base_model import stage_base_model
-from trainer.staging_format import decode_call_tokens, staging_key
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 

@@ -13,9 +13,9 @@ from activities.generate import call_seed, receipt_key, stage
 from activities.inference_worker import InferenceActivities
 from grove.contracts import ChatPrompt, GenerateInput, PromptSpec
 from grove.sampling import SamplingConfig
+from grove.staging_format import decode_call_tokens, staging_key
 from storage.base import sha256_hex
 from tests.inference.reference import learner_logprobs
-from trainer.staging_format import decode_call_tokens, staging_key
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 

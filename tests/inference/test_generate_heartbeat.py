@@ -22,8 +22,8 @@ from activities.inference_worker import InferenceActivities
 from grove.contracts import ChatPrompt, GenerateInput, PromptSpec
 from grove.gates import GateControl, GatedStore, Gates
 from grove.sampling import SamplingConfig
+from grove.staging_format import staging_key
 from storage.local import LocalStore
-from trainer.staging_format import staging_key
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 

@@ -22,7 +22,7 @@ from activities.inference_worker import InferenceActivities
 from chat.render import render_root, render_text, response_of
 from grove.contracts import ChatPrompt, GenerateInput, PromptSpec
 from grove.sampling import SamplingConfig
-from trainer.staging_format import decode_call_tokens
+from grove.staging_format import decode_call_tokens
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 

@@ -17,7 +17,7 @@ from activities.inference_worker import DataConverterError, build_inference_work
 from grove import queues
 from grove.contracts import GenerateInput, GenerateResult, PromptSpec
 from grove.sampling import SamplingConfig
-from trainer.staging_format import decode_call_tokens
+from grove.staging_format import decode_call_tokens
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 

@@ -21,19 +21,19 @@ import torch
 from temporalio.testing import ActivityEnvironment
 
 from activities.inference_worker import InferenceActivities
-from gateway.capture import Capture
-from gateway.chat_request import parse_chat_request
+from gateway.intake.chat_request import parse_chat_request
+from gateway.pipeline.capture import Capture
 from grove.contracts import CallRequest, CallResult, EpisodeSpec, GenerateInput, HarnessSpec, TaskSpec
 from grove.learner_config import LearnerConfig
 from grove.receipts import ContextRecord
 from grove.sampling import SamplingConfig, SamplingProcessing
+from grove.staging_format import decode_call_tokens
+from ledger.context_view import ContextView, ViewRequest, context_view
+from ledger.delivery import record_delivery
+from ledger.ledger import Ledger
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.learner import load_policy, prepare_batch, score_tokens
 from trainer.rows import rows_from_parquet, rows_to_parquet
-from trainer.staging_format import decode_call_tokens
-from workflows.context_view import ContextView, ViewRequest, context_view
-from workflows.delivery import record_delivery
-from workflows.ledger import Ledger
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM
 

@@ -3,7 +3,7 @@
 A moved or renamed file leaves its old path behind in prose that no import checks; readers then open a
 file that is not there. This test reads every tracked text file, takes each token that starts with one
 of the repository's own top-level folders (`gateway/...`, `docs/...`) and names a file (its last part
-has a suffix: `gateway/app.py`, `infra/test.sh`) or a module's member (`activities/generate.call_seed`
+has a suffix: `gateway/http/app.py`, `infra/test.sh`) or a module's member (`activities/generate.call_seed`
 cites activities/generate.py), and fails listing the citations whose file is missing, with the file and
 line that cite them. Tokens without a suffix (`bench/s000001/t0/g0` is an episode id, `grove/grove` a
 model name) are not citations of a file.
@@ -72,12 +72,12 @@ def test_the_check_sees_a_missing_path() -> None:
     # the pattern itself: a real file, a missing one, a placeholder, a module's member and an id
     tops = ["gateway", "docs", "activities", "bench"]
     text = (
-        "see gateway/app.py and docs/nowhere.md, rows in gateway/<x>/y.py; "
+        "see gateway/http/app.py and docs/nowhere.md, rows in gateway/<x>/y.py; "
         "activities/generate.call_seed, activities/gone.call_seed, episode bench/s000001/t0/g0"
     )
     citations = [c for _, c in cited(text, tops)]
     assert citations == [
-        "gateway/app.py",
+        "gateway/http/app.py",
         "docs/nowhere.md",
         "gateway/<x>/y.py",
         "activities/generate.call_seed",

@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.training import TrainerActivities
-from grove.base_model import StageBaseModelInput
+from grove.contracts.training import StageBaseModelInput
 from models.registry import ModelResolutionError
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT

@@ -1,5 +1,5 @@
-"""The `context_view` query (workflows/context_view.py): what one gateway request needs of the ledger, in a
-payload whose size does not depend on the episode's, and routing on it (gateway/routing.py).
+"""The `context_view` query (ledger/context_view.py): what one gateway request needs of the ledger, in a
+payload whose size does not depend on the episode's, and routing on it (gateway/pipeline/routing.py).
 
 Real ledgers of many contexts; the view of one request's agents is compared with the whole summary's
 answer for the same questions, and its serialized size measured at 10 and 5,000 other contexts.
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.identity import grove_identity
-from gateway.routing import ContextOwnershipError, route, view_request
+from gateway.pipeline.identity import grove_identity
+from gateway.pipeline.routing import ContextOwnershipError, route, view_request
 from grove.receipts import ContextOrigin, ContextRecord
+from ledger.context_view import ContextView, ViewRequest, admitted_count, context_view
 from tests.forest.kit import Episode, tokens
-from workflows.context_view import ContextView, ViewRequest, admitted_count, context_view
 
 T = tokens([1, 2], [3], [-0.5])
 

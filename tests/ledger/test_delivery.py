@@ -1,4 +1,4 @@
-"""Delivery decided in the ledger (workflows/delivery.py): a response awaiting delivery is trained only once
+"""Delivery decided in the ledger (ledger/delivery.py): a response awaiting delivery is trained only once
 it was delivered or used; the close discards the rest; the rows own exactly the selected calls.
 
 A real Ledger driven as the workflow drives it (tests/forest/kit.py), the rows built by the real
@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 
 from grove.receipts import CallState
-from tests.forest.kit import Episode, tokens
-from workflows.delivery import (
+from ledger.delivery import (
     UNDELIVERED_AT_CLOSE,
     UndeliverableCallError,
     delivered_before,
@@ -20,8 +19,9 @@ from workflows.delivery import (
     record_delivery,
     validate_delivery,
 )
-from workflows.handover import apply_page, split_pages
-from workflows.ledger import Ledger
+from ledger.handover import apply_page, split_pages
+from ledger.ledger import Ledger
+from tests.forest.kit import Episode, tokens
 
 A = tokens([1, 2], [3], [-0.5])
 B = tokens([1, 2, 3, 4], [5], [-0.25])

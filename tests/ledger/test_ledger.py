@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from grove.receipts import CallKind, CallState
+from ledger.accounting import IncompleteAccountingError, LedgerAccounting
+from ledger.ancestry import ancestry_evidence
+from ledger.call_admission import AdmitRequest
+from ledger.errors import StaleContinuationError
+from ledger.ledger import Ledger
 from tests.forest.kit import Episode, tokens
-from workflows.accounting import IncompleteAccountingError, LedgerAccounting
-from workflows.admission import AdmitRequest
-from workflows.ancestry import ancestry_evidence
-from workflows.ledger import Ledger
-from workflows.ledger_errors import StaleContinuationError
 
 
 def chain() -> Episode:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from grove.receipts import CallKind, ContextOrigin, ContextRecord
-from tests.forest.kit import Episode, tokens
-from workflows.ancestry import ancestry_evidence
-from workflows.ledger_errors import (
+from ledger.ancestry import ancestry_evidence
+from ledger.errors import (
     AmbiguousAncestryError,
     ClosingWithOutstandingCallsError,
     CrossContextContinuationError,
@@ -26,6 +25,7 @@ from workflows.ledger_errors import (
     UnknownContextError,
     UnresolvedAcknowledgementError,
 )
+from tests.forest.kit import Episode, tokens
 
 
 def started() -> Episode:

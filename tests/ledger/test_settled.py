@@ -15,10 +15,10 @@ import random
 import pytest
 
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord, TokenDigests
-from workflows.handover import changed_pages, join_pages
-from workflows.ledger import Ledger
-from workflows.ledger_errors import DuplicateCallError, LedgerError, SettledCallError
-from workflows.settled import IdRanges, canonical_index
+from ledger.errors import DuplicateCallError, LedgerError, SettledCallError
+from ledger.handover import changed_pages, join_pages
+from ledger.ledger import Ledger
+from ledger.settled import IdRanges, canonical_index
 
 
 def _digests(i: int, prompt_len: int) -> TokenDigests:

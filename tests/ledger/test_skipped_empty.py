@@ -1,5 +1,5 @@
 """An empty reply the harness left out of its history (OpenCode drops EOS-only assistant messages): the
-gateway discards it and the next call extends what it extended (gateway/continuation.py SKIP_EMPTY).
+gateway discards it and the next call extends what it extended (gateway/pipeline/continuation.py SKIP_EMPTY).
 In the ledger and the reconstruction that is: the empty call is accounted as discarded, never trained,
 and the next call's row continues the empty call's parent."""
 

@@ -1,4 +1,4 @@
-"""The `summary` query answers in pages (workflows/ledger_report.py, workflows/accounting.py SummaryPage):
+"""The `summary` query answers in pages (ledger/report.py, ledger/accounting.py SummaryPage):
 one answer holds at most SUMMARY_PAGE_CONTEXTS contexts and MAX_WARNINGS warnings, so it stays far below
 Temporal's 2 MB payload limit however many contexts an episode opens, and paging with `next_offset`
 reads every context once, in opening order. Real ledgers of 5,000 stray root agents (each a warning)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from ledger.accounting import MAX_WARNINGS, SUMMARY_PAGE_CONTEXTS, SummaryPage
 from tests.ledger.test_context_view import episode
-from workflows.accounting import MAX_WARNINGS, SUMMARY_PAGE_CONTEXTS, SummaryPage
 
 TEMPORAL_PAYLOAD_LIMIT = 2 * 1024 * 1024
 

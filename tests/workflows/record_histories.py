@@ -309,7 +309,7 @@ async def _runs_of(client, workflow_id: str) -> list:
 
 
 async def record_pre_settle(work: Path) -> list[Path]:
-    from gateway.episodes import Episodes
+    from gateway.temporal.episode_client import Episodes
     from tests.episodes.kit import ROOT, call_request
 
     module = past_module(
@@ -365,7 +365,7 @@ async def record_pre_settle(work: Path) -> list[Path]:
 
 async def _by_ref_external(client) -> list:
     """The external episode of `--by-ref-episode`: its runs, first to last."""
-    from gateway.episodes import Episodes
+    from gateway.temporal.episode_client import Episodes
     from tests.episodes.kit import ROOT, call_request
 
     sampling = SamplingConfig(max_tokens=BY_REF_TOKENS, ignore_eos=True)
@@ -378,7 +378,7 @@ async def _by_ref_external(client) -> list:
     episodes = Episodes(client)
     await episodes.open_context(spec.episode_id, ROOT)
     calls = []
-    for i in range(9):  # as the gateway asks (gateway/admission.py): a large completion by reference
+    for i in range(9):  # as the gateway asks (gateway/pipeline/execution.py): a large completion by reference
         request = call_request(spec.episode_id, i).model_copy(update={"completion_by_ref": True})
         calls.append(await episodes.call(spec.episode_id, request))
     await episodes.close(spec.episode_id, CloseRequest(final_answer="done"))

@@ -29,8 +29,8 @@ from temporalio.worker import Replayer
 with workflow.unsafe.imports_passed_through():
     from grove import queues
     from grove.contracts import ArchiveStepsInput, EpisodeResult, GenerateResult, RunResult, RunState
+    from ledger.handover import EpisodeRun
     from workflows.episode import EpisodeWorkflow
-    from workflows.handover import EpisodeRun
     from workflows.training_run import ARCHIVE_RETRY, TRACK_TIMEOUT, TrainingRunWorkflow, step_specs
 
 HISTORIES = Path(__file__).parent / "histories"

@@ -28,9 +28,9 @@ from activities.wedged_episodes import PROBLEMS, end_wedged, find_wedged, sweep_
 from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec
 from grove.sampling import SamplingConfig
 from harnesses import scenario
+from ledger.handover import EpisodeRun
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from workflows.episode import EpisodeWorkflow
-from workflows.handover import EpisodeRun
 from workflows.training_run import RUN
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)

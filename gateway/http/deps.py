@@ -1,0 +1,96 @@
+"""FastAPI dependencies of the gateway's routes, as `Annotated` aliases.
+
+The lifespan (gateway/http/app.py) puts the settings, the Temporal-backed `Episodes` and the `Capture`
+service on `app.state`; these read them back. `EpisodeIdDep` decodes the URL's episode reference and
+checks the bearer token before anything talks to Temporal.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from pydantic import ValidationError
+
+from gateway.http.auth import check_token
+from gateway.http.episode_ref import episode_id_of
+from gateway.http.settings import GatewaySettings
+from gateway.intake.body_parse import BodyParser, check_chat_body
+from gateway.intake.chat_request import ChatCompletionRequest
+from gateway.intake.context_window import ContextLengthExceededError
+from gateway.intake.large_bodies import BodyAdmission
+from gateway.intake.limits import InvalidBodyError, declared_size, parse_json, read_body
+from gateway.pipeline.capture import Capture
+from gateway.pipeline.identity import check_headers
+from gateway.pipeline.launch_records import launch_of
+from gateway.temporal.episode_client import Episodes
+from grove.contracts import CloseRequest
+
+
+def get_settings(request: Request) -> GatewaySettings:
+    return request.app.state.settings
+
+
+def get_episodes(request: Request) -> Episodes:
+    return request.app.state.episodes
+
+
+def get_capture(request: Request) -> Capture:
+    return request.app.state.capture
+
+
+SettingsDep = Annotated[GatewaySettings, Depends(get_settings)]
+EpisodesDep = Annotated[Episodes, Depends(get_episodes)]
+CaptureDep = Annotated[Capture, Depends(get_capture)]
+
+
+def authorized_episode(episode_ref: str, request: Request, settings: SettingsDep) -> str:
+    """The episode id of the URL, once the request's bearer token is this episode's."""
+    episode_id = episode_id_of(episode_ref)
+    check_token(settings.secret.get_secret_value(), episode_id, request.headers.get("authorization"))
+    return episode_id
+
+
+EpisodeIdDep = Annotated[str, Depends(authorized_episode)]
+
+
+async def chat_body(
+    request: Request, settings: SettingsDep, episode_id: EpisodeIdDep
+) -> ChatCompletionRequest:
+    """The request body as a validated chat-completions request (OpenAI-style 4xx otherwise); read
+    only after the token was checked, and only up to the body cap (gateway/intake/limits.py). A small body is
+    read and checked here; a large one waits its episode's turn unread (gateway/intake/large_bodies.py) and is
+    checked in a worker process (gateway/intake/body_parse.py)."""
+    check_headers(request.headers)
+    limits = settings.limits
+    admission: BodyAdmission = request.app.state.body_admission
+    size = declared_size(request, limits.max_body_bytes, "max_body_bytes")
+    if not admission.is_large(size):
+        raw = await read_body(request, limits.max_body_bytes, "max_body_bytes", limits)
+        return check_chat_body(raw, limits, settings.model_name, settings.max_model_len)
+    async with admission.turn(episode_id, limits.max_body_bytes if size is None else size):
+        raw = await read_body(request, limits.max_body_bytes, "max_body_bytes", limits)
+        parser: BodyParser = request.app.state.body_parser
+        checked = await parser.parse(episode_id, raw, limits, settings.model_name, settings.max_model_len)
+    if isinstance(checked, ContextLengthExceededError):  # the prompt's lower bound refused it
+        launch_of(request.headers)  # whose refusal comes first in gateway/pipeline/capture.py
+        raise checked
+    return checked
+
+
+async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> CloseRequest:
+    """The close request (an empty body is the default close); read after auth, capped."""
+    raw = await read_body(request, settings.limits.max_close_bytes, "max_close_bytes", settings.limits)
+    if not raw.strip():
+        return CloseRequest()
+    body = parse_json(raw, settings.limits)
+    try:
+        return CloseRequest.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidBodyError(f"invalid close request: {where}: {first['msg']}", param=where) from None
+
+
+ChatBodyDep = Annotated[ChatCompletionRequest, Depends(chat_body)]
+CloseBodyDep = Annotated[CloseRequest, Depends(close_body)]

@@ -1,0 +1,193 @@
+"""Domain exceptions -> OpenAI-style JSON errors: the only place where gateway errors get HTTP codes.
+
+Body: `{"error": {"message", "type", "param", "code"}}`, `code` = the exception's class name (for an
+Update the workflow refused: the ledger's named error). An unexpected exception becomes a 500 that
+names only an incident id; its traceback goes to the gateway's log, never to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from capture.records import CorruptChatRecordError
+from chat.content_tokens import ControlTextError, UnsupportedTokenizerError
+from chat.render import (
+    ChatRenderError,
+    NoChatTemplateError,
+    UndeclaredDiscontinuityError,
+)
+from gateway.http.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
+from gateway.http.episode_ref import InvalidEpisodeRefError
+from gateway.intake.body_parse import BodyWorkerLostError
+from gateway.intake.chat_request import ChatRequestError, ResponsesApiNotServedError, UnknownModelError
+from gateway.intake.large_bodies import LargeBodyBacklogError
+from gateway.intake.limits import HeadersTooLargeError, RequestTooLargeError, SlowUploadError
+from gateway.intake.tokenization import TokenizerBusyError
+from gateway.pipeline.capture_errors import (
+    ContextConflictError,
+    DeliveryRefusedError,
+    EpisodeClosedError,
+    ForeignSessionError,
+    HeadPendingError,
+    MissingRecordError,
+    ResponsePendingError,
+    UndeliveredHeadsError,
+    UnspawnedAgentError,
+)
+from gateway.pipeline.identity import InvalidIdentityHeaderError
+from gateway.pipeline.launch_records import InvalidLaunchHeaderError
+from gateway.pipeline.routing import ContextOwnershipError, RoutingError
+from gateway.temporal.episode_client import (
+    EpisodeFailedError,
+    EpisodeNotFoundError,
+    EpisodeQueryError,
+    EpisodeUpdateRejectedError,
+    NotExternalEpisodeError,
+    TemporalUnavailableError,
+)
+from grove.episode_start import EpisodeIdReusedError
+from storage.base import StorageError
+
+log = logging.getLogger("grove.gateway")
+
+# Most specific first is not needed: the lookup walks the exception's MRO.
+STATUS: dict[type[Exception], tuple[int, str]] = {
+    InvalidEpisodeRefError: (404, "not_found_error"),
+    MissingTokenError: (401, "authentication_error"),
+    MalformedTokenError: (401, "authentication_error"),
+    WrongEpisodeTokenError: (403, "permission_error"),
+    UnknownModelError: (404, "not_found_error"),
+    ResponsesApiNotServedError: (404, "not_found_error"),
+    RequestTooLargeError: (413, "invalid_request_error"),
+    SlowUploadError: (408, "invalid_request_error"),
+    HeadersTooLargeError: (431, "invalid_request_error"),
+    ChatRequestError: (400, "invalid_request_error"),
+    InvalidIdentityHeaderError: (400, "invalid_request_error"),
+    RoutingError: (400, "invalid_request_error"),
+    ContextOwnershipError: (403, "permission_error"),
+    InvalidLaunchHeaderError: (400, "invalid_request_error"),
+    UndeclaredDiscontinuityError: (400, "invalid_request_error"),
+    # The gateway renders each prompt before admission (gateway/intake/context_window.py): a template that
+    # cannot render the messages, or control-token text it interprets, is the request's problem.
+    NoChatTemplateError: (500, "server_error"),
+    ChatRenderError: (400, "invalid_request_error"),
+    ControlTextError: (400, "invalid_request_error"),
+    UnsupportedTokenizerError: (500, "server_error"),
+    ForeignSessionError: (400, "invalid_request_error"),
+    UnspawnedAgentError: (400, "invalid_request_error"),
+    HeadPendingError: (409, "conflict_error"),
+    ResponsePendingError: (409, "conflict_error"),
+    EpisodeClosedError: (409, "conflict_error"),
+    MissingRecordError: (409, "conflict_error"),
+    ContextConflictError: (409, "conflict_error"),
+    DeliveryRefusedError: (409, "conflict_error"),
+    UndeliveredHeadsError: (409, "conflict_error"),
+    EpisodeNotFoundError: (404, "not_found_error"),
+    EpisodeIdReusedError: (409, "conflict_error"),
+    NotExternalEpisodeError: (409, "conflict_error"),
+    EpisodeFailedError: (409, "conflict_error"),
+    EpisodeQueryError: (502, "server_error"),
+    TemporalUnavailableError: (503, "server_error"),
+    CorruptChatRecordError: (500, "server_error"),
+    StorageError: (503, "server_error"),
+    TokenizerBusyError: (503, "server_error"),
+    LargeBodyBacklogError: (429, "rate_limit_error"),
+    BodyWorkerLostError: (503, "server_error"),
+}
+# Ledger errors (and the workflow's own) that say "not now / not any more" rather than "wrong request".
+CONFLICT_TYPES = frozenset(
+    {
+        "StaleContinuationError",
+        "SettledCallError",
+        "DuplicateCallError",
+        "DuplicateContextError",
+        "PendingPredecessorError",
+        "DiscardInUseError",
+        "LedgerClosedError",
+        "Closing",
+        "AlreadyClosed",
+        "HandingOver",
+        "InvalidTransitionError",
+        "AmbiguousAncestryError",
+        "ClosingWithOutstandingCallsError",
+        "UnresolvedAcknowledgementError",
+        "UndeliverableCallError",
+    }
+)
+
+
+def error_body(message: str, kind: str, code: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _status(exc: Exception) -> tuple[int, str]:
+    if isinstance(exc, EpisodeUpdateRejectedError):
+        if exc.error_type == "GenerationFailed":
+            return 502, "server_error"
+        return (409, "conflict_error") if exc.error_type in CONFLICT_TYPES else (400, "invalid_request_error")
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    raise LookupError(type(exc))
+
+
+def _param(exc: Exception) -> str | None:
+    if isinstance(exc, UndeclaredDiscontinuityError):
+        return "tools" if exc.index is None else f"messages[{exc.index}].{exc.field}"
+    return getattr(exc, "param", None)
+
+
+def _code(exc: Exception) -> str:
+    if isinstance(exc, EpisodeUpdateRejectedError):
+        return exc.error_type
+    # A code clients know (OpenAI's `context_length_exceeded`: OpenCode compacts on it) wins.
+    return getattr(exc, "openai_code", None) or type(exc).__name__
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The JSON error answer of a domain exception (also sent by a response whose delivery was refused)."""
+    status, kind = _status(exc)
+    retry_after = getattr(exc, "retry_after", None)  # a "not yet" that clears by itself: say when to retry
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    body = error_body(str(exc), kind, _code(exc), _param(exc))
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def domain_error(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(exc)
+
+
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    incident = uuid.uuid4().hex[:12]
+    log.error("incident %s: %s %s failed", incident, request.method, request.url.path, exc_info=exc)
+    message = f"internal error (incident {incident}); the gateway's log has the details"
+    return JSONResponse(error_body(message, "server_error", "InternalError"), status_code=500)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    body = error_body(
+        f"invalid request: {where}: {first['msg']}", "invalid_request_error", "InvalidRequest", where
+    )
+    return JSONResponse(body, status_code=400)
+
+
+async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return JSONResponse(error_body(message, kind, f"HTTP{exc.status_code}"), status_code=exc.status_code)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    for cls in (*STATUS, EpisodeUpdateRejectedError):
+        app.add_exception_handler(cls, domain_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected_error)

@@ -1,0 +1,106 @@
+"""Decoding and checking a large chat body in a worker process, so that it never holds the gateway's loop.
+
+`json.loads` of a body of several MB holds the GIL for all of its milliseconds (a thread would not free the
+loop), and the checks after it (gateway/intake/limits.py: depth and text; counts; the request model; the
+completion budget) walk the whole value. A large body admitted by gateway/intake/large_bodies.py is handed as
+bytes to a pool of `processes` spawned, niced worker processes (light: no tokenizer, no torch), which run the
+same checks the event loop runs on a small body, in the same order, plus the prompt's lower bound
+(gateway/intake/tokenization.py `PromptBound`, built by the gateway from its tokenizer), and send back either
+the refusal (the same error class, message and param) or the validated request. So an over-long prompt comes
+back as a few hundred bytes, and the gateway's own work per large body is reading it.
+
+Test gate (grove/gates.py): `body_parse` (key: the episode id) holds a body's decoding in the worker.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures.process import BrokenProcessPool
+
+from gateway.intake.chat_request import ChatCompletionRequest, parse_chat_request
+from gateway.intake.context_window import ContextLengthExceededError, check_max_tokens
+from gateway.intake.limits import RequestLimits, check_counts, parse_json
+from gateway.intake.tokenization import PromptBound
+from gateway.intake.worker_pool import WorkerPool
+from grove.gates import Gates
+
+NICE = 10  # workers yield the CPU to the gateway's loop, Temporal and the engines
+
+
+class BodyWorkerLostError(Exception):
+    """The worker process decoding this body died (killed): HTTP 503, Retry-After; a new one serves the
+    retry."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def check_chat_body(
+    raw: bytes, limits: RequestLimits, served_model: str, max_model_len: int
+) -> ChatCompletionRequest:
+    """A body's checks before admission, in order; the first problem raises its ChatRequestError."""
+    body = parse_json(raw, limits)
+    if isinstance(body, dict):
+        check_counts(body, limits)
+    chat = parse_chat_request(body, served_model)
+    check_max_tokens(chat, max_model_len)
+    return chat
+
+
+_BOUND: PromptBound | None = None  # the worker's copy of the gateway's bound, set by _start_worker
+
+
+def _start_worker(bound: PromptBound | None) -> None:
+    global _BOUND
+    os.nice(NICE)
+    _BOUND = bound
+
+
+def _parse_in_worker(
+    episode_id: str, raw: bytes, limits: RequestLimits, served_model: str, max_model_len: int
+) -> ChatCompletionRequest | ContextLengthExceededError:
+    gates = Gates.from_env()
+    if gates is not None:  # tests only: hold a body's decoding in the worker
+        gates.hold_sync("body_parse", episode_id)
+    chat = check_chat_body(raw, limits, served_model, max_model_len)
+    if _BOUND is not None:  # an over-long prompt goes back as its refusal, not as MBs of request
+        try:
+            _BOUND.check(chat.messages, max_model_len)
+        except ContextLengthExceededError as refusal:
+            return refusal
+    return chat
+
+
+class BodyParser:
+    """The worker pool decoding large bodies (module docstring). Its pool starts with the first large body,
+    with the lower bound the gateway set by then (`bound`: None where the tokenizer gives none)."""
+
+    def __init__(self, processes: int, retry_after: int) -> None:
+        self.bound: PromptBound | None = None
+        self.processes = processes
+        self.retry_after = retry_after
+        self._workers: WorkerPool | None = None  # started with the bound, once it is set
+
+    def shutdown(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown()
+
+    async def parse(
+        self, episode_id: str, raw: bytes, limits: RequestLimits, served_model: str, max_model_len: int
+    ) -> ChatCompletionRequest | ContextLengthExceededError:
+        """The validated request, or the lower bound's refusal of its prompt (returned: the caller raises
+        it after its own checks that come first); a ChatRequestError of the body raised here as the worker
+        raised it."""
+        if self._workers is None:
+            self._workers = WorkerPool(self.processes, _start_worker, (self.bound,))
+        try:
+            return await self._workers.run(
+                _parse_in_worker, episode_id, raw, limits, served_model, max_model_len
+            )
+        except BrokenProcessPool:  # a worker died: a new pool serves the retry
+            raise BodyWorkerLostError(
+                f"episode {episode_id!r}: the gateway's worker process decoding this {len(raw)}-byte body "
+                f"died; retry in {self.retry_after} s",
+                retry_after=self.retry_after,
+            ) from None
