@@ -15,13 +15,14 @@ each attempt heartbeats its phase and attempt number, so the UI shows what it is
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import numpy as np
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.failures import retryable_storage_failure
+from capture.call_archive import save_archive
 from capture.claims import load_completion
 from capture.records import load_record
 from chat.message_text import text_of
@@ -175,24 +176,36 @@ class EpisodeIO:
             if inp.valid:
                 ledger = self._joined(inp) if inp.ledger_pages or inp.ledger_index else None
                 receipts = ledger.receipts() if ledger is not None else inp.receipts
+                tokens = self._tokens(receipts)
                 rec = reconstruct(
                     EpisodeRef(episode_id=inp.episode_id, group_id=inp.group_id),
                     receipts,
-                    self._tokens(receipts),
+                    tokens,
                     ReconstructionOptions(train_agents=inp.train_agents, train_auxiliary=inp.train_auxiliary),
                     reward=inp.reward,
                 )
                 rows, eligible = rec.rows, rec.accounting.eligible_tokens
             else:
-                rows, eligible = [placeholder_row(inp)], 0
+                rows, eligible, tokens = [placeholder_row(inp)], 0, {}
             # A storage error (PermissionError, StoreUnreachableError) is an outage: it is retried.
             self.store.put_if_absent(inp.rows_key, rows_to_parquet(rows))
         if not inp.valid and (inp.ledger_pages or inp.ledger_index):
             ledger = self._placeholder_ledger(inp)
+        self._archive(inp, ledger, tokens)
         return MaterializeResult(
             rows_key=inp.rows_key, num_rows=len(rows), eligible_tokens=eligible, placeholder=not inp.valid,
             **self._numbers(ledger),
         )  # fmt: skip
+
+    def _archive(self, inp: MaterializeInput, ledger: Ledger | None, tokens: dict[str, CallTokens]) -> None:
+        """The call archive beside the rows (capture/call_archive.py), for viewers. A retry that finds a
+        different archive (a staged object lost in between) keeps the first: nothing trains from it."""
+        if ledger is not None:
+            contexts, receipts = [c.record for c in ledger.contexts.values()], ledger.receipts()
+        else:
+            contexts, receipts = inp.contexts, inp.receipts
+        with io_attempt("materialize: call archive", rows_key=inp.rows_key), suppress(DigestMismatchError):
+            save_archive(self.store, inp.episode_id, inp.group_id, contexts, receipts, tokens)
 
     @activity.defn(name="clean_staging")
     def clean_staging(self, inp: CleanStagingInput) -> CleanStagingResult:
