@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -200,3 +201,48 @@ async def gather_run(client: Client, store: ObjectStore, run_id: str) -> dict[st
         "ui": ui_url(run_id, client),
         "steps": steps,
     }
+
+
+# ------------------------------------------------------------------------------------------ writing
+
+
+async def write_episode_page(
+    client: Client, store: ObjectStore, episode_id: str, out: Path, model: str | None
+) -> dict[str, Any]:
+    """Write the episode's page to `out`; returns its data. `model` None: the run's model, else tiny."""
+    from cli.view_html import episode_html
+
+    if model is None:
+        member = _GROUP_MEMBER.match(episode_id)
+        config = await run_config_of(client, member.group("run")) if member else None
+        model = config.model if config else "tiny"
+    view = await gather_view(client, store, episode_id, token_text(model))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(episode_html(view), encoding="utf-8")
+    return view
+
+
+async def write_run_pages(
+    client: Client, store: ObjectStore, run_id: str, out_dir: Path, episodes_of: Sequence[int] | None
+) -> tuple[Path, list[Path]]:
+    """Write the run's page (`out_dir/index.html`) and the pages of the episodes of `episodes_of` (default:
+    the last recorded step) under `out_dir/episodes/`; returns their paths."""
+    from cli.view_html import episode_html, run_html
+
+    run = await gather_run(client, store, run_id)
+    wanted = set(episodes_of) if episodes_of else {run["steps"][-1]["step"]} if run["steps"] else set()
+    text = token_text(run.get("model") or "tiny")
+    written = []
+    for step in run["steps"]:
+        for e in step["episode_list"]:
+            e["written"] = step["step"] in wanted and e["workflow_status"] == "COMPLETED"
+            if e["written"]:
+                path = out_dir / "episodes" / e["page"]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                view = await gather_view(client, store, e["episode_id"], text)
+                path.write_text(episode_html(view), encoding="utf-8")
+                written.append(path)
+    index = out_dir / "index.html"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index.write_text(run_html(run), encoding="utf-8")
+    return index, written
