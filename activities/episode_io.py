@@ -2,7 +2,8 @@
 claim-checked completions (the native harness's).
 
 Thin shells: load from the object store, call the pure core (the task family's scorer,
-trainer.forest.reconstruct), store. Every write is idempotent (deterministic key, put_if_absent),
+trainer.forest.reconstruct), store. Materialize also writes the episode's call archive beside its rows
+(capture/call_archive.py), for viewers. Every write is idempotent (deterministic key, put_if_absent),
 so a retried activity finds its own bytes and verifies them.
 
 Failure classes (the workflow's retry policy retries everything else for as long as an outage lasts):
