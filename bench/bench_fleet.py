@@ -15,7 +15,8 @@ gateway i mod P, every worker serves every queue) and each N in `--episodes`, it
 - capture overhead per call, p50 and p99: the call's HTTP latency minus the engine's sleep;
 - Temporal history per call: events and bytes of every run of the episodes' workflows (closes and
   materialize included), divided by their calls;
-- the load average before and after, and each process's CPU seconds (where the time went).
+- the load average before and after, and the CPU seconds of each process (worker and gateway of each
+  pair, the Temporal dev server, this driver) during the N episodes, also per call: where the time went.
 
     .venv/bin/python bench/bench_fleet.py --pairs 1 --episodes 1,8,32,128
     .venv/bin/python bench/bench_fleet.py --pairs 2 --episodes 32,128
@@ -188,16 +189,19 @@ async def history_per_call(client, eids: list[str], calls: int) -> tuple[float, 
     return events / calls, size / calls, updates / calls
 
 
-async def measure(client, urls: list[str], n: int, agents: int, calls: int, latency_s: float, procs) -> dict:
+async def measure(
+    client, urls: list[str], n: int, agents: int, calls: int, latency_s: float, procs, server_pid: int
+) -> dict:
     run = f"fleet-{len(urls)}x-{n}-{uuid.uuid4().hex[:6]}"
     eids = [spec(run, j).episode_id for j in range(n)]
     for j in range(n):
         await start_episode(client, spec(run, j))
     lat: list[float] = []
-    cpu0, load0, t0 = [cpu_seconds(p.pid) for p in procs], os.getloadavg()[0], time.monotonic()
+    pids = [p.pid for p in procs] + [server_pid, os.getpid()]
+    cpu0, load0, t0 = [cpu_seconds(pid) for pid in pids], os.getloadavg()[0], time.monotonic()
     await asyncio.gather(*(episode(urls[j % len(urls)], eids[j], agents, calls, lat) for j in range(n)))
     wall = time.monotonic() - t0
-    cpu = [round(cpu_seconds(p.pid) - c, 1) for p, c in zip(procs, cpu0, strict=True)]
+    cpu = [round(cpu_seconds(pid) - c, 1) for pid, c in zip(pids, cpu0, strict=True)]
     total = n * (1 + (agents - 1) * calls)
     sample = eids[: min(n, 16)]
     ev, by, up = await history_per_call(client, sample, len(sample) * (1 + (agents - 1) * calls))
@@ -208,6 +212,7 @@ async def measure(client, urls: list[str], n: int, agents: int, calls: int, late
         "overhead_p99_ms": round(float(np.percentile(over, 99)), 1), "events_per_call": round(ev, 1),
         "history_bytes_per_call": round(by), "updates_per_call": round(up, 2),
         "load": f"{load0:.1f}->{os.getloadavg()[0]:.1f}", "cpu_s": cpu,
+        "cpu_ms_per_call": [round(c * 1000 / total, 1) for c in cpu],
     }  # fmt: skip
 
 
@@ -228,10 +233,12 @@ async def main(args: argparse.Namespace) -> None:
                 for k, url in enumerate(urls):
                     await wait_healthy(url, procs[2 * k : 2 * k + 2])
                 # warm-up: every worker's engine and every gateway's tokenizer answer once
-                await measure(client, urls, 2 * p, 2, 1, latency_s, procs)
+                await measure(client, urls, 2 * p, 2, 1, latency_s, procs, server.proc.pid)
                 print(f"{p} pair(s) up: gateways {urls}", flush=True)
                 for n in args.episodes:
-                    result = await measure(client, urls, n, args.agents, args.calls, latency_s, procs)
+                    result = await measure(
+                        client, urls, n, args.agents, args.calls, latency_s, procs, server.proc.pid
+                    )
                     print(measure_line(result), flush=True)
                 stop(procs)
         finally:
@@ -245,7 +252,8 @@ def measure_line(r: dict) -> str:
         f"{r['calls_per_s']:>6} calls/s  overhead p50 {r['overhead_p50_ms']:>7} ms  "
         f"p99 {r['overhead_p99_ms']:>7} ms"
         f"  history {r['events_per_call']} events, {r['history_bytes_per_call']} B, {r['updates_per_call']} "
-        f"Updates per call  load {r['load']}  cpu s (worker, gateway per pair) {r['cpu_s']}"
+        f"Updates per call  load {r['load']}\n    CPU s (worker, gateway per pair; Temporal server; driver) "
+        f"{r['cpu_s']} = ms per call {r['cpu_ms_per_call']}"
     )
 
 
