@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from urllib.parse import quote
 
 import openai
@@ -28,7 +32,7 @@ from grove import queues
 from grove.contracts import EpisodeSpec, HarnessSpec
 from grove.sampling import SamplingConfig
 from harnesses import scenario
-from tests.bounds import SERVICE_TEST_TIMEOUT
+from tests.bounds import PROCESS_WAIT, SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
     SYSTEM,
     assistant_of,
@@ -41,6 +45,7 @@ from trainer.rows import rows_from_parquet
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
+ROOT = Path(__file__).resolve().parents[2]
 TRAINED_RGB = (0xB8, 0xEC, 0xC6)  # the trained mark's background (cli/view_assets/view.css)
 
 
@@ -79,6 +84,7 @@ async def _drive(url: str, eid: str) -> dict[str, str]:
 
 async def test_a_captured_episode_shows_its_tree_calls_tokens_rows_and_advantage_in_chromium(
     gateway_url,  # noqa: F811
+    temporal_server,
     temporal_client,
     recording_engine,
     e2e_store,
@@ -166,6 +172,17 @@ async def test_a_captured_episode_shows_its_tree_calls_tokens_rows_and_advantage
         assert abs(abs(float(adv.split(": ")[1])) - 1 / math.sqrt(2)) < 1e-3, adv
         href = await page.js("document.getElementById('temporal-link').href")
         assert href.endswith(f"/namespaces/default/workflows/{quote(eid, safe='')}")
+
+    # the command writes the same page; an unknown episode exits 4 naming it
+    env = os.environ | {"GROVE_STORE": str(e2e_store.root), "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "cli.main", "episode", "view", "--address", temporal_server.address]
+    done = subprocess.run([*base, eid, "--out", str(tmp_path / "cli.html"), "--model", str(tiny_model_dir)],
+                          env=env, capture_output=True, text=True, timeout=PROCESS_WAIT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "cli.html").read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
+    missing = subprocess.run([*base, f"{run}/s000001/t0/g9"], env=env, capture_output=True, text=True,
+                             timeout=PROCESS_WAIT)  # fmt: skip
+    assert missing.returncode == 4 and f"{run}/s000001/t0/g9" in missing.stderr
 
     image = Image.open(io.BytesIO(shot)).convert("RGB")
     colors = image.getcolors(maxcolors=1 << 20)
