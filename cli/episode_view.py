@@ -26,7 +26,6 @@ from cli.episode_view_data import TokenText, assemble_view, generate_timing, ids
 from cli.runs import _recorded_config, run_progress, step_episodes, step_history, ui_url
 from grove.client import workflow_runs
 from grove.contracts import EpisodeResult, RunConfig
-from grove.visibility import run_clause
 from storage.base import ObjectNotFoundError, ObjectStore
 from trainer.advantages import group_advantages
 from trainer.rows import rows_from_parquet
@@ -133,19 +132,18 @@ async def _result(client: Client, episode_id: str) -> EpisodeResult | None:
 
 
 async def _siblings(client: Client, episode_id: str) -> list[str]:
-    """The other episodes of a run's group (`{run}/s{step}/t{task}/g{j}`); none for other ids."""
+    """The other episodes of a run's group (`{run}/s{step}/t{task}/g{j}`, listed by id prefix, which holds
+    for episodes started by hand too); none for other ids."""
     match = _GROUP_MEMBER.match(episode_id)
-    if match is None:
+    if match is None or set("'\\").intersection(episode_id):
         return []
-    run, step = match.group("run"), int(match.group("step"))
-    query = f"WorkflowType = 'EpisodeWorkflow' AND {run_clause(run)} AND GroveStep = {step}"
+    group = match.group("group")
+    query = f"WorkflowType = 'EpisodeWorkflow' AND WorkflowId STARTS_WITH '{group}/g'"
     try:
         ids = {wf.id async for wf in client.list_workflows(query)}
     except RPCError:
         return []
-    return sorted(
-        i for i in ids if (m := _GROUP_MEMBER.match(i)) and m.group("group") == match.group("group")
-    )
+    return sorted(i for i in ids if (m := _GROUP_MEMBER.match(i)) and m.group("group") == group)
 
 
 async def gather_view(client: Client, store: ObjectStore, episode_id: str, text: TokenText) -> dict[str, Any]:
