@@ -54,7 +54,7 @@ def token_text(model: str | None) -> TokenText:
         if uncached_builds(model):
             return ids_as_text
         return tokenizer_pieces(AutoTokenizer.from_pretrained(str(ensure_model(model))))
-    except (OSError, ValueError):
+    except Exception:  # a page without token text beats no page: any tokenizer failure shows ids
         return ids_as_text
 
 
