@@ -2,8 +2,8 @@
 
 Staging (token arrays, chat records) is deleted when an episode closes, and the rows hold only the
 calls the harness used. Materialize, which has the closed ledger and the staged arrays in hand, writes
-one more object beside the rows: `rows/{episode}.calls.json`, every context and every call of the
-episode (any state), each with
+one more object: `calls/{episode}.json`, every context and every call of the episode (any state), each
+with
 
 - its receipt (state, links, kind, sampling processing, policy version, note);
 - its completion ids and behaviour log-probabilities (completed calls whose arrays were staged);
@@ -52,8 +52,9 @@ class CallArchive(BaseModel):
 
 
 def archive_key(episode_id: str) -> str:
-    """`rows/{episode}.calls.json`, beside the episode's rows."""
-    return f"rows/{episode_id}.calls.json"
+    """`calls/{episode}.json`: a prefix of its own, so that listing an episode's or a run's rows
+    (`rows/...`) finds rows only."""
+    return f"calls/{episode_id}.json"
 
 
 def archived_call(receipt: CallReceipt, tokens: CallTokens | None, record: Any | None) -> ArchivedCall:
