@@ -51,7 +51,8 @@ async def main(args: argparse.Namespace) -> None:
             print(f"episode {s.episode_id}: {1 + args.agents * args.calls} calls captured and closed in "
                   f"{time.monotonic() - t0:.1f} s", flush=True)  # fmt: skip
             t1 = time.monotonic()
-            view = await gather_view(client, LocalStore(tmp_path / "store"), s.episode_id, token_text("tiny-random"))
+            store = LocalStore(tmp_path / "store")
+            view = await gather_view(client, store, s.episode_id, token_text("tiny-random"))
             t2 = time.monotonic()
             page = episode_html(view)
             t3 = time.monotonic()
@@ -76,7 +77,7 @@ async def in_browser(path: Path, tmp_path: Path, last: str) -> None:
         await page.js(
             "(() => { const s = document.getElementById('call-scroll'); s.scrollTop = s.scrollHeight;"
             " s.dispatchEvent(new Event('scroll')); return new Promise(r => requestAnimationFrame(() => {"
-            f" document.querySelector('.call-row[data-call=\"{last}\"]').click(); r(1); })); }})()"
+            f" document.querySelector('.call-row[data-call=\"{last}\"]').click(); r(1); }})); }})()"
         )
         opened = time.monotonic() - t
         print(f"chromium: navigation to first paint {load * 1000:.0f} ms (script start to first paint "
