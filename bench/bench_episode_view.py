@@ -7,7 +7,7 @@ steps are timed: gathering (describe, result, rows, call archive, every run's hi
 size, and in a real headless Chromium the time from the script's start to the list's first paint, the
 DOM rows the virtualized list holds, and opening the last call.
 
-    .venv/bin/python bench/bench_episode_view.py --agents 40 --calls 30     # 1,201 calls
+    .venv/bin/python bench/bench_episode_view.py --agents 120 --calls 10    # 1,201 calls
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ async def in_browser(path: Path, tmp_path: Path, last: str) -> None:
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--agents", type=int, default=40, help="workers spawned by the lead's first call")
-    ap.add_argument("--calls", type=int, default=30, help="calls per worker")
+    ap.add_argument("--agents", type=int, default=120, help="workers spawned by the lead's first call")
+    ap.add_argument("--calls", type=int, default=10, help="calls per worker")
     ap.add_argument("--latency-ms", type=float, default=5.0, help="the engine's fixed latency per call")
     return ap.parse_args()
 
