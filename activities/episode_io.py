@@ -2,7 +2,8 @@
 claim-checked completions (the native harness's).
 
 Thin shells: load from the object store, call the pure core (the task family's scorer,
-trainer.forest.reconstruct), store. Every write is idempotent (deterministic key, put_if_absent),
+trainer.forest.reconstruct), store. Materialize also writes the episode's call archive beside its rows
+(capture/call_archive.py), for viewers. Every write is idempotent (deterministic key, put_if_absent),
 so a retried activity finds its own bytes and verifies them.
 
 Failure classes (the workflow's retry policy retries everything else for as long as an outage lasts):
@@ -15,7 +16,7 @@ each attempt heartbeats its phase and attempt number, so the UI shows what it is
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import numpy as np
 from temporalio import activity
@@ -23,6 +24,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.episode_map import contexts_key, encode_contexts, ledger_contexts, record_contexts
 from activities.failures import retryable_storage_failure
+from capture.call_archive import save_archive
 from capture.claims import load_completion
 from capture.records import load_record
 from chat.message_text import text_of
@@ -193,10 +195,11 @@ class EpisodeIO:
                 ledger = self._joined(inp) if inp.ledger_pages or inp.ledger_index else None
                 receipts = ledger.receipts() if ledger is not None else inp.receipts
                 records = [c.record for c in ledger.contexts.values()] if ledger is not None else inp.contexts
+                tokens = self._tokens(receipts)
                 rec = reconstruct(
                     EpisodeRef(episode_id=inp.episode_id, group_id=inp.group_id),
                     receipts,
-                    self._tokens(receipts),
+                    tokens,
                     ReconstructionOptions(
                         train_agents=inp.train_agents,
                         parent_agent=parent_agent(records),
@@ -210,7 +213,7 @@ class EpisodeIO:
                     "summary_tokens_trained": rec.accounting.summary_tokens_trained,
                 }
             else:
-                rows, eligible, summaries = [placeholder_row(inp)], 0, {}
+                rows, eligible, summaries, tokens = [placeholder_row(inp)], 0, {}, {}
             # A storage error (PermissionError, StoreUnreachableError) is an outage: it is retried.
             self.store.put_if_absent(inp.rows_key, rows_to_parquet(rows))
         if not inp.valid and (inp.ledger_pages or inp.ledger_index):
@@ -220,10 +223,21 @@ class EpisodeIO:
                 ledger_contexts(ledger) if ledger is not None else record_contexts(inp.contexts, inp.receipts)
             )
             self.store.put_if_absent(contexts_key(inp.episode_id), encode_contexts(contexts))
+        self._archive(inp, ledger, tokens)
         return MaterializeResult(
             rows_key=inp.rows_key, num_rows=len(rows), eligible_tokens=eligible, placeholder=not inp.valid,
             **summaries, **self._numbers(ledger),
         )  # fmt: skip
+
+    def _archive(self, inp: MaterializeInput, ledger: Ledger | None, tokens: dict[str, CallTokens]) -> None:
+        """The call archive beside the rows (capture/call_archive.py), for viewers. A retry that finds a
+        different archive (a staged object lost in between) keeps the first: nothing trains from it."""
+        if ledger is not None:
+            contexts, receipts = [c.record for c in ledger.contexts.values()], ledger.receipts()
+        else:
+            contexts, receipts = inp.contexts, inp.receipts
+        with io_attempt("materialize: call archive", rows_key=inp.rows_key), suppress(DigestMismatchError):
+            save_archive(self.store, inp.episode_id, inp.group_id, contexts, receipts, tokens)
 
     @activity.defn(name="clean_staging")
     def clean_staging(self, inp: CleanStagingInput) -> CleanStagingResult:

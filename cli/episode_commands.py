@@ -18,6 +18,7 @@ grove's defaults (temperature 1.0, top_p 1.0, 256 tokens); it is printed either 
     curl -X POST -H "authorization: Bearer $TOKEN" "$CLOSE_URL?wait=true" -d '{"final_answer": "..."}'
 
     grove episode show <episode id>      # its contexts while it runs; its result and rows once closed
+    grove episode view <episode id>      # an offline HTML page of it (cli/episode_view.py)
 
 Exit codes: 0 ok, 2 usage, 4 no such episode (show), 5 Temporal unreachable, 6 the episode id exists
 already (start).
@@ -154,6 +155,44 @@ def show(
         _exit_now(EXIT_NOT_FOUND)
     for line in lines:
         typer.echo(line)
+    _exit_now(0)
+
+
+@episode_app.command("view")
+def view(
+    episode_id: str = typer.Argument(..., help="The episode (workflow) id."),
+    out: str = typer.Option(None, "--out", help="The HTML file to write (default episode-<id>.html)."),
+    model: str = typer.Option(
+        None, help="Whose tokenizer shows the tokens (default: the run's model, else tiny; never built)."
+    ),
+    address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS)."),
+) -> None:
+    """Write an offline HTML page of an episode: agent tree, calls, tokens, rows, reward, advantage
+    (cli/episode_view.py; rows and the call archive from $GROVE_STORE)."""
+    from pathlib import Path
+
+    from cli.episode_view import EpisodeNotFoundError, page_name, write_episode_page
+    from grove.client import connect
+    from storage.config import store_from_env
+
+    path = Path(out or f"episode-{page_name(episode_id)}")
+
+    async def work() -> dict:
+        try:
+            client = await connect(address)
+        except RuntimeError as err:
+            raise _Unreachable(f"Temporal is unreachable: {err}") from None
+        return await write_episode_page(client, store_from_env(), episode_id, path, model)
+
+    try:
+        data = asyncio.run(work())
+    except _Unreachable as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_UNREACHABLE)
+    except EpisodeNotFoundError as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_NOT_FOUND)
+    typer.echo(f"episode page {path}  ({len(data['calls'])} calls, {len(data['rows'])} rows)")
     _exit_now(0)
 
 

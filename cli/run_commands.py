@@ -281,6 +281,34 @@ def episodes(
     _call(as_json, work, address)
 
 
+@run_app.command("view")
+def view(
+    run_id: str = typer.Argument(..., help="Run id."),
+    out: str = typer.Option(None, "--out", help="Folder of the pages (default runs/<run>/view)."),
+    episodes_of: Annotated[
+        list[int] | None,
+        typer.Option("--episodes-of", help="Steps whose episode pages to write (default: the last step)."),
+    ] = None,
+    address: Address = None,
+    as_json: Json = False,
+) -> None:
+    """Offline HTML pages of a run: reward curves per role, the step table, its episodes' pages
+    (cli/episode_view.py; rows and call archives from $GROVE_STORE)."""
+    from pathlib import Path
+
+    from cli.episode_view import write_run_pages
+    from storage.config import store_from_env
+
+    folder = Path(out or f"runs/{run_id}/view")
+
+    async def work(client):
+        index, pages = await write_run_pages(client, store_from_env(), run_id, folder, episodes_of)
+        data = {"index": str(index), "episode_pages": [str(p) for p in pages]}
+        return data, f"run page {index}  ({len(pages)} episode pages under {folder / 'episodes'})", EXIT_OK
+
+    _call(as_json, work, address)
+
+
 def _num(value: float | int | None) -> str:
     if value is None:
         return "-"
