@@ -1,5 +1,5 @@
-"""A captured call's delivery (`Delivery`: check, send, settle) and the HTTP responses that record it in
-the ledger, settling the call accordingly.
+"""A captured call's delivery (`Delivery`: check, send, settle); the HTTP responses that drive it on the
+connection are gateway/http/delivered_response.py.
 
 What "delivered" means (docs/gateway.md, ledger/delivery.py): the ledger accepted the call's
 `deliver` Update, which the route sends only after the response's last part (the JSON body, or the
@@ -40,18 +40,11 @@ key `{episode id}/{call id}`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from capture.records import ChatRecord
-from gateway.http.routes.errors import error_response
-from gateway.http.transport_probe import Connection
 from gateway.pipeline.capture_errors import CaptureError, DeliveryRefusedError
 from gateway.pipeline.capture_state import CaptureState
 from gateway.temporal.episode_client import EpisodeError
@@ -110,117 +103,21 @@ class Delivery:
         finally:
             self.capture.release(episode_id, self.requested)
 
+    async def hold(self, point: str) -> None:
+        """Wait at a test gate (grove/gates.py) keyed by this call; nothing outside tests."""
+        if self.capture.gates is not None:
+            await self.capture.gates.hold(point, f"{self.record.episode_id}/{self.record.call_id}")
+
+    async def settle_shielded(self, delivered: bool) -> None:
+        """`settle`, even when the response itself was cancelled (its client left), within
+        SETTLE_PATIENCE."""
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + SETTLE_PATIENCE):
+            if not delivered and not self.replayed:
+                await self.hold("delivery_settle")
+            await self.settle(delivered)
+
     async def _record_delivery(self, episode_id: str, call_id: str) -> None:
         try:
             await self.capture.episodes.deliver(episode_id, call_id)
         except EpisodeError as err:  # a close first: the ledger discards it at close; not trained
             log.warning("episode %r: call %r was sent but does not count: %s", episode_id, call_id, err)
-
-
-async def _client_left(connection: Connection, scope: Scope, receive: Receive) -> bool:
-    return connection.closed() or await Request(scope, receive).is_disconnected()
-
-
-async def _hold(delivery: Delivery, point: str) -> None:
-    gates = delivery.capture.gates
-    if gates is not None:  # tests only
-        await gates.hold(point, f"{delivery.record.episode_id}/{delivery.record.call_id}")
-
-
-async def _settle(delivery: Delivery, delivered: bool) -> None:
-    # Settle even when the response itself was cancelled (its client left), within a bound.
-    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + SETTLE_PATIENCE):
-        if not delivered and not delivery.replayed:
-            await _hold(delivery, "delivery_settle")
-        await delivery.settle(delivered)
-
-
-class DeliveredJSONResponse(JSONResponse):
-    """A `chat.completion` body whose delivery is recorded once it was sent."""
-
-    def __init__(self, content: Any, delivery: Delivery, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(content, headers=headers)
-        self.delivery = delivery
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        delivered = False
-        connection = Connection.of(receive)
-        try:
-            await _hold(self.delivery, "delivery_check")
-            try:
-                await self.delivery.commit()
-            except REFUSALS as err:
-                await error_response(err)(scope, receive, send)
-                return
-            await _hold(self.delivery, "delivery_commit")
-            if await _client_left(connection, scope, receive):
-                return  # the client gave up: nothing to send it
-            await send(
-                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            )
-            await send({"type": "http.response.body", "body": self.body})
-            delivered = not connection.closed()  # a send to a closed connection is dropped silently
-            if delivered:
-                self.delivery.sent()
-        finally:
-            await _settle(self.delivery, delivered)
-        if self.background is not None:
-            await self.background()
-
-
-class DeliveredStreamingResponse(StreamingResponse):
-    """Server-sent events of a finished call; its last event goes once every earlier one was acknowledged
-    by the client and the ledger would take its delivery, which is recorded after it."""
-
-    def __init__(
-        self,
-        events: Iterable[str],
-        delivery: Delivery,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        self.events = [e.encode() for e in events]
-        self.delivery = delivery
-        self.delivered = False
-        self._scope: Scope = {}
-        self._receive: Receive | None = None
-        super().__init__(iter(()), media_type="text/event-stream", headers=headers)
-
-    async def _body(self, send: Send, data: bytes) -> None:
-        await send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def stream_response(self, send: Send) -> None:
-        assert self._receive is not None
-        connection = Connection.of(self._receive)
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        *earlier, last = self.events
-        for event in earlier:
-            await self._body(send, event)
-        if not await connection.drained():
-            return  # the client left, or stopped reading: the last event is not sent
-        await _hold(self.delivery, "delivery_check")
-        try:
-            await self.delivery.commit()
-        except REFUSALS as err:
-            await self._body(send, _error_event(err))
-        else:
-            await _hold(self.delivery, "delivery_commit")
-            if await _client_left(connection, self._scope, self._receive):
-                return
-            await self._body(send, last)
-            if connection.closed():
-                return  # dropped silently: the client was gone
-            self.delivered = True
-            self.delivery.sent()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._scope, self._receive = scope, receive
-        try:
-            await super().__call__(scope, receive, send)  # cancelled by the listener if the client leaves
-        finally:
-            await _settle(self.delivery, self.delivered)
-
-
-def _error_event(err: Exception) -> bytes:
-    """The refusal as a server-sent event the OpenAI clients raise (`{"error": {...}}`)."""
-    return b"data: " + bytes(error_response(err).body) + b"\n\n"

@@ -15,11 +15,11 @@ from fastapi import APIRouter, Request
 
 from capture.records import ChatRecord
 from gateway.http.chat_response import completion_body, sse_events, stream_chunks
+from gateway.http.delivered_response import DeliveredJSONResponse, DeliveredStreamingResponse
 from gateway.http.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
 from gateway.intake.chat_request import ResponsesApiNotServedError, UnknownModelError
 from gateway.pipeline.advice import compaction_loop, may_loop, say_once, tool_call_cut
 from gateway.pipeline.capture import Capture
-from gateway.pipeline.delivery import DeliveredJSONResponse, DeliveredStreamingResponse
 from grove.headers import AGENT_HEADER, CALL_ID_HEADER, CONTEXT_HEADER, WARNING_HEADER
 from ledger.context_view import ContextView, ViewRequest
 
