@@ -158,7 +158,7 @@ class PolicyEngine:
         parser = tool_parser(config.tool_call_parser, AutoTokenizer.from_pretrained(str(config.model_dir)))
         args = AsyncEngineArgs(
             model=str(config.model_dir),
-            dtype=config.dtype,
+            dtype=config.dtype,  # type: ignore[arg-type]  # one of vLLM's dtype names (EngineConfig)
             seed=config.seed,
             enforce_eager=config.enforce_eager,
             max_model_len=config.max_model_len,
@@ -175,7 +175,7 @@ class PolicyEngine:
             # determinism holds) and logprobs are unchanged. CUDA generators have offsets: GPUs keep
             # vLLM's default (chunked prefill, its own token budget).
             **scheduling_args(config, on_cpu),
-            logprobs_mode=LOGPROBS_MODE,
+            logprobs_mode=LOGPROBS_MODE,  # type: ignore[arg-type]  # vLLM's "processed_logprobs"
             worker_extension_cls=WORKER_EXTENSION,
             disable_log_stats=True,
         )

@@ -103,7 +103,7 @@ class TrainerActivities:
         """The learner holding the weights of version inp.step - 1."""
         have = self.learner
         same_run = have is not None and self.run_id == inp.run_id and have.config == inp.learner
-        if same_run and have.step_count == inp.step - 1:
+        if same_run and have is not None and have.step_count == inp.step - 1:
             return have
         # A KL penalty anchors every step to the run's start model, the frozen reference (fetched only
         # then: a resumed run without one needs nothing but its checkpoint)

@@ -150,6 +150,8 @@ async def agent_turns(http, agent: str, headers: dict, first: list, calls: int, 
         reply = r.json()["choices"][0]["message"]
         messages += [{"role": "assistant", "content": reply.get("content") or ""},
                      {"role": "user", "content": f"Go on ({turn})."}]  # fmt: skip
+    if first_id is None:
+        raise RuntimeError(f"agent {agent!r} made no call (calls={calls})")
     return first_id
 
 
@@ -221,6 +223,8 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         tmp_path = Path(tmp)
         server = TemporalDevServer(tmp_path / "temporal").start()
+        assert server.proc is not None  # started
+        server_pid = server.proc.pid
         procs: list = []
         try:
             client = await connect(server.address)
@@ -233,11 +237,11 @@ async def main(args: argparse.Namespace) -> None:
                 for k, url in enumerate(urls):
                     await wait_healthy(url, procs[2 * k : 2 * k + 2])
                 # warm-up: every worker's engine and every gateway's tokenizer answer once
-                await measure(client, urls, 2 * p, 2, 1, latency_s, procs, server.proc.pid)
+                await measure(client, urls, 2 * p, 2, 1, latency_s, procs, server_pid)
                 print(f"{p} pair(s) up: gateways {urls}", flush=True)
                 for n in args.episodes:
                     result = await measure(
-                        client, urls, n, args.agents, args.calls, latency_s, procs, server.proc.pid
+                        client, urls, n, args.agents, args.calls, latency_s, procs, server_pid
                     )
                     print(measure_line(result), flush=True)
                 stop(procs)

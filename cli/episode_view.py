@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -107,7 +108,7 @@ async def group_advantage(
         in_baseline = rec.status == "ok" or rec.failure_kind == "policy"
         rewards.append(r.reward if rec.status == "ok" else failure_reward)
         valid.append(in_baseline)
-    values = group_advantages(rewards, valid, std_scaling=std_scaling, eps=eps)
+    values = group_advantages(np.asarray(rewards), np.asarray(valid), std_scaling=std_scaling, eps=eps)
     mine = next(i for i, r in enumerate(results) if r.episode_id == result.episode_id)
     return {
         "value": float(values[mine]) if result.status == "ok" else 0.0,

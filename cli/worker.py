@@ -219,13 +219,13 @@ async def _serve(workers: list[Worker], engine, on_polling: Callable[[], None] =
 async def _until_polling(workers: list[Worker], then: Callable[[], None]) -> None:
     """Call `then` once Temporal lists this process among the live pollers of each worker's queue
     (grove/queue_readiness.py): ready means polled, not merely started."""
-    from grove.queue_readiness import queue_state
+    from grove.queue_readiness import QueueKind, queue_state
 
     try:
         for w in workers:
             config = w.config()
             identity = config.get("identity") or w.client.identity
-            kind = "workflow" if config.get("workflows") else "activity"
+            kind: QueueKind = "workflow" if config.get("workflows") else "activity"
             while identity not in (await queue_state(w.client, w.task_queue, kind)).workers:
                 await asyncio.sleep(0.2)  # a worker's first poll reaches the server within moments
     except RPCError as err:  # Temporal did not answer: the workers say so themselves

@@ -151,6 +151,6 @@ class ContextOpening(LedgerState):
         self.validate_open_context(record)
         self._agents.add(self.contexts, record, ContextState(record=record))
         self._used(record.spawned_by_call)  # a response that spawned a worker reached its harness
-        if record.origin == ContextOrigin.REWRITE:
+        if record.origin == ContextOrigin.REWRITE and record.rewrite_of is not None:  # validated: it is set
             self.contexts[record.rewrite_of].retired_by = record.context_id
         return record

@@ -221,7 +221,7 @@ def chunked_logprobs(
 
 def plain_head(model: nn.Module) -> nn.Linear | None:
     """The model's LM head when its logits are exactly `head(hidden)`; None otherwise."""
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings()  # type: ignore[operator]  # a transformers method (nn.Module types it as a tensor)
     if not isinstance(head, nn.Linear):
         return None
     config = model.config
@@ -259,7 +259,7 @@ def logprob_head(model: nn.Module, scored: ScoredTokens) -> Iterator[bool]:
             compute_dtype=compute,
         )  # fmt: skip
 
-    head.forward = forward  # an instance attribute shadows nn.Linear.forward for this call only
+    head.forward = forward  # type: ignore[assignment]  # an instance attribute shadows nn.Linear.forward for this call only
     try:
         yield True
     finally:

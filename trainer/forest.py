@@ -507,5 +507,5 @@ def _account(
         per_agent=per_agent,
         summary_calls=summaries,
         summary_calls_trained=trained,
-        summary_tokens_trained=sum(members[c].digests.completion_len for c in trained),
+        summary_tokens_trained=sum(checked[c].digests.completion_len for c in trained),
     )

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -181,7 +182,7 @@ def load_policy(model_dir: Path, device: torch.device, *, trainable: bool) -> nn
     """
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation=SEGMENT_ATTENTION
-    ).to(device)
+    ).to(device)  # type: ignore[arg-type]  # transformers types `.to` as its decorator's wrapper
     model.eval()
     model.requires_grad_(trainable)
     return model
@@ -305,12 +306,14 @@ def _loss_weight(logprobs: Tensor, mb: MicroBatch, device: torch.device) -> floa
 
 def _check_pass(opts: PassOptions, model: nn.Module, params: list[nn.Parameter], local: PassCheck) -> None:
     """The guard's check of one pass: its numbers summed over ranks, its own gradient's norm."""
-    loss, weight, tokens = local.loss, local.loss_weight, local.tokens
+    guard = opts.guard
+    assert guard is not None  # called only where a guard checks the passes
+    loss, weight, tokens = local.loss, local.loss_weight, float(local.tokens)
     if opts.reduce is not None:
         loss, weight, tokens = opts.reduce([loss, weight, float(tokens)])
     norm = grad_norm(params)  # .grad holds only this pass's gradient here
     check = dataclasses.replace(local, loss=loss, loss_weight=weight, tokens=int(tokens), grad_norm=norm)
-    opts.guard.check(check, opts.step, [] if finite(loss, norm) else non_finite_parameters(model))
+    guard.check(check, opts.step, [] if finite(loss, norm) else non_finite_parameters(model))
 
 
 @dataclass(frozen=True)
@@ -445,7 +448,8 @@ class Learner:
         rollouts = len(batch.advantages)
         lr = self.config.lr_at(self.rollouts_consumed + rollouts)
         self.optimizer.zero_grad(set_to_none=True)
-        total, grad_norm, guard = BatchLoss(), 0.0, {}
+        total, grad_norm = BatchLoss(), 0.0
+        guard: dict[str, Any] = {}
         self.last_refusal = None
         if batch.denominator > 0:
             total, grad_norm, guard = self._guarded_update(batch, rows, lr)

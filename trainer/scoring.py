@@ -49,6 +49,8 @@ def forward_kwargs(
     """Keywords of the model forward besides input_ids: positions, attention plan, head positions."""
     if mb.attention is None:
         return {}
+    # packed and tree layouts set positions and logit positions with their attention plan
+    assert mb.position_ids is not None and mb.logit_positions is not None
     plan = attention_kwargs(mb.attention, choose_backend(device, backend), device)
     return {
         "position_ids": mb.position_ids.to(device),

@@ -99,7 +99,8 @@ async def read_body(request: Request, limit: int, setting: str, limits: RequestL
     upload rate (SlowUploadError below it): by `upload_grace_s` + n / `min_upload_bytes_per_s` seconds
     after the read began, more than n bytes must have arrived (or the whole body)."""
     declared_size(request, limit, setting)
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     loop = asyncio.get_running_loop()
     started = loop.time()
     stream = request.stream()

@@ -16,7 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 import harnesses.clients as clients
-from gateway import identity as gw
+from gateway.pipeline import identity as gw
 from grove import headers
 from grove.receipts import AUXILIARY_KINDS
 from harnesses.clients import Episode, EpisodeConfigError, header_safe

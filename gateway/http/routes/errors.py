@@ -188,6 +188,7 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
 def install_error_handlers(app: FastAPI) -> None:
     for cls in (*STATUS, EpisodeUpdateRejectedError):
         app.add_exception_handler(cls, domain_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(StarletteHTTPException, http_error)
+    # Starlette types a handler's exception as Exception, not the class it is registered for
+    app.add_exception_handler(RequestValidationError, validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, unexpected_error)
