@@ -11,16 +11,19 @@ Temporal dev server, a grove worker with vLLM on the tiny model, a local store.
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 
 import openai
 import pytest
 
 from grove import queues
-from grove.contracts import EpisodeResult, EpisodeSpec, HarnessSpec
+from grove.contracts import EpisodeProgress, EpisodeResult, EpisodeSpec, HarnessSpec
 from grove.sampling import SamplingConfig
 from harnesses import scenario
-from tests.bounds import SERVICE_TEST_TIMEOUT
+from ledger.accounting import LedgerSummary
+from tests.bounds import SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
     SYSTEM,
     assistant_of,
@@ -49,6 +52,25 @@ async def _start(client) -> str:
     return spec.episode_id
 
 
+async def quiet_summary(client, episode_id: str) -> LedgerSummary:
+    """The summary once the episode is quiet: its hand-over done, its ledger restored whole in the new
+    run, and every response the client got recorded delivered (the gateway records a delivery after the
+    last part went out, so the client holds its answer a moment before). Each stays once reached while
+    no request comes."""
+    handle = client.get_workflow_handle(episode_id)
+    deadline = time.monotonic() + STATE_WAIT
+    while True:
+        progress = await handle.query("progress", result_type=EpisodeProgress)
+        restored = progress.restore is None or progress.restore.pages_done == progress.restore.pages_total
+        if not progress.handing_over and restored:
+            s = await summary(client, episode_id)
+            if s.contexts and not any(c.awaiting_delivery for c in s.contexts):
+                return s
+        if time.monotonic() > deadline:
+            raise AssertionError(f"episode {episode_id!r} not quiet after {STATE_WAIT} s: {progress}")
+        await asyncio.sleep(0.05)
+
+
 async def _chat(client: openai.AsyncOpenAI, messages: list) -> tuple[dict, str]:
     raw = await client.chat.completions.with_raw_response.create(model="grove-tiny", messages=messages)
     return assistant_of(raw.parse().choices[0].message), raw.headers["x-grove-call-id"]
@@ -68,7 +90,7 @@ async def test_a_worker_spawned_by_a_settled_call_is_refused_409_and_nothing_is_
         messages = [*messages, reply, {"role": "user", "content": f"Go on ({i})."}]
     progress = await temporal_client.get_workflow_handle(eid).query("progress")
     assert progress["run_index"] >= 2
-    before = await summary(temporal_client, eid)
+    before = await quiet_summary(temporal_client, eid)
     assert sum(before.totals.values()) == 8 and set(contexts(before)) == {"parent.0"}
 
     settled = ids[0]

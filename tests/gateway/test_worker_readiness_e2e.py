@@ -113,8 +113,10 @@ async def test_an_early_request_waits_for_the_worker_and_the_worker_says_when_it
         assert ready.status_code == 200 and ready.json()["ready"] is True
         # `grove episode show` of the running episode: its one context, from the ledger
         shown = await _show(eid, server.address)
-        assert shown[0] == f"episode   {eid}  running" and shown[-1] == "warnings  none"
-        assert [line.split()[1:5] for line in shown[1:-1]] == [["parent.0", "root", "head", "parent.0.c0"]]
+        assert shown[0] == f"episode   {eid}  running  contexts 1" and shown[-1] == "warnings  none"
+        assert [line.split()[1:6] for line in shown[1:-1]] == [
+            ["parent.0", "parent", "root", "head", "parent.0.c0"]
+        ]
         assert [len(q["workers"]) for q in ready.json()["queues"]] == [1, 1]
         lines = await queue_lines(server.address)
         assert [line.split()[1:4] for line in lines] == [
