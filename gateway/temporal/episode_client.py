@@ -14,7 +14,7 @@ moved to the new run by Temporal itself. An Update that Temporal's server itself
 heavy load with "unprocessed protocol messages" in the worker's log) was never admitted either, and is retried
 the same way: it is an infrastructure hiccup, not an answer about the request.
 
-Every Update carries an id fixed for the request: `open_context/<context>`, `discard/<call>`,
+Every Update carries an id fixed for the request: `open_context/<context>/<record digest>`, `discard/<call>`,
 `close/<digest>`, and `call/<call id>/<a nonce of this request>` (a `call` Update lasts until the call's
 generation ends). When Temporal's answer to an Update times out (WorkflowUpdateRPCTimeoutOrCancelledError:
 the server was slow to answer, the Update perhaps admitted and still running), the gateway asks again with
@@ -47,6 +47,7 @@ agents, never the whole `summary`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 import uuid
@@ -324,12 +325,19 @@ class Episodes:
         return await self._query(episode_id, "call_states", call_ids, result_type=dict)
 
     async def open_context(self, episode_id: str, record: ContextRecord) -> ContextRecord:
-        # The update id makes concurrent openings of the same context one Update (Temporal dedups by id).
+        # The update id makes concurrent openings of the same record one Update (Temporal dedups by id).
+        # It names the whole record, not only the context id: an Update accepted while the ledger was
+        # restoring and then refused by it (a spawn by a settled call) would otherwise answer a later,
+        # different opening of the same context id with that refusal.
+        digest = hashlib.sha256(record.model_dump_json().encode()).hexdigest()[:16]
         return await self._through_handover(
             episode_id,
             f"open_context {record.context_id}",
             lambda: self._handle(episode_id).execute_update(
-                "open_context", record, id=f"open_context/{record.context_id}", result_type=ContextRecord
+                "open_context",
+                record,
+                id=f"open_context/{record.context_id}/{digest}",
+                result_type=ContextRecord,
             ),
         )
 

@@ -98,11 +98,13 @@ async def test_two_real_engines_never_bind_to_the_same_core(tiny_trained_model_d
     monkeypatch.setenv(CLAIMS_ENV, str(tmp_path / "claims"))
     config = EngineConfig(model_dir=tiny_trained_model_dir, max_model_len=256, kv_cache_bytes=32 * 2**20)
     engines = []
+    # other tests' engines of this session are children too: only the two started here count
+    before = set(_children(os.getpid()))
     try:
         for _ in range(2):
             engines.append(await PolicyEngine.start(config))
-        # each engine's processes (children of this one): no core is pinned by both
-        pinned = [_pinned_cores(child) for child in _children(os.getpid())]
+        # each engine's processes (new children of this one): no core is pinned by both
+        pinned = [_pinned_cores(child) for child in _children(os.getpid()) if child not in before]
         assert sum(len(p) for p in pinned) == len(set().union(*pinned)), pinned
         assert any(pinned)  # the first engine's threads are bound (to its claimed core)
         bound = [set(e.cpu_binding.cores) for e in engines]

@@ -29,7 +29,7 @@ from grove.receipts import ContextRecord
 from grove.sampling import SamplingConfig, SamplingProcessing
 from grove.staging_format import decode_call_tokens
 from ledger.context_view import ContextView, ViewRequest, context_view
-from ledger.delivery import record_delivery
+from ledger.delivery import delivery_refusal, record_delivery
 from ledger.ledger import Ledger
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.learner import load_policy, prepare_batch, score_tokens
@@ -54,6 +54,9 @@ class LedgerEpisodes:
 
     async def context_view(self, episode_id: str, req: ViewRequest) -> ContextView:
         return context_view(self.ledger, req, closing=False)
+
+    async def delivery_refusal(self, episode_id: str, call_id: str) -> str:
+        return delivery_refusal(self.ledger, call_id, closing=False)
 
     async def deliver(self, episode_id: str, call_id: str) -> None:
         record_delivery(self.ledger, call_id)
