@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -153,6 +154,22 @@ async def close(url: str, episode_id: str, request: dict, *, wait: bool) -> http
 
 async def summary(client, episode_id: str) -> LedgerSummary:
     return await client.get_workflow_handle(episode_id).query("summary", result_type=LedgerSummary)
+
+
+async def delivered_summary(client, episode_id: str) -> LedgerSummary:
+    """The summary once every response a client got is recorded delivered. The gateway records a delivery
+    after the response's last part went out (gateway/pipeline/delivery.py), so a client holds its answer
+    a moment before the ledger counts it; once recorded it stays so (a state that stays once reached)."""
+    deadline = time.monotonic() + STATE_WAIT
+    while True:
+        s = await summary(client, episode_id)
+        if not any(c.awaiting_delivery for c in s.contexts):
+            return s
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"episode {episode_id!r}: deliveries still awaited after {STATE_WAIT} s: {s}"
+            )
+        await asyncio.sleep(0.05)
 
 
 def contexts(s: LedgerSummary) -> dict:
@@ -414,7 +431,7 @@ async def test_declared_rewrite_and_auxiliary_calls_get_contexts_of_their_own(
     raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=turn)
     assert raw.headers["x-grove-call-id"] == "parent.1.c1"
     assert extension_of(recording_engine, eid, "parent.1.c1", "parent.1.c0")
-    before = await summary(temporal_client, eid)
+    before = await delivered_summary(temporal_client, eid)
     ctx = contexts(before)
     assert ctx["parent.0"].retired_by == "parent.1" and ctx["parent.1"].origin == ContextOrigin.REWRITE
     # continuing the retired context by name: the ledger refuses it (409, its own message), admits nothing
@@ -520,7 +537,7 @@ async def test_undeclared_edit_is_refused_naming_the_message(gateway_url, tempor
     client = oai(gateway_url, eid)
     messages = [SYSTEM, {"role": "user", "content": "Plan the trip."}]
     first = await client.chat.completions.create(model=MODEL, messages=messages)
-    before = await summary(temporal_client, eid)
+    before = await delivered_summary(temporal_client, eid)
     edited = [
         SYSTEM,
         {"role": "user", "content": "Plan the holiday."},
@@ -538,7 +555,7 @@ async def test_undeclared_edit_is_refused_naming_the_message(gateway_url, tempor
 async def test_auth_refusals_reach_no_workflow(gateway_url, temporal_client):
     eid = await start_episode(temporal_client, "auth")
     other = "gw-someone-else/s000001/t0/g0"
-    before = await summary(temporal_client, eid)
+    before = await delivered_summary(temporal_client, eid)
     request = body([SYSTEM, {"role": "user", "content": "hi"}])
     url = f"{base_url(gateway_url, eid)}/chat/completions"
     async with httpx.AsyncClient() as c:
@@ -561,7 +578,7 @@ async def test_auth_refusals_reach_no_workflow(gateway_url, temporal_client):
 
 async def test_bad_requests_get_openai_errors_and_admit_nothing(gateway_url, temporal_client):
     eid = await start_episode(temporal_client, "bad")
-    before = await summary(temporal_client, eid)
+    before = await delivered_summary(temporal_client, eid)
     ok = [SYSTEM, {"role": "user", "content": "hi"}]
     async with http(gateway_url, eid) as c:
         cases = {

@@ -30,6 +30,7 @@ from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixtur
     assistant_of,
     close,
     contexts,
+    delivered_summary,
     extension_of,
     gateway_url,
     oai,
@@ -118,7 +119,7 @@ async def test_a_worker_without_a_spawner_is_warned_about_or_refused(gateway_url
 
     strict = await start(temporal_client, "strict", unspawned_agents="refuse")
     await chat(oai(gateway_url, strict), [SYSTEM, user("Plan.")])
-    before = await summary(temporal_client, strict)
+    before = await delivered_summary(temporal_client, strict)
     with pytest.raises(openai.BadRequestError) as err:
         await chat(oai(gateway_url, strict, **{"x-grove-agent": "helper"}), [SYSTEM, user("Help.")])
     error = err.value.body
@@ -154,7 +155,7 @@ async def test_common_wiring_mistakes_are_refused_naming_the_header_that_fixes_t
     parent = oai(gateway_url, eid)
     task = [SYSTEM, user("Long task.")]
     p0, _ = await chat(parent, task, tools=TOOLS)
-    before = await summary(temporal_client, eid)
+    before = await delivered_summary(temporal_client, eid)
     cases = {
         # a worker that sends no identity header at all lands in the parent's context
         "no headers": (parent, [{"role": "system", "content": "You are a worker."}, user("Count.")], TOOLS),
@@ -176,7 +177,7 @@ async def test_common_wiring_mistakes_are_refused_naming_the_header_that_fixes_t
     s, h = await chat(aux, [user("Summarise the conversation so far.")])
     assert h["x-grove-call-id"] == "parent~aux.0.c0"
     rewritten = [SYSTEM, user("Here is a summary of the conversation to date:\n\n" + (s["content"] or ""))]
-    before = await summary(temporal_client, eid)
+    before = await delivered_summary(temporal_client, eid)
     with pytest.raises(openai.BadRequestError) as err:
         await chat(parent, rewritten, tools=TOOLS)
     error = err.value.body
