@@ -44,9 +44,10 @@ FIRST_WORKER_CALLS = {"worker-1.0.c0", "worker-2.0.c0"}  # spawned together: bot
 # The scenario's calls (harnesses/scenario.py), written out, and its rows: endpoint -> calls in order.
 ALL_CALLS = {
     "parent.0.c0", "parent.0.c1",
-    "worker-1.0.c0", "worker-1.0.c1", "worker-1.0.c2", "worker-1.1.c0",
+    "worker-1.0.c0", "worker-1.0.c1", "worker-1.0.c2", "worker-1.1.c0",  # c2: the compaction's summary call
     "worker-2.0.c0",
 }  # fmt: skip
+SUMMARY_CALL = "worker-1.0.c2"  # settles auxiliary (its kind), trained here (train_auxiliary: [summary])
 EXPECTED_ROWS = [
     ["parent.0.c0", "parent.0.c1"],
     ["worker-1.0.c0", "worker-1.0.c1", "worker-1.0.c2"],
@@ -60,6 +61,7 @@ def episode_spec() -> EpisodeSpec:
     return EpisodeSpec(
         run_id=run, step=0, group_id=f"{run}/t0", episode_id=f"{run}/t0/g0", task=scenario.make_task(0),
         harness=HarnessSpec(program=scenario.NAME), sampling=SAMPLING,
+        train_auxiliary=["summary"],  # worker-1's summary call is trained (selected) like its actions
     )  # fmt: skip
 
 
@@ -110,7 +112,7 @@ async def test_worker_sigkill_mid_worker_call_discards_the_lost_attempt(stack):
 
     # the episode completed; every admitted call is in exactly one terminal state
     assert result.status == "ok", result.failure
-    assert result.counts == {"selected": len(ALL_CALLS), "discarded": len(lost)}
+    assert result.counts == {"selected": len(ALL_CALLS) - 1, "auxiliary": 1, "discarded": len(lost)}
     [materialized] = await decoded_inputs(client, handle, "materialize_episode", MaterializeInput)
     receipts = {r.call_id: r for r in materialized.receipts}
     assert set(receipts) == ALL_CALLS - lost | lost | {f"{c}.r1" for c in lost}
@@ -125,6 +127,8 @@ async def test_worker_sigkill_mid_worker_call_discards_the_lost_attempt(stack):
             )
             assert receipt.digests is None  # its tokens were never recorded
             print(f"{call_id}: {receipt.state.value}: {receipt.note}")
+        elif call_id == SUMMARY_CALL:
+            assert receipt.state == CallState.AUXILIARY, (call_id, receipt)
         else:
             assert receipt.state == CallState.SELECTED, (call_id, receipt)
 
