@@ -293,7 +293,9 @@ async def check_rows(
             lost = {c for c in ALL_CALLS if c not in receipts}
             assert set(receipts) == {renamed(c, lost) for c in ALL_CALLS} and len(generated) == len(ALL_CALLS)
             assert result.status == "ok", result.failure
-            assert result.counts == {"selected": len(ALL_CALLS)} | ({"discarded": len(lost)} if lost else {})
+            # worker-1's summary call settles auxiliary (its kind) and trains (train_auxiliary: [summary])
+            settled = {"selected": len(ALL_CALLS) - 1, "auxiliary": 1}
+            assert result.counts == settled | ({"discarded": len(lost)} if lost else {})
             served.update((t.step, host_of(i)) for i in await activity_identities(child, "generate"))
             rows = rows_from_parquet(store.get(f"rows/{spec.episode_id}.parquet"))
             spans = sorted([s.call_id for s in row.spans] for row in rows)
@@ -343,7 +345,7 @@ async def test_a_run_across_hosts_sharing_only_temporal_and_s3(fleet: Fleet, tin
         run_id=f"hosts-{uuid.uuid4().hex[:6]}", model=str(base), seed=11, steps=STEPS,
         task_family=scenario.NAME, num_tasks=4, tasks_per_step=TASKS_PER_STEP, group_size=GROUP_SIZE,
         harness=HarnessSpec(program=scenario.NAME), sampling=SamplingConfig(max_tokens=8),
-        learner=LearnerConfig(lr=1e-2),
+        learner=LearnerConfig(lr=1e-2), train_auxiliary=["summary"],
     )  # fmt: skip
     orchestration = fleet.process(ORCHESTRATION, [queues.EPISODES, queues.IO], "tiny-random")
     inference_1 = fleet.process(INFERENCE_1, [queues.INFERENCE], models[INFERENCE_1])

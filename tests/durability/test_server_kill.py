@@ -50,6 +50,7 @@ pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 TASKS_PER_STEP, GROUP_SIZE, NUM_TASKS, SEED = 2, 2, 5, 7
 SCENARIO_CALLS = 7  # harnesses/scenario.py: parent 2, worker-1 3 + 1 after its compaction, worker-2 1
+SUMMARY_CALLS = 1  # worker-1's compaction: settles auxiliary (its kind), trained (train_auxiliary)
 DOWNTIME_S = 3.0  # long enough for every worker poll and in-flight completion to fail
 
 
@@ -58,7 +59,7 @@ def run_config(model: str) -> RunConfig:
         run_id=f"dur-server-kill-{uuid.uuid4().hex[:6]}", model=model, seed=SEED, steps=2,
         task_family=scenario.NAME, num_tasks=NUM_TASKS, tasks_per_step=TASKS_PER_STEP, group_size=GROUP_SIZE,
         harness=HarnessSpec(program=scenario.NAME), sampling=SamplingConfig(max_tokens=8),
-        learner=LearnerConfig(lr=1e-3),
+        learner=LearnerConfig(lr=1e-3), train_auxiliary=["summary"],
     )  # fmt: skip
 
 
@@ -118,8 +119,12 @@ async def test_server_sigkill_mid_step_resumes_on_the_same_database(stack):
     # in-flight episodes finished: a call lost with the server may be discarded and retried, never missing
     for eid in expected:
         res = await client.get_workflow_handle(eid, result_type=EpisodeResult).result()
-        assert res.status == "ok" and res.counts["selected"] == SCENARIO_CALLS, (eid, res.counts)
-        assert set(res.counts) <= {"selected", "discarded"}, (eid, res.counts)
+        assert res.status == "ok" and res.counts["selected"] == SCENARIO_CALLS - SUMMARY_CALLS, (
+            eid,
+            res.counts,
+        )
+        assert res.counts["auxiliary"] == SUMMARY_CALLS, (eid, res.counts)
+        assert set(res.counts) <= {"selected", "auxiliary", "discarded"}, (eid, res.counts)
         print(f"{eid}: {res.counts}")
 
     # nothing trained twice: one train_step completion per step, none a reuse; one COMMIT per step
