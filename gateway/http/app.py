@@ -2,7 +2,8 @@
 
 `create_app(settings)` builds the app; its lifespan owns the Temporal client (pydantic data
 converter) and the object store. Routers: OpenAI-compatible `/episodes/{ref}/v1/...`
-(gateway/http/routes/openai.py), management `/episodes/{ref}/close`, and `/healthz`. Serve it with
+(gateway/http/routes/openai.py), Anthropic Messages `/episodes/{ref}/v1/messages`
+(gateway/http/routes/anthropic.py), management `/episodes/{ref}/close`, and `/healthz`. Serve it with
 `python -m gateway` (gateway/http/cli.py).
 
 Limits (gateway/intake/limits.py): header count/bytes by middleware before any route; every body read by a
@@ -19,7 +20,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway.http.routes import health, manage, openai
+from gateway.http.routes import anthropic, health, manage, openai
 from gateway.http.routes.errors import install_error_handlers
 from gateway.http.settings import GatewaySettings
 from gateway.intake.body_parse import BodyParser
@@ -65,5 +66,6 @@ def create_app(settings: GatewaySettings, store: ObjectStore | None = None) -> F
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)
     app.include_router(manage.router)
     return app

@@ -44,7 +44,8 @@ def bearer_token(authorization: str | None) -> str:
     if not authorization:
         raise MissingTokenError(
             "no Authorization header; send `Authorization: Bearer <the episode's token>` (the OpenAI "
-            "client's api_key), issued by gateway.http.auth.issue_token"
+            "client's api_key) or `x-api-key: <the episode's token>` (the Anthropic client's), issued by "
+            "gateway.http.auth.issue_token"
         )
     scheme, _, token = authorization.strip().partition(" ")
     token = token.strip()

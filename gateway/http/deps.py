@@ -21,6 +21,7 @@ from gateway.intake.chat_request import ChatCompletionRequest
 from gateway.intake.context_window import ContextLengthExceededError
 from gateway.intake.large_bodies import BodyAdmission
 from gateway.intake.limits import InvalidBodyError, declared_size, parse_json, read_body
+from gateway.intake.messages_request import MessagesRequest, check_count_tokens_body, check_messages_body
 from gateway.pipeline.capture import Capture
 from gateway.pipeline.identity import check_headers
 from gateway.pipeline.launch_records import launch_of
@@ -40,15 +41,21 @@ def get_capture(request: Request) -> Capture:
     return request.app.state.capture
 
 
+API_KEY_HEADER = "x-api-key"
+
 SettingsDep = Annotated[GatewaySettings, Depends(get_settings)]
 EpisodesDep = Annotated[Episodes, Depends(get_episodes)]
 CaptureDep = Annotated[Capture, Depends(get_capture)]
 
 
 def authorized_episode(episode_ref: str, request: Request, settings: SettingsDep) -> str:
-    """The episode id of the URL, once the request's bearer token is this episode's."""
+    """The episode id of the URL, once the request's bearer token (or `x-api-key`) is this episode's."""
     episode_id = episode_id_of(episode_ref)
-    check_token(settings.secret.get_secret_value(), episode_id, request.headers.get("authorization"))
+    authorization = request.headers.get("authorization")
+    api_key = request.headers.get(API_KEY_HEADER)
+    if authorization is None and api_key is not None:  # Anthropic's clients send the key as x-api-key
+        authorization = f"Bearer {api_key}"
+    check_token(settings.secret.get_secret_value(), episode_id, authorization)
     return episode_id
 
 
@@ -90,6 +97,22 @@ async def chat_body(
     return body
 
 
+async def messages_body(request: Request, settings: SettingsDep, episode_id: EpisodeIdDep) -> MessagesRequest:
+    """The body as a validated Anthropic Messages request (Anthropic-style 4xx otherwise)."""
+    body = await admitted_body(request, settings, episode_id, check_messages_body)
+    assert isinstance(body, MessagesRequest)  # what check_messages_body returns
+    return body
+
+
+async def count_tokens_body(
+    request: Request, settings: SettingsDep, episode_id: EpisodeIdDep
+) -> MessagesRequest:
+    """The body of a count_tokens request (a Messages body without max_tokens)."""
+    body = await admitted_body(request, settings, episode_id, check_count_tokens_body)
+    assert isinstance(body, MessagesRequest)
+    return body
+
+
 async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> CloseRequest:
     """The close request (an empty body is the default close); read after auth, capped."""
     raw = await read_body(request, settings.limits.max_close_bytes, "max_close_bytes", settings.limits)
@@ -105,4 +128,6 @@ async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -
 
 
 ChatBodyDep = Annotated[ChatCompletionRequest, Depends(chat_body)]
+MessagesBodyDep = Annotated[MessagesRequest, Depends(messages_body)]
+CountTokensBodyDep = Annotated[MessagesRequest, Depends(count_tokens_body)]
 CloseBodyDep = Annotated[CloseRequest, Depends(close_body)]

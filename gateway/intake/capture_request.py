@@ -1,7 +1,7 @@
 """The canonical request: what the capture pipeline consumes, whichever wire format carried it.
 
-A wire format (gateway/http/routes/openai.py for chat completions) checks its own body and turns it
-into one `CaptureRequest`:
+A wire format (gateway/intake/chat_request.py, gateway/intake/messages_request.py) checks its own
+body and turns it into one `CaptureRequest`:
 
 - `messages`: the conversation in the policy's chat form, the form its chat template renders and the
   chat records keep (OpenAI-style roles `system`/`user`/`assistant`/`tool`, assistant `tool_calls` whose
@@ -44,6 +44,7 @@ class WireFormat(StrEnum):
     """The HTTP APIs the gateway speaks."""
 
     CHAT_COMPLETIONS = "chat_completions"  # OpenAI POST /v1/chat/completions
+    ANTHROPIC_MESSAGES = "anthropic_messages"  # Anthropic POST /v1/messages
 
 
 @dataclass(frozen=True)

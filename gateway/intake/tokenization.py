@@ -258,6 +258,12 @@ class Tokenization:
     async def check(self, key: str, episode_id: str, prompt: PromptSpec, sampling: SamplingConfig) -> int:
         """The prompt's exact length, measured off the loop; ContextLengthExceededError when not even one
         token fits after it, TokenizerBusyError past the cap."""
+        n = await self.measure(key, episode_id, prompt, sampling)
+        self.window.refuse(n, prompt)
+        return n
+
+    async def measure(self, key: str, episode_id: str, prompt: PromptSpec, sampling: SamplingConfig) -> int:
+        """The prompt's exact length, measured off the loop (TokenizerBusyError past the cap)."""
         size = prompt_bytes(prompt.chat.messages) if prompt.chat is not None else 0
         self._reserve(size)
         try:
@@ -267,7 +273,6 @@ class Tokenization:
                 n = await self._in_pool(key, episode_id, prompt, sampling)
         finally:
             self.measuring -= size
-        self.window.refuse(n, prompt)
         return n
 
     async def _in_pool(self, key: str, episode_id: str, prompt: PromptSpec, sampling: SamplingConfig) -> int:

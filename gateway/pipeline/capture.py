@@ -43,7 +43,7 @@ from capture.records import ChatRecord
 from gateway.intake.capture_request import CaptureRequest, WireRequest
 from gateway.intake.context_window import ContextWindow
 from gateway.intake.tokenization import Tokenization
-from gateway.pipeline.capture_errors import UndeliveredHeadsError
+from gateway.pipeline.capture_errors import TokenCountUnavailableError, UndeliveredHeadsError
 from gateway.pipeline.capture_state import CaptureState
 from gateway.pipeline.delivery import Delivery
 from gateway.pipeline.execution import Execution
@@ -51,8 +51,9 @@ from gateway.pipeline.launch_records import launch_of
 from gateway.pipeline.planning import Plan, Planner
 from gateway.pipeline.relaunch import Relaunch
 from gateway.temporal.episode_client import Episodes
-from grove.contracts import EpisodeSpec
+from grove.contracts import ChatPrompt, EpisodeSpec, PromptSpec
 from grove.headers import AGENT_HEADER
+from grove.sampling import SamplingConfig
 from storage.base import ObjectStore
 
 MAX_RECOVERIES = 3  # undelivered heads discarded before giving up on one request
@@ -110,6 +111,19 @@ class Capture(CaptureState):
             effective = sampling or spec.sampling
             call = await self.execution.prepare(episode_id, request, planned, sampling, effective)
         return await self.execution.admit(episode_id, request, planned, call, launch)
+
+    async def prompt_tokens(self, episode_id: str, request: CaptureRequest) -> int:
+        """The policy's token count of the request's prompt as a context's first call renders it (a
+        count, nothing admitted); the prompt measurement's refusals apply (TokenizerBusyError)."""
+        prompt = PromptSpec(chat=ChatPrompt(messages=request.messages, tools=request.tools))
+        if self.tokens is not None:
+            return await self.tokens.measure(f"{episode_id}/count", episode_id, prompt, SamplingConfig())
+        if self.window is None:
+            raise TokenCountUnavailableError(
+                f"episode {episode_id!r}: this gateway was started without the policy's tokenizer; it cannot "
+                "count tokens (start it with its policy_model)"
+            )
+        return await asyncio.to_thread(self.window.prompt_len, episode_id, prompt, SamplingConfig())
 
     async def _plan(
         self,

@@ -54,3 +54,7 @@ class UnspawnedAgentError(CaptureError):
     """A new agent without a spawner in an episode whose spec refuses them (HTTP 400)."""
 
     param = SPAWNED_BY_HEADER
+
+
+class TokenCountUnavailableError(CaptureError):
+    """A token count asked of a gateway without the policy's tokenizer (HTTP 503)."""

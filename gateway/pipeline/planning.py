@@ -28,10 +28,12 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import partial
 from typing import Literal
 
 from capture.records import ChatRecord
 from gateway.intake.capture_request import CaptureRequest
+from gateway.pipeline import claude_code
 from gateway.pipeline.capture_errors import (
     EpisodeClosedError,
     ForeignSessionError,
@@ -39,11 +41,12 @@ from gateway.pipeline.capture_errors import (
     ResponsePendingError,
 )
 from gateway.pipeline.capture_state import CaptureState
+from gateway.pipeline.claude_code_names import subagent_name_of
 from gateway.pipeline.continuation import Decision, Move, UndeclaredDiscontinuityError, decide
 from gateway.pipeline.hints import diagnose
 from gateway.pipeline.identity import DEFAULT_AGENT, Identity, aux_agent
 from gateway.pipeline.launch_records import SessionAlias, load_aliases, save_alias
-from gateway.pipeline.opencode_names import session_names
+from gateway.pipeline.opencode_names import SubagentName, session_names
 from gateway.pipeline.relaunch import Relaunch, session_of
 from gateway.pipeline.routing import (
     Target,
@@ -96,20 +99,14 @@ class Planner:
         aliases: dict[str, SessionAlias] = {}
         if relaunched is not None:
             aliases = await asyncio.to_thread(load_aliases, self.state.store, episode_id, relaunched)
-        # OpenCode's subagents by their agent type (gateway/pipeline/opencode_names.py)
-        names = await session_names(
-            self.state.store, episode_id, headers, request.messages,
-            lambda agent: self.head_of(episode_id, agent),
-            lambda call_id: self.state.record(episode_id, call_id),
-            {s: a.agent for s, a in aliases.items()},
-        )  # fmt: skip
+        names, claude = await self._names(episode_id, request, headers, aliases)
         view = await self.state.episodes.context_view(episode_id, view_request(headers, names))
         if view.closed or view.closing:
             raise EpisodeClosedError(
                 f"episode {episode_id!r} is closed (its ledger is settled); no more calls. Start a new "
                 "episode for a new attempt"
             )
-        identity = identify(headers, request.messages, request.tools, view, names)
+        identity = identify(headers, request.messages, request.tools, view, names, claude)
         if relaunched is not None and identity.root_session and identity.session_id:
             # A relaunch's root session is the episode's parent, even where nothing could be replayed.
             root_alias = SessionAlias(agent=identity.agent or DEFAULT_AGENT)
@@ -139,6 +136,30 @@ class Planner:
             summaries = await self._summaries(episode_id, view, target.agent)
             raise diagnose(err, request.messages, request.tools, identity, head, summaries) from None
         return Plan(target, identity, decision)
+
+    async def _names(
+        self,
+        episode_id: str,
+        request: CaptureRequest,
+        headers: Mapping[str, str],
+        aliases: Mapping[str, SessionAlias],
+    ) -> tuple[dict[str, str], SubagentName | None]:
+        """Harness sessions -> their agents: OpenCode's subagents by their agent type
+        (gateway/pipeline/opencode_names.py) and a relaunch's aliases; and a Claude Code subagent's name
+        (gateway/pipeline/claude_code_names.py), also among the sessions under its agent id."""
+        head_of = partial(self.head_of, episode_id)
+        record = partial(self.state.record, episode_id)
+        names = await session_names(
+            self.state.store, episode_id, headers, request.messages, head_of, record,
+            {s: a.agent for s, a in aliases.items()},
+        )  # fmt: skip
+        claude = await subagent_name_of(
+            self.state.store, episode_id, headers, request.messages, head_of, record
+        )
+        subagent = claude_code.agent_id(headers)
+        if claude is not None and subagent is not None:
+            names[subagent] = claude.agent
+        return names, claude
 
     async def _summaries(self, episode_id: str, summary: ContextView, agent: str) -> list[ChatRecord]:
         """The records of the heads of the agent's auxiliary contexts (its possible summary calls)."""

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.pipeline import opencode
+from gateway.pipeline import claude_code, opencode
 from gateway.pipeline.identity import (
     AUX_SEPARATOR,
     DEFAULT_AGENT,
@@ -38,6 +38,7 @@ from gateway.pipeline.identity import (
     grove_identity,
     header_value,
 )
+from gateway.pipeline.opencode_names import SubagentName
 from grove.headers import AGENT_HEADER, CONTEXT_HEADER, PARENT_CONTEXT_HEADER
 from grove.receipts import ContextOrigin, ContextRecord
 from ledger.accounting import ContextSummary
@@ -101,13 +102,17 @@ def identify(
     tools: Any,
     summary: ContextView,
     aliases: Mapping[str, str] | None = None,
+    claude: SubagentName | None = None,
 ) -> Identity:
     """grove's headers when an agent/context header is present, else OpenCode's session headers when
-    present (`aliases`: sessions of a relaunched harness -> the recorded agents they replay), else the
+    present (`aliases`: sessions of a relaunched harness -> the recorded agents they replay), else Claude
+    Code's (`claude`: the request's subagent's stored name, gateway/pipeline/claude_code.py), else the
     default identity (agent "parent")."""
     has_grove = any(h in headers for h in (AGENT_HEADER, CONTEXT_HEADER))
     if not has_grove and opencode.SESSION_HEADER in headers:
         return opencode.identify(headers, messages, tools, {c.agent for c in summary.contexts}, aliases)
+    if not has_grove and claude_code.is_claude_code(headers):
+        return claude_code.identify(headers, messages, claude)
     return grove_identity(headers)
 
 

@@ -30,6 +30,7 @@ from chat.render import (
 )
 from gateway.http.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
 from gateway.http.episode_ref import InvalidEpisodeRefError
+from gateway.http.wire.anthropic_messages import UnrenderableToolCallError
 from gateway.http.wire.chat_completions import OPENAI_ERRORS
 from gateway.http.wire.refusal import ErrorShape, Refusal
 from gateway.intake.body_parse import BodyWorkerLostError
@@ -46,6 +47,7 @@ from gateway.pipeline.capture_errors import (
     HeadPendingError,
     MissingRecordError,
     ResponsePendingError,
+    TokenCountUnavailableError,
     UndeliveredHeadsError,
     UnspawnedAgentError,
 )
@@ -108,6 +110,8 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     TokenizerBusyError: (503, "server_error"),
     LargeBodyBacklogError: (429, "rate_limit_error"),
     BodyWorkerLostError: (503, "server_error"),
+    UnrenderableToolCallError: (502, "server_error"),
+    TokenCountUnavailableError: (503, "server_error"),
 }
 # Ledger errors (and the workflow's own) that say "not now / not any more" rather than "wrong request".
 CONFLICT_TYPES = frozenset(

@@ -12,4 +12,7 @@ error shape. The parts:
     chat_completions.py  OpenAI chat completions: its error shape and its rendering
                          (gateway/http/chat_response.py); its request is gateway/intake/chat_request.py,
                          its route gateway/http/routes/openai.py
+    anthropic_messages.py  Anthropic Messages: its error shape and its message and event rendering; its
+                         request is gateway/intake/messages_request.py (blocks:
+                         gateway/intake/messages_blocks.py), its route gateway/http/routes/anthropic.py
 """
