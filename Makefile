@@ -18,7 +18,7 @@ UNIT = tests/ledger tests/forest tests/chat tests/capture tests/episodes/test_un
 	tests/learner/test_config.py tests/learner/test_data_order.py tests/learner/test_off_policy.py \
 	tests/learner/test_episode_records.py tests/runs/test_runconfig.py tests/runs/test_parent_agent.py \
 	tests/harnesses/test_agents_handoffs.py tests/harnesses/test_delegation.py \
-	tests/infra/test_cited_paths.py
+	tests/infra/test_cited_paths.py tests/storage/test_store_layout.py
 
 .PHONY: venv check unit test long ci
 

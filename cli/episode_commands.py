@@ -284,7 +284,8 @@ async def _summary_pages(handle) -> list:
 
 def _closed_records(result) -> tuple[list, list | None]:
     """A closed episode's rows and context map from the store ($GROVE_STORE); None: no map was written."""
-    from activities.episode_map import contexts_key, decode_contexts
+    from activities.episode_map import decode_contexts
+    from grove.store_layout import contexts_key
     from storage.base import ObjectNotFoundError
     from storage.config import store_from_env
     from trainer.rows import rows_from_parquet

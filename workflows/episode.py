@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         close_digest,
     )
     from grove.receipts import ContextRecord
+    from grove.store_layout import rows_key
     from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_outcome, run_program
     from harnesses.programs import PROGRAMS
     from ledger.accounting import LedgerSummary, SummaryPage
@@ -87,7 +88,6 @@ with workflow.unsafe.imports_passed_through():
         episode_result,
         materialize,
         materialize_input,
-        rows_key,
         score,
     )
     from workflows.episode_pages import LedgerPages
