@@ -10,7 +10,7 @@ PYTEST = HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(
 
 # Pure tests only: the ledger, reconstruction, chat templates, capture, the gateway's pure rules, the loss
 # and advantages, configs and the repository's own checks. Anything that starts a service is elsewhere.
-UNIT = tests/ledger tests/forest tests/chat tests/capture tests/episodes/test_units.py \
+UNIT = tests/ledger tests/forest tests/chat tests/capture tests/episodes/test_units.py tests/episodes/test_restoring_units.py \
 	tests/gateway/test_app_units.py tests/gateway/test_continuation_units.py \
 	tests/gateway/test_launch_records_units.py tests/gateway/test_input_limits.py \
 	tests/gateway/test_opencode_names.py tests/gateway/test_sampling_refusals.py \

@@ -42,6 +42,7 @@ from grove.contracts import (
     RewardInput,
     RewardResult,
 )
+from grove.gates import Gates
 from grove.receipts import CallReceipt, ContextOrigin, ContextRecord
 from grove.staging_format import CallTokens, StagedObjectError, decode_call_tokens
 from grove.store_layout import contexts_key, staging_prefix, step_record_key
@@ -279,6 +280,9 @@ class EpisodeIO:
     @activity.defn(name="load_ledger_page")
     def load_ledger_page(self, key: str) -> bytes:
         """One snapshot page, packed for the workflow (a fraction of its JSON's bytes in the history)."""
+        gates = Gates.from_env()
+        if gates is not None:  # tests only (grove/gates.py): hold a restore while a page loads
+            gates.hold_sync("ledger_page_load", key)
         with io_attempt("load ledger page", key=key):
             return pack_page(LedgerPage.model_validate_json(self.store.get(key)))
 
