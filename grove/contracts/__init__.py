@@ -66,7 +66,6 @@ from grove.contracts.run import (
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_MAX_MODEL_LEN,
     LAUNCHED_EPISODE_MARGIN_S,
-    STEP_RECORDS_ROOT,
     ArchiveStepsInput,
     EngineLimits,
     EngineStatus,
@@ -79,7 +78,6 @@ from grove.contracts.run import (
     SamplingMismatchError,
     StepRecord,
     TrackingConfig,
-    step_record_key,
 )
 from grove.contracts.training import (
     PublishInput,
@@ -142,7 +140,6 @@ __all__ = [
     "RunLive",
     "RunResult",
     "RunState",
-    "STEP_RECORDS_ROOT",
     "SamplingMismatchError",
     "StepRecord",
     "TaskSpec",
@@ -156,5 +153,4 @@ __all__ = [
     "TrainStepInput",
     "TrainStepResult",
     "close_digest",
-    "step_record_key",
 ]
