@@ -18,7 +18,8 @@ part of it (no I/O): everything here is a function of the episode and the gatewa
   launch's folder (nothing of the user's ~/.claude is read), its offline switches (no telemetry, no
   update checks, no other traffic than `/v1/messages`), no built-in subagents (only the family's appear
   in the `Agent` tool's list), no thinking request field, no per-request billing line in the system
-  prompt, `max_tokens` from the run's sampling and, optionally, the context size at which it compacts.
+  prompt nor attribution reminder in the first message, `max_tokens` from the run's sampling and,
+  optionally, the context size at which it compacts.
 - Outcome (`outcome_of_events`): the final answer is the last `result` event's text; each `Agent` call's
   subagent report comes from its `task_notification` (or the subagent's last text), named after its
   `subagent_type`, indexed when the type ran before (`worker`, `worker-2`: harnesses/opencode_agents.py),
@@ -52,10 +53,9 @@ OFFLINE_ENV = {
     "DISABLE_AUTOUPDATER": "1",
     "CLAUDE_AGENT_SDK_DISABLE_BUILTIN_AGENTS": "1",  # Explore, Plan, general-purpose, ... off
     "CLAUDE_CODE_DISABLE_THINKING": "1",  # no `thinking` field: the policy's reasoning is its own text
-    "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",  # no per-request billing line at the top of the system prompt
+    # no per-request billing line at the top of the system prompt, no commit-attribution reminder
+    "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
 }
-# No commit/PR attribution reminder in the lead's first user message.
-SETTINGS = {"includeCoAuthoredBy": False, "attribution": {"commit": "", "pr": ""}}
 # A uuid5 namespace for the session ids: the same episode gets the same session id at every launch.
 SESSION_NAMESPACE = uuid.UUID("5b0e6f43-61a4-4c38-9a0e-8f1c2d3b4a5e")
 _AGENT_KEYS = {"description", "prompt", "tools", "disallowedTools", "model", "effort"}
@@ -174,7 +174,6 @@ def claude_argv(binary: str, setup: ClaudeCodeSetup, *, model: str, episode_id: 
         "--allowedTools", ",".join(allowed_tools(setup)),
         "--permission-mode", "dontAsk",
         "--setting-sources", "",
-        "--settings", json.dumps(SETTINGS, separators=(",", ":")),
         "--strict-mcp-config",
         "--agents", json.dumps(setup.agents, separators=(",", ":")),
         "--session-id", session_id(episode_id),

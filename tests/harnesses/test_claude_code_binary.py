@@ -24,7 +24,7 @@ import pytest
 from grove.contracts import ClaudeCodeOptions
 from harnesses import claude_code
 from harnesses.claude_code_delegation import AGENTS, LEAD_PROMPT, make_task
-from harnesses.claude_code_install import claude_code_binary
+from harnesses.claude_code_install import SCRIPT, VERSION, binary_path, claude_code_binary
 from tests.harnesses.messages_script import Answer, Recorded, scripted_messages
 
 TOKEN = "grove-" + "ab" * 32
@@ -61,7 +61,30 @@ def answer(request: Recorded) -> Answer:
     return calls, "tool_use", 150
 
 
-def launch(folder: Path, url: str, launch_number: int = 1) -> tuple[int, list[dict[str, Any]]]:
+def _last_user_text(request: Recorded) -> str:
+    last = request.body["messages"][-1]
+    content = last["content"]
+    return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
+
+
+def answer_near_the_limit(request: Recorded) -> Answer:
+    """`answer`, but the lead's first answer reports 1,000 input tokens (near a 4,096-token context), the
+    summary request gets a summary and the rewritten lead its final answer."""
+    if not _is_subagent(request) and "<summary>" in _last_user_text(request):
+        return (
+            [{"type": "text", "text": "<summary>Two words went to two workers.</summary>"}],
+            "end_turn",
+            900,
+        )
+    if _user_text(request).startswith("This session is being continued"):
+        return [{"type": "text", "text": " ".join(WORDS)}], "end_turn", 300
+    blocks, stop, tokens = answer(request)
+    return blocks, stop, 1000 if stop == "tool_use" else tokens
+
+
+def launch(
+    folder: Path, url: str, launch_number: int = 1, max_context_tokens: int | None = None
+) -> tuple[int, list[dict[str, Any]]]:
     """One launch as the runner does it: a wiped folder, the family's setup, the runner's argv and env."""
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "project").mkdir(parents=True)
@@ -70,8 +93,9 @@ def launch(folder: Path, url: str, launch_number: int = 1) -> tuple[int, list[di
     setup = claude_code.setup_for(task, ClaudeCodeOptions())
     base = claude_code.anthropic_base_url(f"{url}/episodes/ep-test/v1")
     env = claude_code.claude_env(
-        str(folder / "home"), base, TOKEN, launch=launch_number, max_output_tokens=77
-    )
+        str(folder / "home"), base, TOKEN, launch=launch_number, max_output_tokens=77,
+        max_context_tokens=max_context_tokens,
+    )  # fmt: skip
     argv = claude_code.claude_argv(str(claude_code_binary()), setup, model="grove", episode_id=EPISODE)
     done = subprocess.run(argv, env=env, cwd=folder / "project", capture_output=True, text=True, timeout=120)
     return done.returncode, claude_code.parse_events(done.stdout.splitlines())
@@ -124,6 +148,7 @@ def test_the_requests_carry_the_familys_prompt_tools_and_agents_and_no_thinking(
     listed = json.dumps(first["messages"])
     assert f"- worker: {AGENTS['worker']['description']}" in listed
     assert "general-purpose" not in listed and "Explore" not in listed  # built-in subagents are off
+    assert "Attribution" not in listed  # no commit-attribution reminder before the user's message
     worker = next(r for r in requests if _is_subagent(r)).body
     assert worker["tools"] == [] and AGENTS["worker"]["prompt"] in json.dumps(worker["system"])
 
@@ -152,3 +177,38 @@ def test_a_relaunch_sends_the_same_first_requests(two_launches):
     assert bodies(first) == bodies(second)
     assert {r.headers["x-grove-launch"] for r in second} == {"2"}
     assert first[0].headers["x-claude-code-session-id"] == second[0].headers["x-claude-code-session-id"]
+
+
+def test_a_small_context_makes_the_lead_compact_with_an_ordinary_messages_call(tmp_path):
+    """max_context_tokens 4096 and 1,000 input tokens reported for the lead's first call: before the lead
+    resumes, Claude Code sends its compaction as an ordinary `/v1/messages` call (same system and tools,
+    the whole history, a last user message asking for a <summary>) and then the lead's rewritten history,
+    which starts from the summary. The gateway tells them apart by their text (issue 44 item 2)."""
+    with scripted_messages(answer_near_the_limit) as server:
+        code, events = launch(tmp_path / "f", server.url, max_context_tokens=4096)
+        requests = list(server.requests)
+    assert code == 0
+    lead = [r for r in requests if not _is_subagent(r)]
+    assert len(lead) == 3 and len(requests) == 5
+    first, summary, rewritten = lead
+    assert "<summary>" in _last_user_text(summary)
+    assert summary.body["system"] == first.body["system"] and summary.body["tools"] == first.body["tools"]
+    assert summary.body["messages"][0] == first.body["messages"][0]  # the whole history, from the start
+    assert _user_text(rewritten).startswith("This session is being continued")
+    assert "Two words went to two workers." in _user_text(rewritten)
+    boundaries = [e for e in events if e.get("subtype") == "compact_boundary"]
+    assert len(boundaries) == 1 and boundaries[0]["compact_metadata"]["trigger"] == "auto"
+    assert claude_code.outcome_of_events(events).final_answer == " ".join(WORDS)
+
+
+def test_the_install_script_finds_the_pinned_install_and_prints_its_path():
+    """Idempotent: with the pinned version installed (claude_code_binary above installed it if it was
+    missing), the script installs nothing and prints the binary's path on its last line."""
+    claude_code_binary()
+    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "installing" not in done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(binary_path(VERSION))
+    version = subprocess.run(
+        [done.stdout.strip().splitlines()[-1], "--version"], capture_output=True, text=True
+    )
+    assert version.stdout.split()[:1] == [VERSION]
