@@ -258,6 +258,7 @@ class HarnessRunner:
         env = claude_code.claude_env(
             str(home), claude_code.anthropic_base_url(base_url), token, launch=launch,
             max_output_tokens=options.output_limit or spec.sampling.max_tokens,
+            request_timeout_s=options.request_timeout_s or spec.harness.deadline_s,
             max_context_tokens=options.max_context_tokens,
         )  # fmt: skip
         argv = claude_code.claude_argv(

@@ -20,7 +20,8 @@ part of it (no I/O): everything here is a function of the episode and the gatewa
   in the `Agent` tool's list), no thinking request field, no per-request billing line in the system
   prompt nor attribution reminder in the first message, `max_tokens` from the run's sampling and,
   optionally, the context size at which it compacts.
-- Outcome (`outcome_of_events`): the final answer is the last `result` event's text; each `Agent` call's
+- Outcome (`outcome_of_events`): the final answer is the last successful `result` event's text (an error
+  result's text is Claude Code's message, the failure); each `Agent` call's
   subagent report comes from its `task_notification` (or the subagent's last text), named after its
   `subagent_type`, indexed when the type ran before (`worker`, `worker-2`: harnesses/opencode_agents.py),
   in the order the lead wrote the calls.
@@ -189,12 +190,16 @@ def claude_env(
     *,
     launch: int,
     max_output_tokens: int,
+    request_timeout_s: float,
     max_context_tokens: int | None = None,
     path: str = SYSTEM_PATH,
 ) -> dict[str, str]:
     """The whole environment of a Claude Code process (module docstring); `base_url`: the episode's
-    prefix without `/v1` (`anthropic_base_url`). `max_context_tokens`: Claude Code compacts a context once
-    the input tokens the gateway reports approach it (None: its own default window)."""
+    prefix without `/v1` (`anthropic_base_url`). `request_timeout_s`: how long Claude Code waits for one
+    response before it re-sends the request (its own default is 600 s; the gateway answers when a
+    generation is done, and a re-sent request would find the first still generating). `max_context_tokens`:
+    Claude Code compacts a context once the input tokens the gateway reports approach it (None: its own
+    default window)."""
     extra = {
         **OFFLINE_ENV,
         "CLAUDE_CONFIG_DIR": f"{home}/.claude",
@@ -202,6 +207,7 @@ def claude_env(
         "ANTHROPIC_AUTH_TOKEN": token,
         "ANTHROPIC_CUSTOM_HEADERS": f"{LAUNCH_HEADER}: {launch}",
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output_tokens),
+        "API_TIMEOUT_MS": str(max(1, round(request_timeout_s * 1000))),
     }
     if max_context_tokens is not None:
         extra["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(max_context_tokens)
@@ -283,7 +289,8 @@ def _reports(events: list[dict[str, Any]]) -> dict[str, str]:
 def outcome_of_events(events: list[dict[str, Any]]) -> HarnessOutcome:
     """Final answer, each subagent's report and any error Claude Code reported (module docstring)."""
     results = [e for e in events if e.get("type") == "result"]
-    last = results[-1] if results else None
+    answers = [e for e in results if e.get("subtype") == "success" and not e.get("is_error")]
+    last = answers[-1] if answers else None  # an error result's text is Claude Code's, not the lead's
     final = str(last.get("result") or "") if last else ""
     outputs: dict[str, list[str]] = {"parent": [final]} if last else {}
     reports = _reports(events)
@@ -297,6 +304,6 @@ def outcome_of_events(events: list[dict[str, Any]]) -> HarnessOutcome:
         bad = errors[-1]
         detail = bad.get("result") or bad.get("errors") or bad.get("api_error_status") or bad.get("subtype")
         failure = f"Claude Code reported: {str(detail)[:500]}"
-    elif last is None:
+    elif not results:
         failure = "Claude Code wrote no result event"
     return HarnessOutcome(final_answer=final, outputs=outputs, failure=failure)

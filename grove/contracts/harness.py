@@ -112,6 +112,13 @@ class ClaudeCodeOptions(BaseModel):
         description="max_tokens of each request (CLAUDE_CODE_MAX_OUTPUT_TOKENS); null: the run's "
         "sampling.max_tokens",
     )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long Claude Code waits for one response before it re-sends the request "
+        "(API_TIMEOUT_MS; its own default 600 s); null: the launch's deadline_s. The gateway answers when "
+        "generation ends, and a request re-sent meanwhile finds the first still generating",
+    )
     max_context_tokens: int | None = Field(
         None,
         ge=256,

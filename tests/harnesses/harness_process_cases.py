@@ -248,6 +248,7 @@ async def test_a_claude_code_launch_runs_the_pinned_binary_and_closes_with_its_o
         assert {r.headers["authorization"] for r in requests} == {f"Bearer {token}"}
         assert {r.headers["x-grove-launch"] for r in calls} == {str(attempt)}
         assert all(r.body["max_tokens"] == 64 for r in calls)
+        assert {r.headers["x-stainless-timeout"] for r in calls} == {"900"}  # the launch's deadline_s
         assert close.path == f"/episodes/{ref}/close"
         assert close.body["final_answer"] == " ".join(WORDS) and close.body["failure"] is None
         assert close.body["outputs"] == {

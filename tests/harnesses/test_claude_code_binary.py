@@ -94,7 +94,7 @@ def launch(
     base = claude_code.anthropic_base_url(f"{url}/episodes/ep-test/v1")
     env = claude_code.claude_env(
         str(folder / "home"), base, TOKEN, launch=launch_number, max_output_tokens=77,
-        max_context_tokens=max_context_tokens,
+        request_timeout_s=900, max_context_tokens=max_context_tokens,
     )  # fmt: skip
     argv = claude_code.claude_argv(str(claude_code_binary()), setup, model="grove", episode_id=EPISODE)
     done = subprocess.run(argv, env=env, cwd=folder / "project", capture_output=True, text=True, timeout=120)
@@ -118,6 +118,7 @@ def test_the_lead_and_both_workers_talk_only_to_the_episodes_messages_route(two_
     assert [(r.method, r.path) for r in requests] == [("POST", "/episodes/ep-test/v1/messages?beta=true")] * 4
     assert {r.headers["authorization"] for r in requests} == {f"Bearer {TOKEN}"}
     assert {r.headers["x-grove-launch"] for r in requests} == {"1"}
+    assert {r.headers["x-stainless-timeout"] for r in requests} == {"900"}  # API_TIMEOUT_MS, in seconds
     lead = [r for r in requests if not _is_subagent(r)]
     workers = [r for r in requests if _is_subagent(r)]
     assert len(lead) == 2 and len(workers) == 2

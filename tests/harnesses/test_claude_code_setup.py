@@ -78,7 +78,7 @@ def test_the_environment_is_built_from_scratch(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "leak")
     env = claude_env(
         "/w/home", "http://gw/episodes/ref", "grove-tok", launch=3, max_output_tokens=48,
-        max_context_tokens=4096,
+        request_timeout_s=900.0, max_context_tokens=4096,
     )  # fmt: skip
     assert "AWS_SECRET_ACCESS_KEY" not in env and "ANTHROPIC_API_KEY" not in env
     assert env["HOME"] == "/w/home" and env["CLAUDE_CONFIG_DIR"] == "/w/home/.claude"
@@ -86,9 +86,12 @@ def test_the_environment_is_built_from_scratch(monkeypatch):
     assert env["ANTHROPIC_AUTH_TOKEN"] == "grove-tok"
     assert env["ANTHROPIC_CUSTOM_HEADERS"] == "x-grove-launch: 3"
     assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "48" and env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "4096"
+    assert env["API_TIMEOUT_MS"] == "900000"
     for switch in ("DISABLE_TELEMETRY", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER"):
         assert env[switch] == "1"
-    assert "CLAUDE_CODE_MAX_CONTEXT_TOKENS" not in claude_env("/h", "u", "t", launch=1, max_output_tokens=1)
+    assert "CLAUDE_CODE_MAX_CONTEXT_TOKENS" not in claude_env(
+        "/h", "u", "t", launch=1, max_output_tokens=1, request_timeout_s=1
+    )
 
 
 @pytest.mark.parametrize(
@@ -163,4 +166,5 @@ def test_an_error_result_is_the_failure_and_no_result_is_one_too():
     }
     outcome = outcome_of_events(parse_events(["noise", json.dumps(error), "{not json"]))
     assert outcome.failure == "Claude Code reported: API Error: 400"
+    assert outcome.final_answer == "" and outcome.outputs == {}  # Claude Code's words, not the lead's
     assert outcome_of_events([]).failure == "Claude Code wrote no result event"
