@@ -53,6 +53,7 @@ from grove.contracts.generation import (
 from grove.contracts.harness import (
     LEDGER_OUTPUT_KINDS,
     RUNNER_KINDS,
+    ClaudeCodeOptions,
     HarnessHeartbeat,
     HarnessKind,
     HarnessOutcome,
@@ -96,6 +97,7 @@ __all__ = [
     "CallResult",
     "ChatDelta",
     "ChatPrompt",
+    "ClaudeCodeOptions",
     "CleanStagingInput",
     "CleanStagingResult",
     "CloseRequest",
