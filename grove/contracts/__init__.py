@@ -53,6 +53,7 @@ from grove.contracts.generation import (
 from grove.contracts.harness import (
     LEDGER_OUTPUT_KINDS,
     RUNNER_KINDS,
+    ClaudeCodeOptions,
     HarnessHeartbeat,
     HarnessKind,
     HarnessOutcome,
@@ -66,7 +67,6 @@ from grove.contracts.run import (
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_MAX_MODEL_LEN,
     LAUNCHED_EPISODE_MARGIN_S,
-    STEP_RECORDS_ROOT,
     ArchiveStepsInput,
     EngineLimits,
     EngineStatus,
@@ -79,7 +79,6 @@ from grove.contracts.run import (
     SamplingMismatchError,
     StepRecord,
     TrackingConfig,
-    step_record_key,
 )
 from grove.contracts.training import (
     PublishInput,
@@ -98,6 +97,7 @@ __all__ = [
     "CallResult",
     "ChatDelta",
     "ChatPrompt",
+    "ClaudeCodeOptions",
     "CleanStagingInput",
     "CleanStagingResult",
     "CloseRequest",
@@ -142,7 +142,6 @@ __all__ = [
     "RunLive",
     "RunResult",
     "RunState",
-    "STEP_RECORDS_ROOT",
     "SamplingMismatchError",
     "StepRecord",
     "TaskSpec",
@@ -156,5 +155,4 @@ __all__ = [
     "TrainStepInput",
     "TrainStepResult",
     "close_digest",
-    "step_record_key",
 ]
