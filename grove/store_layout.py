@@ -26,6 +26,7 @@ the spec keeps it):
 | `staging/{episode}/prompts/{digest}/{call}` | empty: the prompt index of relaunch replay (gateway/pipeline/launch_records.py) | gateway | gateway (a relaunched harness's requests) | once |
 | `staging/{episode}/sessions/{launch}/{session}` | a relaunched session's alias: agent and last replayed call | gateway | gateway | latest |
 | `staging/{episode}/opencode/{session}` | an OpenCode subagent session's name (gateway/pipeline/opencode_names.py) | gateway | gateway | once (the first write wins) |
+| `staging/{episode}/claude-code/{agent id}` | a Claude Code subagent's name (gateway/pipeline/claude_code_names.py) | gateway | gateway | once (the first write wins) |
 
 The episode's ledger, paged when it hands over (ledger/handover.py), deleted when the episode ends:
 
@@ -158,6 +159,15 @@ def opencode_names_prefix(episode_id: str) -> str:
 
 def opencode_name_key(episode_id: str, session_id: str) -> str:
     return f"{opencode_names_prefix(episode_id)}{session_id}"
+
+
+def claude_code_names_prefix(episode_id: str) -> str:
+    """The names of the episode's Claude Code subagents."""
+    return f"{staging_prefix(episode_id)}claude-code/"
+
+
+def claude_code_name_key(episode_id: str, agent_id: str) -> str:
+    return f"{claude_code_names_prefix(episode_id)}{agent_id}"
 
 
 # ---- the episode's ledger pages ------------------------------------------------------------------

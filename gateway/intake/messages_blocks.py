@@ -84,11 +84,15 @@ def chat_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str,
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Anthropic tool definitions as chat `function` tools (`input_schema` -> `parameters`)."""
+    """Anthropic tool definitions as chat `function` tools (`input_schema` -> `parameters`); a tool with
+    `defer_loading: true` is left out (Anthropic puts it in the prompt only once a tool search found it,
+    and grove runs no tool search)."""
     if tools is None:
         return None
     out = []
     for tool in tools:
+        if tool.get("defer_loading"):
+            continue
         function: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description") is not None:
             function["description"] = tool["description"]

@@ -54,7 +54,7 @@ _NO_EFFECT: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
 }
 _FIELDS = frozenset({"model", "messages", "system", "tools", "max_tokens", "stream", "temperature", "top_p"})
-_TOOL_KEYS = frozenset({"name", "description", "input_schema", "cache_control", "type"})
+_TOOL_KEYS = frozenset({"name", "description", "input_schema", "cache_control", "type", "defer_loading"})
 
 
 class UnsupportedMessagesParameterError(MessagesRequestError):

@@ -3,10 +3,11 @@ them (gateway/pipeline/claude_code.py states the rule; the naming is OpenCode's,
 gateway/pipeline/opencode_names.py).
 
 A subagent's first request is named once and the name stored at
-`staging/{episode}/claude-code/{agent id}` (the agent, its type, the spawning call and its position);
-its later requests, its summary call included, read it. The spawning call is looked for among the lead's
-last `LOOKBACK` calls of its current context, newest first: a background subagent's first request may
-come after the lead's next call started (Claude Code answers the lead "Async agent launched" at once).
+`staging/{episode}/claude-code/{agent id}` (grove/store_layout.py; the agent, its type, the spawning
+call and its position); its later requests, its summary call included, read it. The spawning call is
+looked for among the lead's last `LOOKBACK` calls of its current context, newest first: a background
+subagent's first request may come after the lead's next call started (Claude Code answers the lead
+"Async agent launched" at once).
 The match is the `Agent` call whose `prompt` the subagent's first user message holds, the first such
 call of that response not claimed by another subagent.
 """
@@ -23,16 +24,12 @@ from chat.message_text import text_of
 from gateway.pipeline.claude_code import agent_calls, agent_id, worker_agent
 from gateway.pipeline.identity import DEFAULT_AGENT
 from gateway.pipeline.opencode_names import SubagentName
-from grove.staging_format import staging_prefix
+from grove.store_layout import claude_code_name_key, claude_code_names_prefix
 from harnesses.opencode_agents import subagent_name
 from storage.base import ObjectNotFoundError, ObjectStore, PutOutcome
 
 LOOKBACK = 8  # the lead's calls searched for the spawning `Agent` call
 _CALL = re.compile(r"^(?P<context>.+)\.c(?P<n>\d+)(\.r\d+)?$")
-
-
-def name_key(episode_id: str, subagent_id: str) -> str:
-    return f"{staging_prefix(episode_id)}claude-code/{subagent_id}"
 
 
 def first_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -73,20 +70,20 @@ def derive(
 
 def load_name(store: ObjectStore, episode_id: str, subagent_id: str) -> SubagentName | None:
     try:
-        return SubagentName.model_validate_json(store.get(name_key(episode_id, subagent_id)))
+        return SubagentName.model_validate_json(store.get(claude_code_name_key(episode_id, subagent_id)))
     except ObjectNotFoundError:
         return None
 
 
 def load_names(store: ObjectStore, episode_id: str) -> list[SubagentName]:
-    prefix = name_key(episode_id, "")
+    prefix = claude_code_names_prefix(episode_id)
     found = (load_name(store, episode_id, key[len(prefix) :]) for key in store.list(prefix))
     return [name for name in found if name is not None]
 
 
 def save_name(store: ObjectStore, episode_id: str, subagent_id: str, name: SubagentName) -> SubagentName:
     """Store the subagent's name once; a name stored before (a concurrent first request) wins."""
-    key = name_key(episode_id, subagent_id)
+    key = claude_code_name_key(episode_id, subagent_id)
     if store.put_if_absent(key, name.model_dump_json().encode()) == PutOutcome.WRITTEN:
         return name
     return SubagentName.model_validate_json(store.get(key))

@@ -399,3 +399,22 @@ def test_a_generated_tool_call_echoed_as_tool_use_continues_and_an_edited_input_
     with pytest.raises(UndeclaredDiscontinuityError) as edited:
         decide(got.messages, got.tools, head, RewriteMode.NONE)
     assert edited.value.index == 1
+
+
+def test_a_continuation_must_echo_the_tool_use_ids_it_got():
+    """A tool_use id other than the one the gateway returned for the generated call is an edit of history."""
+    head = record(TOOL_RESPONSE).model_copy(update={"messages": [{"role": "user", "content": "Oslo?"}]})
+
+    def resent(tool_id: str) -> list[dict]:
+        tool_use = {"type": "tool_use", "id": tool_id, "name": "get_weather", "input": {"city": "Oslo"}}
+        return [
+            {"role": "user", "content": "Oslo?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Checking."}, tool_use]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_id, "content": "rain"}]},
+        ]
+
+    same, other = canonical(request(resent("call_p_0"))), canonical(request(resent("toolu_other")))
+    assert decide(same.messages, same.tools, head, RewriteMode.NONE).move == Move.CONTINUE
+    with pytest.raises(UndeclaredDiscontinuityError) as edited:
+        decide(other.messages, other.tools, head, RewriteMode.NONE)
+    assert (edited.value.index, edited.value.field) == (1, "tool_calls[0].id")

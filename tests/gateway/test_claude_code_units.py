@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 from capture.records import ChatRecord, Usage
+from gateway.intake.messages_request import parse_messages_request
 from gateway.pipeline.claude_code import AGENT_ID_HEADER, SESSION_HEADER, identify
 from gateway.pipeline.claude_code_names import derive, recent_calls, subagent_name_of
 from gateway.pipeline.identity import RewriteMode, Spawner
@@ -136,3 +138,45 @@ def test_identity_of_the_lead_a_subagent_its_summary_call_and_the_rewrite_after_
         }
     ]
     assert identify(LEAD, after, None).rewrite == RewriteMode.IF_NOT_EXTENSION
+
+
+CAPTURED = Path(__file__).resolve().parents[2] / "models/harness_text/claude_code_2_1_332.json"
+
+
+def test_stock_claude_codes_captured_requests_are_accepted_and_recognised():
+    """The requests stock Claude Code 2.1.332 sent (models/harness_text/claude_code_2_1_332.json): each is
+    accepted as it is; the lead is the parent, the worker is named after the lead's Agent call, the
+    compaction request is the lead's summary call and the request after it a rewrite."""
+    captured = json.loads(CAPTURED.read_text())
+    requests = captured["requests"]
+    parsed = {
+        name: parse_messages_request(r["body"], r["body"]["model"]).canonical()
+        for name, r in requests.items()
+    }
+    headers = {name: {k.lower(): v for k, v in r["headers"].items()} for name, r in requests.items()}
+    assert parsed["lead_first"].tools is not None  # the deferred placeholder left out, Agent kept
+    assert [t["function"]["name"] for t in parsed["lead_first"].tools] == ["Agent"]
+    lead = identify(headers["lead_first"], parsed["lead_first"].messages, None)
+    assert (lead.agent, lead.kind, lead.rewrite) == ("parent", CallKind.ACTION, RewriteMode.NONE)
+    summary = identify(headers["summary"], parsed["summary"].messages, None)
+    assert (summary.agent, summary.kind) == ("parent~summary", CallKind.SUMMARY)
+    assert identify(headers["after_compaction"], parsed["after_compaction"].messages, None).rewrite == (
+        RewriteMode.IF_NOT_EXTENSION
+    )
+    for name in ("lead_resume", "lead_async_launched", "lead_notified"):
+        got = identify(headers[name], parsed[name].messages, None)
+        assert (got.agent, got.kind, got.rewrite) == ("parent", CallKind.ACTION, RewriteMode.NONE), name
+    calls = [
+        {
+            "id": b["id"],
+            "type": "function",
+            "function": {"name": b["name"], "arguments": json.dumps(b["input"])},
+        }
+        for b in captured["scripted_answers"]["lead_first"]
+    ]
+    spawning = lead_record("parent.0.c0", calls)
+    subagent = headers["worker_first"]["x-claude-code-agent-id"]
+    name = derive(subagent, parsed["worker_first"].messages, [spawning], [])
+    assert name == SubagentName(agent="worker", subagent_type="worker", spawned_by="parent.0.c0", position=1)
+    worker = identify(headers["worker_first"], parsed["worker_first"].messages, name)
+    assert (worker.agent, worker.spawner) == ("worker", Spawner(call_id="parent.0.c0"))

@@ -63,6 +63,12 @@ PINNED: list[tuple[Callable[..., str], tuple, str]] = [
     (layout.session_alias_key, (EPISODE, 2, "ses_9"), "staging/run-a/s000003/t1/g0/sessions/2/ses_9"),
     (layout.opencode_names_prefix, (EPISODE,), "staging/run-a/s000003/t1/g0/opencode/"),
     (layout.opencode_name_key, (EPISODE, "ses_9"), "staging/run-a/s000003/t1/g0/opencode/ses_9"),
+    (layout.claude_code_names_prefix, (EPISODE,), "staging/run-a/s000003/t1/g0/claude-code/"),
+    (
+        layout.claude_code_name_key,
+        (EPISODE, "a2fbef0582"),
+        "staging/run-a/s000003/t1/g0/claude-code/a2fbef0582",
+    ),
     (layout.ledger_prefix, (EPISODE,), "ledger/run-a/s000003/t1/g0/"),
     (
         layout.ledger_page_key,
