@@ -228,7 +228,7 @@ async def test_bad_requests_get_anthropic_errors_and_admit_nothing(gateway_url, 
     expect = {
         "image": (400, "invalid_request_error", "'image'"),
         "orphan result": (400, "invalid_request_error", "'toolu_9'"),
-        "edited history": (400, "invalid_request_error", "messages[1]"),
+        "edited history": (400, "invalid_request_error", "message 1 differs"),
         "top_k": (400, "invalid_request_error", "top_k"),
         "stop": (400, "invalid_request_error", "stop"),
         "thinking": (400, "invalid_request_error", "CLAUDE_CODE_DISABLE_THINKING"),

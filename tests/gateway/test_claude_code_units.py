@@ -12,6 +12,7 @@ from capture.records import ChatRecord, Usage
 from gateway.intake.messages_request import parse_messages_request
 from gateway.pipeline.claude_code import AGENT_ID_HEADER, SESSION_HEADER, identify
 from gateway.pipeline.claude_code_names import derive, recent_calls, subagent_name_of
+from gateway.pipeline.continuation import Move, decide
 from gateway.pipeline.identity import RewriteMode, Spawner
 from gateway.pipeline.opencode_names import SubagentName
 from grove.receipts import CallKind
@@ -180,3 +181,10 @@ def test_stock_claude_codes_captured_requests_are_accepted_and_recognised():
     assert name == SubagentName(agent="worker", subagent_type="worker", spawned_by="parent.0.c0", position=1)
     worker = identify(headers["worker_first"], parsed["worker_first"].messages, name)
     assert (worker.agent, worker.spawner) == ("worker", Spawner(call_id="parent.0.c0"))
+    # the lead's next request re-sends its Agent calls as tool_use blocks with their results: it continues
+    # the call that made them (its generated tokens are what the continuation splices)
+    made = spawning.model_copy(
+        update={"messages": parsed["lead_first"].messages, "tools": parsed["lead_first"].tools}
+    )
+    resumed = parsed["lead_resume"]
+    assert decide(resumed.messages, resumed.tools, made, RewriteMode.NONE).move == Move.CONTINUE
