@@ -36,12 +36,11 @@ from models.registry import ensure_model
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.fixtures.worker import RecordingEngine
-from tests.gateway.test_app_e2e import close, serving
+from tests.gateway.test_app_e2e import SECRET, close, serving
 from trainer.rows import rows_from_parquet
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
-SECRET = "anthropic-tools-secret-0123456789"
 MODEL = "grove-tiny-tools"
 MAX_MODEL_LEN = 2048
 WEATHER = {
