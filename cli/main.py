@@ -183,6 +183,7 @@ def worker(
         await run_worker(
             client, names, store=store_from_env(), model=model, device=device,
             inference_queue=inference_queue, wedge_sweep_s=wedge_sweep_s or None, say=typer.echo,
+            sigterm_stops_loading=True,
             engine_config={"tool_call_parser": tool_call_parser, **limits.model_dump()},
             harness=HarnessWorkerOptions(
                 gateway_url=gateway_url, policy_model=model, keep_dirs=keep_harness_dirs,

@@ -12,7 +12,8 @@ which queues are served (grove/queue_readiness.py: what the gateway's `/readyz` 
 read). A worker with the inference queue loads its engine first (slow on CPU, more so on a loaded machine:
 docs/results.md section 5; vLLM's start blocks this process's event loop) and polls every queue after; a
 request that reaches the gateway meanwhile waits for it (gateway/temporal/worker_wait.py) and a generation
-scheduled meanwhile waits in the inference queue. The engine's CPU binding goes to its log
+scheduled meanwhile waits in the inference queue; SIGTERM meanwhile stops the worker and its engine
+processes at once (`grove worker`: cli/sigterm_while_loading.py). The engine's CPU binding goes to its log
 (activities/cpu_binding.py). `say` gets one line when the engine starts loading and one when every queue is
 polled ("worker ready: ...").
 """
@@ -133,12 +134,15 @@ async def run_worker(
     harness=None,
     wedge_sweep_s: float | None = None,
     say: Callable[[str], None] = lambda line: None,
+    sigterm_stops_loading: bool = False,
 ) -> None:
     """Serve `queue_names` until cancelled; the inference queue starts a vLLM engine first
     (or uses `engine`, a started PolicyEngine the caller owns and shuts down); the harness queue runs
     harness processes (activities/harness.py; `harness`: its HarnessWorkerOptions, default an embedded
     gateway). With the episodes queue and `wedge_sweep_s`, it also ends wedged episodes every that many
-    seconds (activities/wedged_episodes.py; `grove worker` sweeps every 60 s)."""
+    seconds (activities/wedged_episodes.py; `grove worker` sweeps every 60 s). `sigterm_stops_loading`:
+    SIGTERM while the engine loads exits the process (cli/sigterm_while_loading.py; `grove worker`'s,
+    which owns its process)."""
     work_dir = Path(work_dir or tempfile.mkdtemp(prefix="grove-worker-"))
     workers: list[Worker] = []
     owned_engine = None
@@ -153,6 +157,7 @@ async def run_worker(
         from activities.engine import PolicyEngine
         from activities.engine_config import EngineConfig
         from activities.inference_worker import build_inference_worker
+        from cli.sigterm_while_loading import stop_on_sigterm
         from models.registry import ensure_model
 
         if engine is None:
@@ -162,7 +167,9 @@ async def run_worker(
             gates = Gates.from_env()
             if gates is not None:  # tests: a worker whose engine has not started yet
                 await gates.hold("engine_start", inference_queue)
-            engine = owned_engine = await PolicyEngine.start(config)
+            loading = stop_on_sigterm(say) if sigterm_stops_loading else contextlib.nullcontext()
+            with loading:
+                engine = owned_engine = await PolicyEngine.start(config)
             say(f"worker: engine loaded in {time.monotonic() - started:.0f} s")
             if engine.cpu_binding is not None:
                 say(f"worker: {engine.cpu_binding.describe()}")
