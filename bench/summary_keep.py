@@ -42,8 +42,8 @@ class Sampler:
         torch.manual_seed(seed)
 
     def __call__(self, messages: list[dict]) -> str:
-        ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        text = str(self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+        ids: torch.Tensor = self.tok(text, add_special_tokens=False, return_tensors="pt").input_ids
         with torch.no_grad():
             out = self.model.generate(
                 ids,
@@ -54,7 +54,7 @@ class Sampler:
                 top_k=0,
                 max_new_tokens=self.max_tokens,
             )
-        return self.tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        return str(self.tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
 
 
 def first_line(text: str) -> str:
