@@ -2,6 +2,7 @@
 the start of `grove demo --summaries` (docs/results.md section 1.7) simulated on the CPU with transformers.
 
     python -m bench.summary_keep tiny-summary [--tasks 16] [--group 8] [--temperature 0.7] [--seed 0]
+    python -m bench.summary_keep tiny-summary --calls $GROVE_HOME/store/calls/<run id>   # a run, per step
 
 Each episode is the native program's five calls in order (harnesses/summary_delegation.py: the lead's
 delegating turn, each worker's summary, each worker's answer from its summary, the lead's final answer),
@@ -9,13 +10,17 @@ the prompts rendered by the model's chat template, each completion sampled at th
 tokens) and scored by the family's own `score`. Prints, over the episodes: how often a summary's first
 line is its word, its distractor or something else; how often a worker's answer repeats its summary's
 first line; the reward and its components; and how many tasks' groups hold both a kept and a lost
-summary (GRPO learns only from groups whose episodes differ).
+summary (GRPO learns only from groups whose episodes differ). With `--calls` (a run's call records in a
+file store: `calls/<run>/s<step>/t<task>/g<episode>.json`), prints instead, per step of that run, the share
+of its summary calls whose first line is the word / the distractor (the model names the tokenizer).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
+from pathlib import Path
 from statistics import mean
 
 import torch
@@ -78,6 +83,30 @@ def episode(sample: Sampler, words: list[str], others: list[str]) -> tuple[Harne
     return HarnessOutcome(final_answer=final, outputs=outputs), answers
 
 
+def run_keep_rates(model_name: str, calls: Path) -> None:
+    """Per step of a run: the share of its summary calls whose first line is the word / the distractor."""
+    from transformers import AutoTokenizer
+
+    from models.registry import ensure_model
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_model(model_name)))
+    for step in sorted(calls.glob("s*")):
+        kept = lost = n = 0
+        for task_dir in step.glob("t*"):
+            params = family.make_task(int(task_dir.name[1:])).params
+            for episode_file in task_dir.glob("g*.json"):
+                for call in json.loads(episode_file.read_text())["calls"]:
+                    receipt = call["receipt"]
+                    if receipt["kind"] != "summary" or call["completion_ids"] is None:  # a lost attempt
+                        continue
+                    i = int(receipt["agent"].removeprefix("worker-").split("~")[0]) - 1
+                    line = first_line(str(tok.decode(call["completion_ids"], skip_special_tokens=True)))
+                    kept += line == params["words"][i]
+                    lost += line == params["distractors"][i]
+                    n += 1
+        print(f"{step.name}: word {kept / n:.2f} distractor {lost / n:.2f} ({n} summaries)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -86,8 +115,12 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--calls", type=Path, help="a run's call records (calls/<run id> in a file store)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.calls is not None:
+        run_keep_rates(args.model, args.calls)
+        return
     sample = Sampler(args.model, args.temperature, args.max_tokens, args.seed)
     indices = random.Random(args.seed).sample(range(64), args.tasks)  # the demo's num_tasks
     kept, lost, other, follow, rewards = 0, 0, 0, 0, []
