@@ -61,8 +61,9 @@ class DemoConfig(BaseModel):
     (docs/results.md section 1.1). `--harness langgraph|agents-sdk` keep them (sections 1.2-1.3). `--harness
     opencode` uses tiny-copy at OPENCODE_LR, since a larger lr breaks the lead's `task`-call JSON within a
     few updates; on the OpenCode families parent-and-workers has not yet risen apart from parent-only
-    (sections 1.4-1.6). group_size and tasks_per_step keep the native defaults for every harness; the
-    OpenCode pairs measured used 4 x 1 or 4 x 2 on 2 cores."""
+    (sections 1.4-1.6). `--summaries` uses tiny-summary (SUMMARIES_MODEL; section 1.7). group_size and
+    tasks_per_step keep the native defaults for every harness; the OpenCode pairs measured used 4 x 1 or
+    4 x 2 on 2 cores."""
 
     name: str = "demo"
     # native: harnesses/delegation.py inside the episode workflows; opencode: stock OpenCode launched per
@@ -78,8 +79,9 @@ class DemoConfig(BaseModel):
     # (harnesses/summary_delegation.py), every agent's actions trained in both; the pair differs only in
     # RunConfig.train_auxiliary ([summary] or [])
     summaries: bool = False
-    # None: tiny (native) or tiny-copy (opencode: tiny-tools, drilled on OpenCode's calls, fine-tuned to copy
-    # made-up words into them; tiny-tools writes the calls but copies no word, so its groups give no signal)
+    # None: tiny (native), tiny-summary (`summaries`: see SUMMARIES_MODEL) or tiny-copy (opencode: tiny-tools,
+    # drilled on OpenCode's calls, fine-tuned to copy made-up words into them; tiny-tools writes the calls
+    # but copies no word, so its groups give no signal)
     model: str | None = None
     steps: int = 20
     group_size: int = 8
@@ -135,6 +137,12 @@ OPENCODE_MODELS = {
 }
 
 
+# `--summaries`: tiny writes no summary that keeps a word, so every summary scores alike and training it has
+# nothing to learn (docs/results.md section 1.7, S1); tiny-summary (models/summary_tune.py) keeps the
+# worker's word in some episodes of a group and the distractor in others
+SUMMARIES_MODEL = "tiny-summary"
+
+
 def opencode_family(cfg: DemoConfig) -> str:
     return cfg.family or "opencode-delegation"
 
@@ -142,7 +150,9 @@ def opencode_family(cfg: DemoConfig) -> str:
 def model_name(cfg: DemoConfig) -> str:
     if cfg.model:
         return cfg.model
-    return OPENCODE_MODELS[opencode_family(cfg)] if cfg.harness == "opencode" else "tiny"
+    if cfg.harness == "opencode":
+        return OPENCODE_MODELS[opencode_family(cfg)]
+    return SUMMARIES_MODEL if cfg.summaries else "tiny"
 
 
 def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:

@@ -218,15 +218,15 @@ def demo(
     ),
     model: str = typer.Option(
         None,
-        help="tiny | tiny-tools | tiny-copy | tiny-resume | tiny-reader | tiny-report | smollm2 | a HF "
-        "causal-LM folder (default tiny; opencode: tiny-copy, opencode-reader: tiny-reader, "
-        "opencode-report: tiny-report).",
+        help="tiny | tiny-tools | tiny-copy | tiny-resume | tiny-reader | tiny-report | tiny-summary | "
+        "smollm2 | a HF causal-LM folder (default tiny; --summaries: tiny-summary; opencode: tiny-copy, "
+        "opencode-reader: tiny-reader, opencode-report: tiny-report).",
     ),
     summaries: bool = typer.Option(
         False,
         "--summaries",
         help="native only: the pair trains the workers' summary calls or not (train_auxiliary [summary] vs "
-        "[]) on the summary-delegation family, every agent's actions trained in both.",
+        "[]) on the summary-delegation family, every agent's actions trained in both (model: tiny-summary).",
     ),
     steps: int = typer.Option(20, help="Optimizer steps per run."),
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),

