@@ -1,6 +1,6 @@
 """The harness runner: one external harness process per episode, owned by the run (docs/harnesses.md).
 
-    EpisodeWorkflow (harness.kind "opencode" or "python")
+    EpisodeWorkflow (harness.kind "opencode", "codex" or "python")
         -> run_harness(HarnessRunInput) on the `harness` task queue (this module)
              mint the episode's token, write opencode.json (provider = the episode's gateway URL),
              launch `opencode run --pure --format json <message>` in the episode's own folder,
@@ -10,9 +10,11 @@
              with the last stderr lines); the ledger discards responses never delivered, and closes
         <- HarnessRunResult (launch, exit code, wall time, events)
 
-Two kinds of process, one supervision (a `LaunchPlan` says what to run and how its events read):
+Three kinds of process, one supervision (a `LaunchPlan` says what to run and how its events read):
 
 - `opencode`: stock OpenCode (harnesses/opencode.py writes its config, reads its `--format json` events);
+- `codex`: stock Codex CLI, `codex exec --json` (harnesses/codex.py writes its `config.toml` and model
+  catalog into the launch's own CODEX_HOME, reads its events; it speaks the Responses API);
 - `python`: a Python harness program, `harness.python.entry = "package.module:function"`, run by
   `python -m harnesses.clients.program` with the episode's URL, token, launch and task
   (harnesses/python_harness.py); e.g. the LangGraph and Agents SDK delegation families.
@@ -26,8 +28,9 @@ worker that serves the `harness` queue is built by `harness_worker` (cli/worker.
 
 Isolation: each episode gets `<root>/<sha256(episode id)[:16]>/{project,home}`, wiped at every launch,
 with the whole process environment built from scratch (harnesses/opencode.opencode_env): own HOME and
-XDG folders, OpenCode's offline switches, only its own token. The project folder's path is the same at
-every launch, because OpenCode writes it into its system prompt: a relaunch then sends the same requests.
+XDG folders, OpenCode's offline switches, only its own token (Codex: its CODEX_HOME beside them, wiped
+too: harnesses/codex.codex_home_for). The project folder's path is the same at every launch, because
+OpenCode writes it into its system prompt: a relaunch then sends the same requests.
 
 Process lifetime: the process leads its own process group and gets SIGKILL when the worker thread that
 started it dies (PR_SET_PDEATHSIG), so a killed worker leaves no harness behind; at the deadline, on
@@ -71,7 +74,8 @@ from grove.contracts import (
     HarnessRunResult,
 )
 from grove.gates import Gates
-from harnesses import python_harness
+from harnesses import codex, python_harness
+from harnesses.codex_install import CodexInstallError, codex_binary
 from harnesses.opencode import (
     OpenCodeSetupError,
     opencode_argv,
@@ -82,6 +86,7 @@ from harnesses.opencode import (
     setup_for,
 )
 from harnesses.opencode_install import OpenCodeInstallError, opencode_binary
+from harnesses.toml_text import to_toml
 
 HEARTBEAT_EVERY_S = 2.0
 # The heartbeat's ledger queries wait on the episode's workflow worker; past this they are dropped for the
@@ -123,6 +128,13 @@ def opencode_plan(binary: Path, message: str, home: Path) -> LaunchPlan:
     return LaunchPlan(
         "OpenCode", opencode_argv(str(binary), message), opencode_env(str(home)), outcome_of_events
     )
+
+
+def codex_plan(binary: Path, message: str, home: Path, codex_home: Path, token: str) -> LaunchPlan:
+    return LaunchPlan(
+        "Codex", codex.codex_argv(str(binary), message), codex.codex_env(str(home), str(codex_home), token),
+        codex.outcome_of_events,
+    )  # fmt: skip
 
 
 def python_plan(entry: str, job: str, home: Path, base_url: str, token: str, launch: int) -> LaunchPlan:
@@ -186,7 +198,9 @@ class HarnessRunner:
     async def run_harness(self, inp: HarnessRunInput) -> HarnessRunResult:
         spec = inp.spec
         launch = activity.info().attempt
-        planners = {"opencode": self._opencode_launch, "python": self._python_launch}
+        planners = {
+            "opencode": self._opencode_launch, "codex": self._codex_launch, "python": self._python_launch
+        }  # fmt: skip
         if spec.harness.kind not in planners:
             raise ApplicationError(
                 f"episode {spec.episode_id!r}: the harness runner launches kinds {sorted(planners)}, not "
@@ -212,7 +226,9 @@ class HarnessRunner:
         activity.heartbeat(run.beat(launch, last_event="closing"))
         await self._close(spec.episode_id, token, close)
         if close.failure is None and not self.config.keep_dirs:
-            shutil.rmtree(episode_folder(self.config.root, spec.episode_id), ignore_errors=True)
+            folder = episode_folder(self.config.root, spec.episode_id)
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(codex.codex_home_for(folder), ignore_errors=True)
         return HarnessRunResult(
             launch=launch, exit_code=exit_code, wall_s=wall, events=len(run.events), failure=close.failure
         )
@@ -233,6 +249,25 @@ class HarnessRunner:
         (project / "opencode.json").write_text(json.dumps(config, indent=2))
         write_project_files(project, setup.files)
         return _Launch(opencode_plan(binary, setup.message, home), project, home)
+
+    async def _codex_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
+        options = spec.harness.codex
+        try:
+            setup = codex.setup_for(spec.task, options)
+            binary = await asyncio.to_thread(codex_binary, options.version)
+        except (codex.CodexSetupError, CodexInstallError) as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
+        project, home = self._prepare(spec.episode_id)
+        codex_home = codex.codex_home_for(project.parent)
+        shutil.rmtree(codex_home, ignore_errors=True)  # a relaunch starts from nothing the last one left
+        codex_home.mkdir(parents=True)
+        model = self.config.model_name
+        catalog_path = codex_home / codex.CATALOG_FILE
+        catalog_path.write_text(json.dumps(codex.catalog(model, setup.instructions, options.context_window)))
+        config = codex.codex_config(base_url, str(catalog_path), options, launch=launch, model=model)
+        (codex_home / codex.CONFIG_FILE).write_text(to_toml(config))
+        write_project_files(project, setup.files)
+        return _Launch(codex_plan(binary, setup.message, home, codex_home, token), project, home)
 
     async def _python_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
         options = spec.harness.python

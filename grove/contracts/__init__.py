@@ -53,6 +53,7 @@ from grove.contracts.generation import (
 from grove.contracts.harness import (
     LEDGER_OUTPUT_KINDS,
     RUNNER_KINDS,
+    CodexOptions,
     HarnessHeartbeat,
     HarnessKind,
     HarnessOutcome,
@@ -112,6 +113,7 @@ __all__ = [
     "EpisodeResult",
     "EpisodeSpec",
     "EpisodeSpecError",
+    "CodexOptions",
     "EpisodeTimeoutError",
     "EvalRecord",
     "GenerateInput",
