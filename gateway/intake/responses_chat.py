@@ -84,6 +84,16 @@ class ChatForm:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     routes: dict[str, ToolRoute] = field(default_factory=dict)
+    # the input item each message starts at (None: `instructions`), to name items in errors about messages
+    sources: list[int | None] = field(default_factory=list)
+
+    def input_param(self, index: int | None) -> str:
+        """The Responses name of `messages[index]` (in a chat-path error's param): `input[i]`, or
+        `instructions`, or `tools` for index None."""
+        if index is None:
+            return "tools"
+        source = self.sources[index] if 0 <= index < len(self.sources) else None
+        return "instructions" if source is None else f"input[{source}]"
 
 
 # ------------------------------------------------------------------------------------------- tools
@@ -161,6 +171,7 @@ class _Messages:
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
+        self.sources: list[int | None] = []
         self.calls: dict[str, tuple[str, int]] = {}  # call_id -> (item type, input index)
         self.answered: dict[str, int] = {}  # call_id -> index of its output
         self.open_turn: dict[str, Any] | None = None  # the assistant message calls may still join
@@ -169,12 +180,16 @@ class _Messages:
         where = f"input[{i}].content"
         if item.role == "assistant":
             msg = {"role": "assistant", "content": text_parts(item.content, where, "output_text")}
-            self.messages.append(msg)
+            self.add(msg, i)
             self.open_turn = msg
             return
         role = "user" if item.role == "user" else "system"
-        self.messages.append({"role": role, "content": text_parts(item.content, where, "input_text")})
+        self.add({"role": role, "content": text_parts(item.content, where, "input_text")}, i)
         self.open_turn = None
+
+    def add(self, message: dict[str, Any], source: int | None) -> None:
+        self.messages.append(message)
+        self.sources.append(source)
 
     def call(self, item: FunctionCallItem | CustomToolCallItem, i: int) -> None:
         if item.call_id in self.calls:
@@ -186,7 +201,7 @@ class _Messages:
         self.calls[item.call_id] = (item.type, i)
         if self.open_turn is None:
             self.open_turn = {"role": "assistant", "content": None}
-            self.messages.append(self.open_turn)
+            self.add(self.open_turn, i)
         self.open_turn.setdefault("tool_calls", []).append(_tool_call(item))
 
     def output(self, item: FunctionCallOutputItem | CustomToolCallOutputItem, i: int) -> None:
@@ -214,7 +229,7 @@ class _Messages:
             )
         self.answered[item.call_id] = i
         content = text_parts(item.output, f"input[{i}].output", "input_text")
-        self.messages.append({"role": "tool", "tool_call_id": item.call_id, "content": content})
+        self.add({"role": "tool", "tool_call_id": item.call_id, "content": content}, i)
         self.open_turn = None
 
 
@@ -224,7 +239,7 @@ def chat_form(request: ResponsesRequest) -> ChatForm:
     tools, routes = chat_tools(request.tool_list)
     built = _Messages()
     if request.instructions is not None:
-        built.messages.append({"role": "system", "content": request.instructions})
+        built.add({"role": "system", "content": request.instructions}, None)
     for i, item in enumerate(request.items):
         if isinstance(item, MessageItem):
             built.message(item, i)
@@ -232,7 +247,7 @@ def chat_form(request: ResponsesRequest) -> ChatForm:
             built.call(item, i)
         else:
             built.output(item, i)
-    return ChatForm(messages=built.messages, tools=tools or None, routes=routes)
+    return ChatForm(messages=built.messages, tools=tools or None, routes=routes, sources=built.sources)
 
 
 def chat_body(request: ResponsesRequest, form: ChatForm) -> dict[str, Any]:

@@ -99,6 +99,8 @@ def test_the_lead_history_reads_as_these_chat_messages():
 
 def test_a_message_and_the_calls_after_it_are_one_assistant_turn():
     form = _form(REQUESTS["tools_after_custom_call"]["body"])
+    assert form.sources == [0, 1, 2, 3, 4, 6]  # each message names the item it starts at
+    assert form.input_param(4) == "input[4]" and form.input_param(None) == "tools"
     turn = form.messages[4]
     patch = "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch\n"
     assert turn["content"] == "Now a patch."
@@ -153,6 +155,7 @@ def test_the_compaction_request_has_no_tools_and_keeps_the_history():
 def test_a_string_input_and_instructions():
     form = _form({"model": MODEL, "input": "hi", "instructions": "Be brief."})
     assert form.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert form.sources == [None, 0] and form.input_param(0) == "instructions"
     body = chat_body(
         parse_responses_request(
             {"model": MODEL, "input": "hi", "max_output_tokens": 64, "temperature": 0.7}, MODEL
