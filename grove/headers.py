@@ -14,7 +14,7 @@ them):
     LAUNCH_HEADER          x-grove-launch           which launch of a runner-launched harness sent it
                                                     (gateway/pipeline/launch_records.py)
 
-Response headers (the gateway sets them, gateway/http/routes/openai.py): CALL_ID_HEADER, CONTEXT_HEADER and
+Response headers (the gateway sets them, gateway/http/wire/adapter.py): CALL_ID_HEADER, CONTEXT_HEADER and
 AGENT_HEADER name where the call went; WARNING_HEADER carries advice about the harness's traffic
 (gateway/pipeline/advice.py).
 

@@ -1,7 +1,8 @@
-"""The HTTP responses of a captured call that record its delivery: a `chat.completion` body or its
-server-sent events, each sent only as far as the client is still there, then settled in the ledger through
-the call's `Delivery` (gateway/pipeline/delivery.py says what "delivered" means and in which order the
-checks run).
+"""The HTTP responses of a captured call that record its delivery: a JSON body or server-sent events in
+any wire format (gateway/http/wire/adapter.py renders them), each sent only as far as the client is still
+there, then settled in the ledger through the call's `Delivery` (gateway/pipeline/delivery.py says what
+"delivered" means and in which order the checks run). A refused delivery is answered in the wire
+format's error shape instead.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.http.routes.errors import error_response
+from gateway.http.routes.errors import refusal_of
 from gateway.http.transport_probe import Connection
+from gateway.http.wire.refusal import ErrorShape
 from gateway.pipeline.delivery import REFUSALS, Delivery
 
 
@@ -23,11 +25,19 @@ async def _client_left(connection: Connection, scope: Scope, receive: Receive) -
 
 
 class DeliveredJSONResponse(JSONResponse):
-    """A `chat.completion` body whose delivery is recorded once it was sent."""
+    """A call's JSON body whose delivery is recorded once it was sent."""
 
-    def __init__(self, content: Any, delivery: Delivery, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        content: Any,
+        delivery: Delivery,
+        *,
+        errors: ErrorShape,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(content, headers=headers)
         self.delivery = delivery
+        self.errors = errors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         delivered = False
@@ -37,7 +47,7 @@ class DeliveredJSONResponse(JSONResponse):
             try:
                 await self.delivery.commit()
             except REFUSALS as err:
-                await error_response(err)(scope, receive, send)
+                await self.errors.response(refusal_of(err))(scope, receive, send)
                 return
             await self.delivery.hold("delivery_commit")
             if await _client_left(connection, scope, receive):
@@ -63,10 +73,13 @@ class DeliveredStreamingResponse(StreamingResponse):
         self,
         events: Iterable[str],
         delivery: Delivery,
+        *,
+        errors: ErrorShape,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         self.events = [e.encode() for e in events]
         self.delivery = delivery
+        self.errors = errors
         self.delivered = False
         self._scope: Scope = {}
         self._receive: Receive | None = None
@@ -88,7 +101,7 @@ class DeliveredStreamingResponse(StreamingResponse):
         try:
             await self.delivery.commit()
         except REFUSALS as err:
-            await self._body(send, _error_event(err))
+            await self._body(send, self.errors.event(refusal_of(err)))
         else:
             await self.delivery.hold("delivery_commit")
             if await _client_left(connection, self._scope, self._receive):
@@ -106,8 +119,3 @@ class DeliveredStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)  # cancelled by the listener if the client leaves
         finally:
             await self.delivery.settle_shielded(self.delivered)
-
-
-def _error_event(err: Exception) -> bytes:
-    """The refusal as a server-sent event the OpenAI clients raise (`{"error": {...}}`)."""
-    return b"data: " + bytes(error_response(err).body) + b"\n\n"

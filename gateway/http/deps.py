@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from gateway.http.auth import check_token
 from gateway.http.episode_ref import episode_id_of
 from gateway.http.settings import GatewaySettings
-from gateway.intake.body_parse import BodyParser, check_chat_body
+from gateway.intake.body_parse import BodyCheck, BodyParser, check_chat_body
+from gateway.intake.capture_request import WireRequest
 from gateway.intake.chat_request import ChatCompletionRequest
 from gateway.intake.context_window import ContextLengthExceededError
 from gateway.intake.large_bodies import BodyAdmission
@@ -54,12 +55,12 @@ def authorized_episode(episode_ref: str, request: Request, settings: SettingsDep
 EpisodeIdDep = Annotated[str, Depends(authorized_episode)]
 
 
-async def chat_body(
-    request: Request, settings: SettingsDep, episode_id: EpisodeIdDep
-) -> ChatCompletionRequest:
-    """The request body as a validated chat-completions request (OpenAI-style 4xx otherwise); read
-    only after the token was checked, and only up to the body cap (gateway/intake/limits.py). A small body is
-    read and checked here; a large one waits its episode's turn unread (gateway/intake/large_bodies.py) and is
+async def admitted_body(
+    request: Request, settings: GatewaySettings, episode_id: str, check: BodyCheck
+) -> WireRequest:
+    """The request body as a wire format's validated request (`check`: its 4xx otherwise); read only after
+    the token was checked, and only up to the body cap (gateway/intake/limits.py). A small body is read and
+    checked here; a large one waits its episode's turn unread (gateway/intake/large_bodies.py) and is
     checked in a worker process (gateway/intake/body_parse.py)."""
     check_headers(request.headers)
     limits = settings.limits
@@ -67,15 +68,26 @@ async def chat_body(
     size = declared_size(request, limits.max_body_bytes, "max_body_bytes")
     if not admission.is_large(size):
         raw = await read_body(request, limits.max_body_bytes, "max_body_bytes", limits)
-        return check_chat_body(raw, limits, settings.model_name, settings.max_model_len)
+        return check(raw, limits, settings.model_name, settings.max_model_len)
     async with admission.turn(episode_id, limits.max_body_bytes if size is None else size):
         raw = await read_body(request, limits.max_body_bytes, "max_body_bytes", limits)
         parser: BodyParser = request.app.state.body_parser
-        checked = await parser.parse(episode_id, raw, limits, settings.model_name, settings.max_model_len)
+        checked = await parser.parse(
+            episode_id, raw, limits, settings.model_name, settings.max_model_len, check
+        )
     if isinstance(checked, ContextLengthExceededError):  # the prompt's lower bound refused it
         launch_of(request.headers)  # whose refusal comes first in gateway/pipeline/capture.py
         raise checked
     return checked
+
+
+async def chat_body(
+    request: Request, settings: SettingsDep, episode_id: EpisodeIdDep
+) -> ChatCompletionRequest:
+    """The body as a validated chat-completions request (OpenAI-style 4xx otherwise)."""
+    body = await admitted_body(request, settings, episode_id, check_chat_body)
+    assert isinstance(body, ChatCompletionRequest)  # what check_chat_body returns
+    return body
 
 
 async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> CloseRequest:

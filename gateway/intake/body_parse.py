@@ -6,7 +6,9 @@ completion budget) walk the whole value. A large body admitted by gateway/intake
 bytes to a pool of `processes` spawned, niced worker processes (light: no tokenizer, no torch), which run the
 same checks the event loop runs on a small body, in the same order, plus the prompt's lower bound
 (gateway/intake/tokenization.py `PromptBound`, built by the gateway from its tokenizer), and send back either
-the refusal (the same error class, message and param) or the validated request. So an over-long prompt comes
+the refusal (the same error class, message and param) or the validated request. Each wire format gives
+its own checks (`BodyCheck`: a module-level function, so that it pickles; `check_chat_body` for chat
+completions) and the bound measures its canonical messages. So an over-long prompt comes
 back as a few hundred bytes, and the gateway's own work per large body is reading it.
 
 Test gate (grove/gates.py): `body_parse` (key: the episode id) holds a body's decoding in the worker.
@@ -15,8 +17,10 @@ Test gate (grove/gates.py): `body_parse` (key: the episode id) holds a body's de
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 
+from gateway.intake.capture_request import WireRequest
 from gateway.intake.chat_request import ChatCompletionRequest, parse_chat_request
 from gateway.intake.context_window import ContextLengthExceededError, check_max_tokens
 from gateway.intake.limits import RequestLimits, check_counts, parse_json
@@ -25,6 +29,9 @@ from gateway.intake.worker_pool import WorkerPool
 from grove.gates import Gates
 
 NICE = 10  # workers yield the CPU to the gateway's loop, Temporal and the engines
+
+# A wire format's body checks: (raw body, limits, served model, max_model_len) -> its validated request.
+BodyCheck = Callable[[bytes, RequestLimits, str, int], WireRequest]
 
 
 class BodyWorkerLostError(Exception):
@@ -39,7 +46,7 @@ class BodyWorkerLostError(Exception):
 def check_chat_body(
     raw: bytes, limits: RequestLimits, served_model: str, max_model_len: int
 ) -> ChatCompletionRequest:
-    """A body's checks before admission, in order; the first problem raises its ChatRequestError."""
+    """A chat body's checks before admission, in order; the first problem raises its RequestError."""
     body = parse_json(raw, limits)
     if isinstance(body, dict):
         check_counts(body, limits)
@@ -58,18 +65,23 @@ def _start_worker(bound: PromptBound | None) -> None:
 
 
 def _parse_in_worker(
-    episode_id: str, raw: bytes, limits: RequestLimits, served_model: str, max_model_len: int
-) -> ChatCompletionRequest | ContextLengthExceededError:
+    check: BodyCheck,
+    episode_id: str,
+    raw: bytes,
+    limits: RequestLimits,
+    served_model: str,
+    max_model_len: int,
+) -> WireRequest | ContextLengthExceededError:
     gates = Gates.from_env()
     if gates is not None:  # tests only: hold a body's decoding in the worker
         gates.hold_sync("body_parse", episode_id)
-    chat = check_chat_body(raw, limits, served_model, max_model_len)
+    request = check(raw, limits, served_model, max_model_len)
     if _BOUND is not None:  # an over-long prompt goes back as its refusal, not as MBs of request
         try:
-            _BOUND.check(chat.messages, max_model_len)
+            _BOUND.check(request.canonical().messages, max_model_len)
         except ContextLengthExceededError as refusal:
             return refusal
-    return chat
+    return request
 
 
 class BodyParser:
@@ -87,16 +99,22 @@ class BodyParser:
             self._workers.shutdown()
 
     async def parse(
-        self, episode_id: str, raw: bytes, limits: RequestLimits, served_model: str, max_model_len: int
-    ) -> ChatCompletionRequest | ContextLengthExceededError:
-        """The validated request, or the lower bound's refusal of its prompt (returned: the caller raises
-        it after its own checks that come first); a ChatRequestError of the body raised here as the worker
-        raised it."""
+        self,
+        episode_id: str,
+        raw: bytes,
+        limits: RequestLimits,
+        served_model: str,
+        max_model_len: int,
+        check: BodyCheck = check_chat_body,
+    ) -> WireRequest | ContextLengthExceededError:
+        """The validated request (by the wire format's `check`), or the lower bound's refusal of its prompt
+        (returned: the caller raises it after its own checks that come first); a RequestError of the body
+        raised here as the worker raised it."""
         if self._workers is None:
             self._workers = WorkerPool(self.processes, _start_worker, (self.bound,))
         try:
             return await self._workers.run(
-                _parse_in_worker, episode_id, raw, limits, served_model, max_model_len
+                _parse_in_worker, check, episode_id, raw, limits, served_model, max_model_len
             )
         except BrokenProcessPool:  # a worker died: a new pool serves the retry
             raise BodyWorkerLostError(

@@ -1,4 +1,6 @@
-"""The OpenAI chat-completions request the gateway accepts, and its mapping to grove's SamplingConfig.
+"""What the OpenAI chat-completions wire accepts (`ChatCompletionRequest`), and its canonical form
+(gateway/intake/capture_request.py): the messages and tools are already the policy's chat form, so
+`canonical()` passes them on and maps the sampling parameters.
 
 Only what the learner can mirror is accepted: temperature, top_p and max_tokens /
 max_completion_tokens become the call's SamplingConfig (grove/sampling.py); anything that
@@ -16,7 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from grove.sampling import MIN_TEMPERATURE, SamplingConfig
+from gateway.intake.capture_request import CaptureRequest, RequestError, SamplingOverrides, WireFormat
+from gateway.intake.capture_request import InvalidSamplingError as InvalidSamplingError  # the chat wire's too
+from grove.sampling import SamplingConfig
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 # Accepted and without effect on sampling.
@@ -50,12 +54,8 @@ _FIELDS = frozenset(
 )
 
 
-class ChatRequestError(ValueError):
+class ChatRequestError(RequestError):
     """Base of bad chat requests (HTTP 400 unless a subclass says otherwise)."""
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class InvalidChatRequestError(ChatRequestError):
@@ -64,10 +64,6 @@ class InvalidChatRequestError(ChatRequestError):
 
 class UnsupportedParameterError(ChatRequestError):
     """A parameter the learner cannot mirror, or one the gateway does not know."""
-
-
-class InvalidSamplingError(ChatRequestError):
-    """Sampling values outside what grove samples with (e.g. temperature 0)."""
 
 
 class UnsupportedContentError(ChatRequestError):
@@ -120,6 +116,16 @@ class ChatCompletionRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def canonical(self) -> CaptureRequest:
+        """The request as the capture pipeline consumes it."""
+        return CaptureRequest(
+            messages=self.messages,
+            tools=self.tools,
+            overrides=overrides_of(self),
+            stream=self.stream,
+            wire=WireFormat.CHAT_COMPLETIONS,
+        )
 
 
 def _check_parameters(body: dict[str, Any]) -> None:
@@ -193,9 +199,8 @@ def parse_chat_request(body: Any, served_model: str) -> ChatCompletionRequest:
     return request
 
 
-def sampling_for(request: ChatCompletionRequest, base: SamplingConfig) -> SamplingConfig | None:
-    """The call's SamplingConfig: the episode's (`base`) with the request's overrides; None if none."""
-    max_tokens = request.max_completion_tokens or request.max_tokens
+def overrides_of(request: ChatCompletionRequest) -> SamplingOverrides:
+    """The request's sampling parameters; max_tokens and max_completion_tokens are one budget."""
     if (
         request.max_tokens
         and request.max_completion_tokens
@@ -206,26 +211,13 @@ def sampling_for(request: ChatCompletionRequest, base: SamplingConfig) -> Sampli
             "disagree; send one of them",
             param="max_completion_tokens",
         )
-    overrides = {
-        k: v
-        for k, v in (
-            ("temperature", request.temperature),
-            ("top_p", request.top_p),
-            ("max_tokens", max_tokens),
-        )
-        if v is not None
-    }
-    if not overrides:
-        return None
-    if "temperature" in overrides and overrides["temperature"] < MIN_TEMPERATURE:
-        raise InvalidSamplingError(
-            f"temperature={overrides['temperature']} is not supported: grove samples with temperature >= "
-            f"{MIN_TEMPERATURE} (greedy decoding records no usable behaviour logprobs)",
-            param="temperature",
-        )
-    try:
-        return SamplingConfig.model_validate({**base.model_dump(), **overrides})
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidSamplingError(f"invalid sampling: {where}: {first['msg']}", param=where) from None
+    return SamplingOverrides(
+        temperature=request.temperature,
+        top_p=request.top_p,
+        max_tokens=request.max_completion_tokens or request.max_tokens,
+    )
+
+
+def sampling_for(request: ChatCompletionRequest, base: SamplingConfig) -> SamplingConfig | None:
+    """The call's SamplingConfig: the episode's (`base`) with the request's overrides; None if none."""
+    return overrides_of(request).apply(base)

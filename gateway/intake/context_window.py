@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from capture.prompt import build_prompt
-from gateway.intake.chat_request import ChatCompletionRequest, ChatRequestError, InvalidSamplingError
+from gateway.intake.capture_request import InvalidSamplingError, RequestError
 from grove.contracts import PromptSpec
 from grove.sampling import SamplingConfig
 from storage.base import ObjectStore
@@ -33,7 +33,7 @@ from storage.base import ObjectStore
 OPENAI_CODE = "context_length_exceeded"
 
 
-class ContextLengthExceededError(ChatRequestError):
+class ContextLengthExceededError(RequestError):
     """The prompt leaves no room for a generated token in the served model's context (HTTP 400,
     code `context_length_exceeded` as OpenAI's API names it)."""
 
@@ -44,9 +44,12 @@ class MaxTokensOverContextError(InvalidSamplingError):
     """max_tokens / max_completion_tokens at or above the whole context: never possible."""
 
 
-def check_max_tokens(request: ChatCompletionRequest, max_model_len: int) -> None:
-    """Refuse a completion budget no prompt leaves room for (e.g. 2**64)."""
-    for param in ("max_tokens", "max_completion_tokens"):
+def check_max_tokens(
+    request: object, max_model_len: int, params: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+) -> None:
+    """Refuse a completion budget no prompt leaves room for (e.g. 2**64); `params`: the wire request's
+    budget fields."""
+    for param in params:
         value = getattr(request, param)
         if value is not None and value >= max_model_len:
             raise MaxTokensOverContextError(

@@ -27,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.intake.chat_request import ChatRequestError, InvalidChatRequestError
+from gateway.intake.capture_request import RequestError
+from gateway.intake.chat_request import InvalidChatRequestError
 
 MiB = 2**20
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -59,27 +60,27 @@ class RequestLimits(BaseModel):
     upload_grace_s: float = Field(10.0, gt=0, le=3600)
 
 
-class RequestTooLargeError(ChatRequestError):
+class RequestTooLargeError(RequestError):
     """A body over its route's byte cap (HTTP 413)."""
 
 
-class SlowUploadError(ChatRequestError):
+class SlowUploadError(RequestError):
     """A body that arrived below the minimum upload rate (HTTP 408)."""
 
 
-class HeadersTooLargeError(ChatRequestError):
+class HeadersTooLargeError(RequestError):
     """Too many headers, or too many header bytes (HTTP 431)."""
 
 
-class InvalidJsonError(ChatRequestError):
+class InvalidJsonError(RequestError):
     """A body that is JSON but not one the gateway can carry: too deep, or text with lone surrogates."""
 
 
-class InvalidBodyError(ChatRequestError):
+class InvalidBodyError(RequestError):
     """A management request body (close) that is not the model it must be."""
 
 
-class TooManyItemsError(ChatRequestError):
+class TooManyItemsError(RequestError):
     """More messages or tools than the gateway accepts in one request."""
 
 

@@ -1,8 +1,8 @@
-"""What the steps of capturing a request share (gateway/pipeline/planning.py, relaunch.py, admission.py,
-delivery.py): the episodes' Temporal handles, the object store, the prompt-length checks, and which calls
-this gateway process is still delivering (liveness, not state: gateway/pipeline/capture.py, "Delivery and its
-races"), and its per-episode locks. The gateway keeps no other state: Temporal and the object store hold
-the rest.
+"""What the steps of capturing a request share (the `Planner`, `Execution` and `Relaunch` of
+gateway/pipeline/planning.py, execution.py and relaunch.py, and each `Delivery`,
+gateway/pipeline/delivery.py): the episodes' Temporal handles, the object store, the prompt-length checks,
+and which calls this gateway process is still delivering (liveness, not state: gateway/pipeline/capture.py,
+"Delivery and its races"). The gateway keeps no other state: Temporal and the object store hold the rest.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ log = logging.getLogger("grove.gateway")
 
 
 class CaptureState:
-    """The episodes, the store, the prompt checks, the calls being delivered, the locks (module docstring)."""
+    """The episodes, the store, the prompt checks, the calls being delivered (module docstring)."""
 
     def __init__(
         self,
@@ -38,8 +38,6 @@ class CaptureState:
         self._delivering: Counter[tuple[str, str]] = Counter()  # (episode, requested call id) -> requests
         # of those, the ones whose last part went out: set once their delivery is recorded (or refused)
         self._sent: dict[tuple[str, str], asyncio.Event] = {}
-        self._replay_locks: dict[str, asyncio.Lock] = {}  # one claim at a time per episode (replay.py)
-        self._plan_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # episode -> (lock, requests using it)
         self.gates = Gates.from_env()  # tests only (grove/gates.py): hold a request, a delivery
 
     def start_delivering(self, episode_id: str, call_id: str) -> None:

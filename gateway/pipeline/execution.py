@@ -1,5 +1,5 @@
-"""Running a planned request (gateway/pipeline/planning.py): act on its plan, admit the call, record what the
-harness gets.
+"""Running a planned request (gateway/pipeline/planning.py), `Execution`: act on its plan (`prepare`),
+admit the call and record what the harness gets (`admit`).
 
     fit       -> the call's prompt ids built as the generate activity will build them: a prompt that
                  does not fit the served model's context is a 400 context_length_exceeded
@@ -21,7 +21,7 @@ import asyncio
 
 from capture.claims import completion_of, stash_prompt
 from capture.records import ChatRecord, Usage, save_record
-from gateway.intake.chat_request import ChatCompletionRequest
+from gateway.intake.capture_request import CaptureRequest
 from gateway.pipeline.capture_errors import ContextConflictError, MissingRecordError
 from gateway.pipeline.capture_state import CaptureState
 from gateway.pipeline.continuation import Decision, Move
@@ -35,124 +35,126 @@ from grove.sampling import SamplingConfig
 from grove.staging_format import staging_key
 
 
-async def prepare(
-    cap: CaptureState,
-    episode_id: str,
-    request: ChatCompletionRequest,
-    plan: Plan,
-    sampling: SamplingConfig | None,
-    effective: SamplingConfig,
-) -> CallRequest:
-    """Open / discard as the plan says and build the call (its prompt stashed, its id registered as
-    delivering); `sampling` is the request's (None: the episode's), `effective` what it samples with."""
-    target, decision = plan.target, plan.decision
-    base = await _base(cap, episode_id, decision)
-    # Measured before anything is opened, discarded or admitted: a prompt that cannot fit is a 400.
-    await _check_fits(cap, episode_id, target.context_id, request, base, effective)
-    context_id, calls = target.context_id, _calls(target)
-    if decision.move == Move.ROOT and target.opening is not None:
-        await _open(cap, episode_id, target.opening)
-    elif decision.move == Move.RETRY:
-        await cap.episodes.discard(
-            episode_id, decision.acted_on().call_id, "the harness sent the same request again"
-        )
-    elif decision.move == Move.SKIP_EMPTY:
-        await cap.episodes.discard(
-            episode_id, decision.acted_on().call_id,
-            "empty response left out of the harness's next request (EOS-only reply): never trained",
-        )  # fmt: skip
-    elif decision.move == Move.REWRITE:
-        rewrite = ContextRecord(
-            context_id=target.rewrite_id,
-            agent=target.agent,
-            origin=ContextOrigin.REWRITE,
-            rewrite_of=target.context_id,
-        )
-        await _open(cap, episode_id, rewrite)
-        context_id, calls = rewrite.context_id, 0
-    call = _call_request(episode_id, f"{context_id}.c{calls}", context_id, request, plan, base, sampling)
-    # Claim check: the messages go to the store, the Update carries their key and digest.
-    call = await asyncio.to_thread(stash_prompt, cap.store, episode_id, call)
-    # Delivering from here on: a request of this context that arrives after the ledger completed the
-    # call and before its response left must wait, not decide on it.
-    cap.start_delivering(episode_id, call.call_id)
-    return call
+class Execution:
+    """Acts on plans through the capture's shared `state`: opens, discards, admits and records calls
+    (module docstring)."""
 
+    def __init__(self, state: CaptureState) -> None:
+        self.state = state
 
-async def admit(
-    cap: CaptureState,
-    episode_id: str,
-    request: ChatCompletionRequest,
-    plan: Plan,
-    call: CallRequest,
-    launch: int | None,
-) -> Delivery:
-    """The call Update (admission, generation), then the chat record, written before any response."""
-    try:
-        result = await cap.episodes.call(episode_id, call)
-        # A large completion came by reference (capture/claims.py): read and verified here.
-        completion = await asyncio.to_thread(completion_of, cap.store, episode_id, result)
-        record = _record_of(episode_id, call, result, completion, request, plan, launch)
-        await asyncio.to_thread(save_record, cap.store, record)
-        digest = await asyncio.to_thread(prompt_digest, request.messages, request.tools)
-        await asyncio.to_thread(index_call, cap.store, episode_id, digest, record.call_id)
-    except BaseException:
-        cap.release(episode_id, call.call_id)
-        raise
-    return Delivery(cap, record, call.call_id)
+    async def prepare(
+        self,
+        episode_id: str,
+        request: CaptureRequest,
+        plan: Plan,
+        sampling: SamplingConfig | None,
+        effective: SamplingConfig,
+    ) -> CallRequest:
+        """Open / discard as the plan says and build the call (its prompt stashed, its id registered as
+        delivering); `sampling` is the request's (None: the episode's), `effective` what it samples with."""
+        target, decision = plan.target, plan.decision
+        base = await self._base(episode_id, decision)
+        # Measured before anything is opened, discarded or admitted: a prompt that cannot fit is a 400.
+        await self._check_fits(episode_id, target.context_id, request, base, effective)
+        context_id, calls = target.context_id, _calls(target)
+        if decision.move == Move.ROOT and target.opening is not None:
+            await self._open(episode_id, target.opening)
+        elif decision.move == Move.RETRY:
+            await self.state.episodes.discard(
+                episode_id, decision.acted_on().call_id, "the harness sent the same request again"
+            )
+        elif decision.move == Move.SKIP_EMPTY:
+            await self.state.episodes.discard(
+                episode_id, decision.acted_on().call_id,
+                "empty response left out of the harness's next request (EOS-only reply): never trained",
+            )  # fmt: skip
+        elif decision.move == Move.REWRITE:
+            rewrite = ContextRecord(
+                context_id=target.rewrite_id,
+                agent=target.agent,
+                origin=ContextOrigin.REWRITE,
+                rewrite_of=target.context_id,
+            )
+            await self._open(episode_id, rewrite)
+            context_id, calls = rewrite.context_id, 0
+        call = _call_request(episode_id, f"{context_id}.c{calls}", context_id, request, plan, base, sampling)
+        # Claim check: the messages go to the store, the Update carries their key and digest.
+        call = await asyncio.to_thread(stash_prompt, self.state.store, episode_id, call)
+        # Delivering from here on: a request of this context that arrives after the ledger completed the
+        # call and before its response left must wait, not decide on it.
+        self.state.start_delivering(episode_id, call.call_id)
+        return call
 
+    async def admit(
+        self,
+        episode_id: str,
+        request: CaptureRequest,
+        plan: Plan,
+        call: CallRequest,
+        launch: int | None,
+    ) -> Delivery:
+        """The call Update (admission, generation), then the chat record, written before any response."""
+        try:
+            result = await self.state.episodes.call(episode_id, call)
+            # A large completion came by reference (capture/claims.py): read and verified here.
+            completion = await asyncio.to_thread(completion_of, self.state.store, episode_id, result)
+            record = _record_of(episode_id, call, result, completion, request, plan, launch)
+            await asyncio.to_thread(save_record, self.state.store, record)
+            digest = await asyncio.to_thread(prompt_digest, request.messages, request.tools)
+            await asyncio.to_thread(index_call, self.state.store, episode_id, digest, record.call_id)
+        except BaseException:
+            self.state.release(episode_id, call.call_id)
+            raise
+        return Delivery(self.state, record, call.call_id)
 
-async def _base(cap: CaptureState, episode_id: str, decision: Decision) -> ChatRecord | None:
-    """The call this request's call will extend (None: a root)."""
-    if decision.move == Move.CONTINUE:
-        return decision.head
-    if decision.move not in (Move.RETRY, Move.SKIP_EMPTY):
-        return None
-    head = decision.acted_on()
-    if head.extends is None:
-        return None
-    return await _parent(cap, episode_id, head, head.extends)  # extends what the head extended
+    async def _base(self, episode_id: str, decision: Decision) -> ChatRecord | None:
+        """The call this request's call will extend (None: a root)."""
+        if decision.move == Move.CONTINUE:
+            return decision.head
+        if decision.move not in (Move.RETRY, Move.SKIP_EMPTY):
+            return None
+        head = decision.acted_on()
+        if head.extends is None:
+            return None
+        return await self._parent(episode_id, head, head.extends)  # extends what the head extended
 
+    async def _check_fits(
+        self,
+        episode_id: str,
+        context_id: str,
+        request: CaptureRequest,
+        base: ChatRecord | None,
+        sampling: SamplingConfig,
+    ) -> None:
+        prompt = _prompt_spec(episode_id, request, base)
+        if self.state.tokens is not None:
+            await self.state.tokens.check(f"{episode_id}/{context_id}", episode_id, prompt, sampling)
+        elif self.state.window is not None:
+            await asyncio.to_thread(self.state.window.check, episode_id, prompt, sampling)
 
-async def _check_fits(
-    cap: CaptureState,
-    episode_id: str,
-    context_id: str,
-    request: ChatCompletionRequest,
-    base: ChatRecord | None,
-    sampling: SamplingConfig,
-) -> None:
-    prompt = _prompt_spec(episode_id, request, base)
-    if cap.tokens is not None:
-        await cap.tokens.check(f"{episode_id}/{context_id}", episode_id, prompt, sampling)
-    elif cap.window is not None:
-        await asyncio.to_thread(cap.window.check, episode_id, prompt, sampling)
+    async def _open(self, episode_id: str, record: ContextRecord) -> None:
+        opened = await self.state.episodes.open_context(episode_id, record)
+        if opened != record:  # a concurrent request opened this id with another reservation
+            raise ContextConflictError(
+                f"episode {episode_id!r}: context {record.context_id!r} was opened concurrently as {opened}, "
+                f"not {record}; retry the request"
+            )
 
-
-async def _open(cap: CaptureState, episode_id: str, record: ContextRecord) -> None:
-    opened = await cap.episodes.open_context(episode_id, record)
-    if opened != record:  # a concurrent request opened this id with another reservation
-        raise ContextConflictError(
-            f"episode {episode_id!r}: context {record.context_id!r} was opened concurrently as {opened}, "
-            f"not {record}; retry the request"
-        )
-
-
-async def _parent(cap: CaptureState, episode_id: str, head: ChatRecord, extends: str) -> ChatRecord:
-    parent = await cap.record(episode_id, extends)
-    if parent is None:
-        raise MissingRecordError(
-            f"episode {episode_id!r}: call {head.call_id!r} is retried, but the chat record of the "
-            f"call it extends ({extends!r}) is missing; the retry cannot be spliced onto it"
-        )
-    return parent
+    async def _parent(self, episode_id: str, head: ChatRecord, extends: str) -> ChatRecord:
+        parent = await self.state.record(episode_id, extends)
+        if parent is None:
+            raise MissingRecordError(
+                f"episode {episode_id!r}: call {head.call_id!r} is retried, but the chat record of the "
+                f"call it extends ({extends!r}) is missing; the retry cannot be spliced onto it"
+            )
+        return parent
 
 
 def _calls(target: Target) -> int:
     return 0 if target.current is None else sum(target.current.counts.values())
 
 
-def _prompt_spec(episode_id: str, request: ChatCompletionRequest, base: ChatRecord | None) -> PromptSpec:
+def _prompt_spec(episode_id: str, request: CaptureRequest, base: ChatRecord | None) -> PromptSpec:
     chat = ChatPrompt(
         messages=request.messages,
         tools=request.tools,
@@ -170,7 +172,7 @@ def _call_request(
     episode_id: str,
     call_id: str,
     context_id: str,
-    request: ChatCompletionRequest,
+    request: CaptureRequest,
     plan: Plan,
     base: ChatRecord | None,
     sampling: SamplingConfig | None,
@@ -194,7 +196,7 @@ def _record_of(
     call: CallRequest,
     result: CallResult,
     completion: Completion,
-    request: ChatCompletionRequest,
+    request: CaptureRequest,
     plan: Plan,
     launch: int | None,
 ) -> ChatRecord:

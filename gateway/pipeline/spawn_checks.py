@@ -14,7 +14,7 @@ Pure module.
 from __future__ import annotations
 
 from capture.records import ChatRecord
-from gateway.intake.chat_request import ChatCompletionRequest
+from gateway.intake.capture_request import CaptureRequest
 from gateway.pipeline.capture_errors import UnspawnedAgentError
 from gateway.pipeline.continuation import Decision, UndeclaredDiscontinuityError, decide
 from gateway.pipeline.hints import (
@@ -32,7 +32,7 @@ from ledger.accounting import ContextSummary
 from ledger.context_view import ContextView
 
 
-def try_decide(request: ChatCompletionRequest, head: ChatRecord, identity: Identity) -> Decision | None:
+def try_decide(request: CaptureRequest, head: ChatRecord, identity: Identity) -> Decision | None:
     try:
         return decide(request.messages, request.tools, head, identity.rewrite)
     except UndeclaredDiscontinuityError:
@@ -44,9 +44,7 @@ def spawner_of(summary: ContextView, ctx: ContextSummary) -> str | None:
     return summary.lineage_spawners.get(ctx.context_id, ctx.spawned_by_call)
 
 
-def check_fresh_spawn(
-    request: ChatCompletionRequest, heads: list[ChatRecord], summaries: list[ChatRecord]
-) -> None:
+def check_fresh_spawn(request: CaptureRequest, heads: list[ChatRecord], summaries: list[ChatRecord]) -> None:
     """Before a new spawn: a summarised history or a tool-less call of an agent that has tools is a
     wiring mistake (a rewrite or an auxiliary call without its header), not a fresh invocation."""
     if not heads:

@@ -1,8 +1,13 @@
-"""Domain exceptions -> OpenAI-style JSON errors: the only place where gateway errors get HTTP codes.
+"""Domain exceptions -> refusals: the only place where gateway errors get HTTP codes.
 
-Body: `{"error": {"message", "type", "param", "code"}}`, `code` = the exception's class name (for an
-Update the workflow refused: the ledger's named error). An unexpected exception becomes a 500 that
-names only an incident id; its traceback goes to the gateway's log, never to the client.
+Each exception becomes a `Refusal` (gateway/http/wire/refusal.py): a status, a kind, `code` = the
+exception's class name (for an Update the workflow refused: the ledger's named error), message and
+param. The route's wire format renders it in its own error shape: a route of a wire format is a
+`wire_route(shape)` (its APIRouter's `route_class`), and the handlers here find the shape on the route
+that matched; anything else (no route matched, management routes) answers in OpenAI's shape
+(gateway/http/wire/chat_completions.py: `{"error": {"message", "type", "param", "code"}}`). An
+unexpected exception becomes a 500 that names only an incident id; its traceback goes to the gateway's
+log, never to the client.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capture.records import CorruptChatRecordError
@@ -24,8 +30,11 @@ from chat.render import (
 )
 from gateway.http.auth import MalformedTokenError, MissingTokenError, WrongEpisodeTokenError
 from gateway.http.episode_ref import InvalidEpisodeRefError
+from gateway.http.wire.chat_completions import OPENAI_ERRORS
+from gateway.http.wire.refusal import ErrorShape, Refusal
 from gateway.intake.body_parse import BodyWorkerLostError
-from gateway.intake.chat_request import ChatRequestError, ResponsesApiNotServedError, UnknownModelError
+from gateway.intake.capture_request import RequestError
+from gateway.intake.chat_request import ResponsesApiNotServedError, UnknownModelError
 from gateway.intake.large_bodies import LargeBodyBacklogError
 from gateway.intake.limits import HeadersTooLargeError, RequestTooLargeError, SlowUploadError
 from gateway.intake.tokenization import TokenizerBusyError
@@ -67,7 +76,7 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     RequestTooLargeError: (413, "invalid_request_error"),
     SlowUploadError: (408, "invalid_request_error"),
     HeadersTooLargeError: (431, "invalid_request_error"),
-    ChatRequestError: (400, "invalid_request_error"),
+    RequestError: (400, "invalid_request_error"),
     InvalidIdentityHeaderError: (400, "invalid_request_error"),
     RoutingError: (400, "invalid_request_error"),
     ContextOwnershipError: (403, "permission_error"),
@@ -122,10 +131,6 @@ CONFLICT_TYPES = frozenset(
 )
 
 
-def error_body(message: str, kind: str, code: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 def _status(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, EpisodeUpdateRejectedError):
         if exc.error_type == "GenerationFailed":
@@ -150,39 +155,53 @@ def _code(exc: Exception) -> str:
     return getattr(exc, "openai_code", None) or type(exc).__name__
 
 
-def error_response(exc: Exception) -> JSONResponse:
-    """The JSON error answer of a domain exception (also sent by a response whose delivery was refused)."""
+def refusal_of(exc: Exception) -> Refusal:
+    """The refusal a domain exception stands for."""
     status, kind = _status(exc)
-    retry_after = getattr(exc, "retry_after", None)  # a "not yet" that clears by itself: say when to retry
-    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
-    body = error_body(str(exc), kind, _code(exc), _param(exc))
-    return JSONResponse(body, status_code=status, headers=headers)
+    retry_after = getattr(exc, "retry_after", None)
+    return Refusal(status, kind, _code(exc), str(exc), _param(exc), retry_after)
+
+
+def error_response(exc: Exception, shape: ErrorShape = OPENAI_ERRORS) -> JSONResponse:
+    """The JSON error answer of a domain exception in a wire format's shape (also sent by a response
+    whose delivery was refused)."""
+    return shape.response(refusal_of(exc))
+
+
+def wire_route(shape: ErrorShape) -> type[APIRoute]:
+    """The route class of a wire format's routes: refusals on them take `shape`."""
+    return type(f"{type(shape).__name__}Route", (APIRoute,), {"error_shape": shape})
+
+
+def shape_of(request: Request | None) -> ErrorShape:
+    """The error shape of the route that matched the request (OpenAI's when none did)."""
+    route = request.scope.get("route") if request is not None else None
+    return getattr(route, "error_shape", OPENAI_ERRORS)
 
 
 async def domain_error(request: Request, exc: Exception) -> JSONResponse:
-    return error_response(exc)
+    return error_response(exc, shape_of(request))
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     incident = uuid.uuid4().hex[:12]
     log.error("incident %s: %s %s failed", incident, request.method, request.url.path, exc_info=exc)
     message = f"internal error (incident {incident}); the gateway's log has the details"
-    return JSONResponse(error_body(message, "server_error", "InternalError"), status_code=500)
+    return shape_of(request).response(Refusal(500, "server_error", "InternalError", message))
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
-    body = error_body(
-        f"invalid request: {where}: {first['msg']}", "invalid_request_error", "InvalidRequest", where
-    )
-    return JSONResponse(body, status_code=400)
+    message = f"invalid request: {where}: {first['msg']}"
+    return shape_of(request).response(Refusal(400, "invalid_request_error", "InvalidRequest", message, where))
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return JSONResponse(error_body(message, kind, f"HTTP{exc.status_code}"), status_code=exc.status_code)
+    refusal = Refusal(exc.status_code, kind, f"HTTP{exc.status_code}", message)
+    return shape_of(request).response(refusal)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes under `/episodes/{episode_ref}/v1`: chat completions and models; the
+"""The OpenAI-compatible routes under `/episodes/{episode_ref}/v1`: chat completions (the chat-completions
+wire adapter, gateway/http/wire/chat_completions.py, over the capture pipeline) and models; the
 Responses API (`/v1/responses`, the Agents SDK's default) answers 404 ResponsesApiNotServedError naming
 the fix (`set_default_openai_api("chat_completions")`; gateway/intake/chat_request.py says why).
 
@@ -9,72 +10,26 @@ call when it is done: delivered whole, or discarded (gateway/pipeline/delivery.p
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
+from starlette.responses import Response
 
-from capture.records import ChatRecord
-from gateway.http.chat_response import completion_body, sse_events, stream_chunks
-from gateway.http.delivered_response import DeliveredJSONResponse, DeliveredStreamingResponse
 from gateway.http.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
+from gateway.http.routes.errors import wire_route
+from gateway.http.wire.adapter import answer
+from gateway.http.wire.chat_completions import CHAT_COMPLETIONS, OPENAI_ERRORS
 from gateway.intake.chat_request import ResponsesApiNotServedError, UnknownModelError
-from gateway.pipeline.advice import compaction_loop, may_loop, say_once, tool_call_cut
-from gateway.pipeline.capture import Capture
-from grove.headers import AGENT_HEADER, CALL_ID_HEADER, CONTEXT_HEADER, WARNING_HEADER
-from ledger.context_view import ContextView, ViewRequest
 
-router = APIRouter(prefix="/episodes/{episode_ref}/v1", tags=["openai"])
-
-
-def grove_headers(record: ChatRecord) -> dict[str, str]:
-    """Where the call went, so a harness can name it (e.g. x-grove-spawned-by of a worker it starts)."""
-    return {
-        CALL_ID_HEADER: record.call_id,
-        CONTEXT_HEADER: record.context_id,
-        AGENT_HEADER: record.agent,
-    }
+router = APIRouter(
+    prefix="/episodes/{episode_ref}/v1", tags=["openai"], route_class=wire_route(OPENAI_ERRORS)
+)
 
 
 @router.post("/chat/completions")
 async def chat_completions(
     episode_id: EpisodeIdDep, body: ChatBodyDep, capture: CaptureDep, settings: SettingsDep, request: Request
-):
-    delivery = await capture.chat_delivery(episode_id, body, request.headers)
-    record = delivery.record
-    try:
-        headers = grove_headers(record)
-        warning = await _advice(capture, episode_id, record)
-        if warning is not None:  # a limit too small for the harness (gateway/pipeline/advice.py)
-            headers[WARNING_HEADER] = warning
-        created = int(time.time())
-        if body.stream:
-            chunks = stream_chunks(record, settings.model_name, created, body.include_usage)
-            return DeliveredStreamingResponse(sse_events(chunks), delivery, headers=headers)
-        body_json = completion_body(record, settings.model_name, created)
-        return DeliveredJSONResponse(body_json, delivery, headers=headers)
-    except BaseException:
-        await delivery.settle(False)  # no response will carry it
-        raise
-
-
-async def _advice(capture: Capture, episode_id: str, record: ChatRecord) -> str | None:
-    """The warning this call deserves, if any: a tool call cut by max_tokens, a compaction loop."""
-    found = say_once(record, "tool_call_cut", tool_call_cut(record))
-    if may_loop(record):
-        view = await _rewrite_view(capture, episode_id, record)
-        found = say_once(record, "compaction_loop", compaction_loop(view, record)) or found
-    return found
-
-
-async def _rewrite_view(capture: Capture, episode_id: str, record: ChatRecord) -> ContextView:
-    """The record's context and the context it rewrote: all `compaction_loop` reads, from `context_view`
-    queries whose size is the agent's, not the episode's."""
-    view = await capture.episodes.context_view(episode_id, ViewRequest(contexts=[record.context_id]))
-    ctx = next((c for c in view.contexts if c.context_id == record.context_id), None)
-    if ctx is None or ctx.rewrite_of is None:
-        return view
-    req = ViewRequest(contexts=[record.context_id, ctx.rewrite_of])
-    return await capture.episodes.context_view(episode_id, req)
+) -> Response:
+    delivery = await capture.delivery(episode_id, body.canonical(), request.headers)
+    return await answer(CHAT_COMPLETIONS, body, body.stream, delivery, capture, settings.model_name)
 
 
 @router.post("/responses")
