@@ -21,4 +21,6 @@ gateway/intake/chat_request.py into a `CaptureRequest`) -> gateway/pipeline/capt
 execute) -> gateway/temporal/episode_client.py (the Updates) -> the chat record rendered back by
 gateway/http/wire/chat_completions.py and sent by gateway/http/delivered_response.py. A new wire format
 adds its request (intake), its adapter (gateway/http/wire/) and its route; the pipeline stays as it is.
+The Responses API is such a second wire format: gateway/intake/responses_request.py and responses_chat.py
+(its items as chat messages), gateway/http/wire/responses.py, gateway/http/routes/responses.py.
 """

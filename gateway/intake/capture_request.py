@@ -44,6 +44,7 @@ class WireFormat(StrEnum):
     """The HTTP APIs the gateway speaks."""
 
     CHAT_COMPLETIONS = "chat_completions"  # OpenAI POST /v1/chat/completions
+    RESPONSES = "responses"  # OpenAI POST /v1/responses (Codex CLI)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ gateway's earlier calls saw and answered, and the chat path's extension check sp
 - `function_call_output` / `custom_tool_call_output` -> a `tool` message with the call's id, after its
   call, of the call's own kind.
 
-Tools -> function tools: a `function` as it is (without `strict`, which must be false); each function of
-a `namespace` flattened to its own name; a `custom` tool as a function of one string argument `input`,
+Tools -> function tools: a `function` as it is (without `strict`: nothing is constrained); each function
+of a `namespace` flattened to its own name; a `custom` tool as a function of one string argument `input`,
 described with its grammar. Two tools with one name are refused (the policy could not tell them apart).
 
 Way back (`ToolRoute`): a call to a namespaced function is written as a `function_call` with that
@@ -35,6 +35,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chat.render import UndeclaredDiscontinuityError
+from gateway.intake.capture_request import CaptureRequest, SamplingOverrides, WireFormat
 from gateway.intake.responses_request import (
     CustomTool,
     CustomToolCallItem,
@@ -69,6 +71,17 @@ class DuplicateCallIdError(ResponsesRequestError):
     """Two calls with one call_id, or two outputs for one call."""
 
 
+class InputDiscontinuityError(UndeclaredDiscontinuityError):
+    """The pipeline's UndeclaredDiscontinuityError (same code) naming the input item where the history
+    differs (`param`: `input[i]`, `instructions` or `tools`) instead of the chat message it became."""
+
+    openai_code = "UndeclaredDiscontinuityError"
+
+    def __init__(self, message: str, *, index: int | None, field: str, param: str) -> None:
+        super().__init__(message, index=index, field=field)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class ToolRoute:
     """How a call to one tool is written back: a function (in a namespace or not) or a custom tool."""
@@ -94,6 +107,11 @@ class ChatForm:
             return "tools"
         source = self.sources[index] if 0 <= index < len(self.sources) else None
         return "instructions" if source is None else f"input[{source}]"
+
+    def in_input_terms(self, err: UndeclaredDiscontinuityError) -> InputDiscontinuityError:
+        """`err` (about messages[i]) naming the input item message i came from."""
+        where = self.input_param(err.index)
+        return InputDiscontinuityError(f"{where}: {err}", index=err.index, field=err.field, param=where)
 
 
 # ------------------------------------------------------------------------------------------- tools
@@ -248,6 +266,33 @@ def chat_form(request: ResponsesRequest) -> ChatForm:
         else:
             built.output(item, i)
     return ChatForm(messages=built.messages, tools=tools or None, routes=routes, sources=built.sources)
+
+
+@dataclass(frozen=True)
+class AcceptedResponses:
+    """A Responses request the gateway took: the request and its chat form (the way back included)."""
+
+    request: ResponsesRequest
+    form: ChatForm
+
+    @property
+    def stream(self) -> bool:
+        return self.request.stream
+
+    def canonical(self) -> CaptureRequest:
+        """The request as the capture pipeline consumes it (gateway/intake/capture_request.py)."""
+        r = self.request
+        return CaptureRequest(
+            messages=self.form.messages,
+            tools=self.form.tools,
+            overrides=SamplingOverrides(r.temperature, r.top_p, r.max_output_tokens),
+            stream=r.stream,
+            wire=WireFormat.RESPONSES,
+        )
+
+
+def accept(request: ResponsesRequest) -> AcceptedResponses:
+    return AcceptedResponses(request, chat_form(request))
 
 
 def chat_body(request: ResponsesRequest, form: ChatForm) -> dict[str, Any]:

@@ -10,23 +10,26 @@ renders):
   the gateway never produces and the policy cannot read are refused by type, naming the item:
   `reasoning` (the served policy emits none, so a reasoning item is not its own), built-in tool calls
   (`web_search_call`, `tool_search_call`, `local_shell_call`, ...), `item_reference`, `compaction`.
-- `tools`: `function` (strict false), `namespace` (a group of functions, e.g. Codex's `multi_agent_v1`),
+- `tools`: `function`, `namespace` (a group of functions, e.g. Codex's `multi_agent_v1`),
   `custom` (free-form input, optionally with a grammar: Codex's `apply_patch`). Built-in tools
   (`web_search`, `tool_search`, `file_search`, ...) run on OpenAI's side, which this gateway is not:
   refused with the name of the setting that turns them off.
 - Sampling: `temperature`, `top_p`, `max_output_tokens` become the call's SamplingConfig (as the chat
   path: gateway/intake/chat_request.py). What would change the sampled distribution in a way the learner
-  does not mirror (constrained text formats, forced tools, logprobs, background runs) is refused at its
-  no-op values' side; `previous_response_id` and `conversation` are refused (send the whole input with
+  does not mirror (constrained text formats, forced tools, logprobs, background runs) is refused unless
+  at its no-op value; `previous_response_id` and `conversation` are refused (send the whole input with
   `store: false`, as Codex does).
-- Accepted without effect: `store`, `include` (only `reasoning.encrypted_content`: no reasoning is ever
-  produced), `reasoning` (the served policy has no effort setting), `text.verbosity`,
+- Accepted without effect: a function's `strict` (grove samples without constrained decoding, as on the
+  chat path: the arguments are what the policy wrote, and the learner scores exactly that), `store`,
+  `include` (only `reasoning.encrypted_content`: no reasoning is ever produced), `reasoning` (the
+  served policy has no effort setting), `text.verbosity`,
   `parallel_tool_calls` (the policy may write several calls either way), `prompt_cache_key`,
   `client_metadata`, `metadata`, `user`, `safety_identifier`, `service_tier`, `truncation: "disabled"`.
 
 Unknown parameters and unknown fields inside items are refused (fail closed). Every refusal is a
-`ChatRequestError` (HTTP 400 unless said otherwise) naming the parameter or item, rendered in the
-OpenAI error shape (`{"error": {"message", "type", "param", "code"}}`) the Responses API uses too.
+`RequestError` (HTTP 400 unless said otherwise) naming the parameter or item, rendered in the
+OpenAI error shape (`{"error": {"message", "type", "param", "code"}}`) the Responses API uses too
+(gateway/http/wire/responses.py).
 
 Pure module.
 """
@@ -37,15 +40,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from gateway.intake.capture_request import RequestError
 from gateway.intake.chat_request import (
-    ChatRequestError,
     UnknownModelError,
     UnsupportedContentError,
     UnsupportedParameterError,
 )
 
 
-class ResponsesRequestError(ChatRequestError):
+class ResponsesRequestError(RequestError):
     """Base of bad Responses requests (HTTP 400)."""
 
 
@@ -58,7 +61,7 @@ class UnsupportedInputItemError(ResponsesRequestError):
 
 
 class UnsupportedToolError(ResponsesRequestError):
-    """A tool the gateway cannot offer the policy (built-in tools, strict schemas)."""
+    """A tool the gateway cannot offer the policy (built-in tools run on OpenAI's side)."""
 
 
 class PreviousResponseNotServedError(ResponsesRequestError):
@@ -333,18 +336,6 @@ def parse_tool(raw: Any, index: int) -> Tool:
         loc, msg = _validation_message(err)
         loc = loc.split(".", 1)[1] if "." in loc else loc
         _fail(f"{where} ({kind}): {loc}: {msg}", f"{where}.{loc}")
-    functions = (
-        tool.tools if isinstance(tool, NamespaceTool) else [tool] if isinstance(tool, FunctionTool) else []
-    )
-    for j, fn in enumerate(functions):
-        if fn.strict:
-            at = f"{where}.tools[{j}].strict" if isinstance(tool, NamespaceTool) else f"{where}.strict"
-            _fail(
-                f"{at}: function {fn.name!r} asks for strict (schema-constrained) arguments, which needs "
-                "constrained decoding the learner does not mirror; send strict: false",
-                at,
-                UnsupportedToolError,
-            )
     return tool
 
 
@@ -357,7 +348,7 @@ def _items_of(value: Any) -> list[InputItem]:
 
 
 def parse_responses_request(body: Any, served_model: str) -> ResponsesRequest:
-    """Validate a decoded JSON body; raises a ChatRequestError subclass naming the bad field or item."""
+    """Validate a decoded JSON body; raises a RequestError subclass naming the bad field or item."""
     if not isinstance(body, dict):
         _fail("the request body must be a JSON object", "body")
     if "input" not in body:

@@ -335,11 +335,6 @@ USER = {"type": "message", "role": "user", "content": [{"type": "input_text", "t
             "tools[0].type",
         ),
         (
-            _refused(tools=[{"type": "function", "name": "f", "strict": True, "parameters": {}}]),
-            UnsupportedToolError,
-            "tools[0].strict",
-        ),
-        (
             _refused(
                 tools=[
                     {"type": "function", "name": "spawn_agent"},

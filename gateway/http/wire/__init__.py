@@ -12,4 +12,8 @@ error shape. The parts:
     chat_completions.py  OpenAI chat completions: its error shape and its rendering
                          (gateway/http/chat_response.py); its request is gateway/intake/chat_request.py,
                          its route gateway/http/routes/openai.py
+    responses.py         the OpenAI Responses API (Codex CLI): its error shape (a refused stream ends
+                         with `response.failed`) and its rendering (gateway/http/responses_response.py);
+                         its request is gateway/intake/responses_request.py and responses_chat.py, its
+                         route gateway/http/routes/responses.py
 """
