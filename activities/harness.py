@@ -263,7 +263,8 @@ class HarnessRunner:
         codex_home.mkdir(parents=True)
         model = self.config.model_name
         catalog_path = codex_home / codex.CATALOG_FILE
-        catalog_path.write_text(json.dumps(codex.catalog(model, setup.instructions, options.context_window)))
+        entries = codex.catalog(model, setup.instructions, options.context_window, shell=options.shell)
+        catalog_path.write_text(json.dumps(entries))
         config = codex.codex_config(base_url, str(catalog_path), options, launch=launch, model=model)
         (codex_home / codex.CONFIG_FILE).write_text(to_toml(config))
         write_project_files(project, setup.files)

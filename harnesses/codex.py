@@ -9,10 +9,12 @@ part of it (no I/O): everything here is a function of the episode, the gateway's
   (the only one Codex 0.171 takes), the episode's token read from `GROVE_CODEX_TOKEN` (`env_key`), and
   `x-grove-launch: <n>` on every request (which launch of the episode sent it). The model is an entry of
   its own model catalog (`model_catalog_json`, `catalog_entry`) with short base instructions, no
-  reasoning levels, text input only and no search tool, so the first request is ~1.7k tokens
-  without subagents (Codex's default prompt is ~10k). Approval policy `never` and a sandbox that never
-  asks a person; web search, the environment/permissions/apps instructions, goals, bundled skills,
-  analytics, feedback, history and the update check off. `[agents] enabled` switches Codex's subagents
+  reasoning levels, text input only and no search tool, so the first request is a fraction of Codex's
+  default prompt (docs/harnesses.md has the sizes); `shell` off leaves apply_patch as the only tool
+  besides the subagents'. Approval policy `never` and a sandbox that never asks a person (and no
+  request_user_input tool: nobody is there to answer); web search, view_image (the policy reads text),
+  the environment/permissions/apps instructions, goals, bundled skills, analytics, feedback, history
+  and the update check off. `[agents] enabled` switches Codex's subagents
   (the `multi_agent_v1` namespace: spawn_agent, wait_agent, ...); `model_auto_compact_token_limit`
   makes it compact on the usage the gateway reports.
 - Environment (`codex_env`): only what Codex needs: PATH, its own HOME/XDG/TMPDIR folders under the
@@ -106,10 +108,13 @@ def setup_for(task: TaskSpec, options: CodexOptions) -> CodexSetup:
     return CodexSetup(message=str(message), instructions=instructions, files=files)
 
 
-def catalog_entry(model: str, instructions: str, context_window: int) -> dict[str, Any]:
+def catalog_entry(
+    model: str, instructions: str, context_window: int, *, shell: bool = True
+) -> dict[str, Any]:
     """Codex's model metadata for the served model: the fields Codex 0.171 requires, base instructions
     instead of its own ~17k-character prompt, no reasoning levels (no `reasoning.effort` is sent), text
-    input only, the free-form apply_patch tool, and tools given directly (no deferred tool search)."""
+    input only, the free-form apply_patch tool, and tools given directly (no deferred tool search).
+    `shell` False: no shell tools (`shell_type` "disabled": no exec_command / write_stdin)."""
     return {
         "slug": model,
         "display_name": model,
@@ -119,7 +124,7 @@ def catalog_entry(model: str, instructions: str, context_window: int) -> dict[st
         "supported_reasoning_levels": [],
         "supports_reasoning_summaries": False,
         "support_verbosity": False,
-        "shell_type": "shell_command",
+        "shell_type": "shell_command" if shell else "disabled",
         "apply_patch_tool_type": "freeform",
         "supports_search_tool": False,
         "supports_parallel_tool_calls": True,
@@ -132,9 +137,9 @@ def catalog_entry(model: str, instructions: str, context_window: int) -> dict[st
     }
 
 
-def catalog(model: str, instructions: str, context_window: int) -> dict[str, Any]:
+def catalog(model: str, instructions: str, context_window: int, *, shell: bool = True) -> dict[str, Any]:
     """The whole `model_catalog_json` file: one entry, the served model."""
-    return {"models": [catalog_entry(model, instructions, context_window)]}
+    return {"models": [catalog_entry(model, instructions, context_window, shell=shell)]}
 
 
 def codex_config(
@@ -168,7 +173,8 @@ def codex_config(
         "model_auto_compact_token_limit": options.auto_compact_token_limit,
         "check_for_update_on_startup": False,
         "model_providers": {PROVIDER: provider},
-        "features": {"goals": False},
+        "features": {"goals": False, "view_image": False},
+        "tools": {"experimental_request_user_input": {"enabled": False}},
         "agents": {"enabled": options.subagents},
         "skills": {"bundled": {"enabled": False}},
         "analytics": {"enabled": False},

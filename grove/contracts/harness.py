@@ -98,6 +98,11 @@ class CodexOptions(BaseModel):
         description="Codex's subagents (`[agents] enabled`): the multi_agent_v1 tools spawn_agent, "
         "send_input, wait_agent, close_agent, resume_agent (~9k characters of tool schemas per request)",
     )
+    shell: bool = Field(
+        True,
+        description="Codex's shell tools exec_command and write_stdin (~2.4k characters of schemas); false: "
+        "the catalog entry's shell_type is disabled (apply_patch and, with subagents, the agent tools stay)",
+    )
     context_window: int = Field(
         2048, ge=256, description="`context_window` of the catalog entry (Codex's view of the context)"
     )

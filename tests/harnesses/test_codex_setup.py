@@ -85,6 +85,8 @@ def test_the_config_points_codex_at_the_episode_and_asks_no_one():
     ):
         assert config[off] is False
     assert config["analytics"] == {"enabled": False} and config["skills"] == {"bundled": {"enabled": False}}
+    assert config["features"] == {"goals": False, "view_image": False}
+    assert config["tools"] == {"experimental_request_user_input": {"enabled": False}}
 
 
 def test_options_reach_the_config():
@@ -102,6 +104,8 @@ def test_the_catalog_entry_carries_the_instructions_and_no_reasoning():
     assert entry["slug"] == "grove" and entry["base_instructions"] == "Answer briefly."
     assert entry["context_window"] == 4096 and entry["supported_reasoning_levels"] == []
     assert entry["supports_search_tool"] is False and entry["input_modalities"] == ["text"]
+    assert entry["shell_type"] == "shell_command"
+    assert catalog("grove", "x", 4096, shell=False)["models"][0]["shell_type"] == "disabled"
 
 
 def test_the_delegation_family_and_overrides():

@@ -110,7 +110,8 @@ def _run_codex(folder: Path, port: int, options: CodexOptions, message: str) -> 
     codex_home = codex.codex_home_for(folder)
     codex_home.mkdir(parents=True, exist_ok=True)
     catalog_path = codex_home / codex.CATALOG_FILE
-    catalog_path.write_text(json.dumps(codex.catalog(codex.MODEL, "Answer with one word.", 4096)))
+    entries = codex.catalog(codex.MODEL, "Answer with one word.", 4096, shell=options.shell)
+    catalog_path.write_text(json.dumps(entries))
     base_url = f"http://127.0.0.1:{port}/episodes/ref/v1"
     config = codex.codex_config(base_url, str(catalog_path), options, launch=3)
     (codex_home / codex.CONFIG_FILE).write_text(to_toml(config))
@@ -149,9 +150,20 @@ def test_without_subagents_one_small_request_reaches_the_episode(tmp_path, scrip
     assert (
         form.messages[0]["content"] == "Answer with one word." and form.messages[1]["content"] == "Say apple"
     )
-    assert "spawn_agent" not in form.routes and form.routes["apply_patch"].kind == "custom"
+    assert sorted(form.routes) == [
+        "apply_patch",
+        "exec_command",
+        "write_stdin",
+    ]  # no view_image, no user input
+    assert form.routes["apply_patch"].kind == "custom"
     size = len(json.dumps(form.messages)) + len(json.dumps(form.tools))
-    assert size < 7000, size  # Codex's default prompt is ~41k characters
+    assert size < 6000, size  # Codex's default prompt is ~41k characters
+
+
+def test_without_shell_only_apply_patch_is_left(tmp_path, script):
+    _run_codex(tmp_path / "ep", script.port, CodexOptions(subagents=False, shell=False), "Say apple")
+    [seen] = script.seen
+    assert sorted(seen["form"].routes) == ["apply_patch"]
 
 
 def test_a_subagent_round_trip_splices_exactly(tmp_path, script):
