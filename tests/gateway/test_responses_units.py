@@ -445,3 +445,18 @@ def test_ids_are_a_function_of_the_call():
     c = response_body(_record(TURN, call_id="c2"), shape)
     assert a["id"] == b["id"] != c["id"] and a["id"].startswith("resp_")
     assert [i["id"] for i in a["output"]] == [i["id"] for i in b["output"]]
+
+
+def test_a_refused_stream_ends_with_response_failed():
+    """A stream whose last event the ledger refused ends with the Responses API's own failure event."""
+    from gateway.http.wire.refusal import Refusal
+    from gateway.http.wire.responses import RESPONSES_ERRORS
+
+    refusal = Refusal(409, "conflict_error", "EpisodeClosedError", "episode ep-1 is closed")
+    head, data = RESPONSES_ERRORS.event(refusal).decode().rstrip("\n").split("\n")
+    event = json.loads(data.removeprefix("data: "))
+    assert head == "event: response.failed" and event["type"] == "response.failed"
+    assert event["response"]["status"] == "failed"
+    assert event["response"]["error"] == {"code": "EpisodeClosedError", "message": "episode ep-1 is closed"}
+    answer = RESPONSES_ERRORS.response(refusal)
+    assert answer.status_code == 409 and json.loads(answer.body)["error"]["code"] == "EpisodeClosedError"
