@@ -194,3 +194,61 @@ async def test_bad_requests_are_refused_in_the_responses_error_shape_and_admit_n
         )
     assert err.value.code == "UnsupportedInputItemError"
     assert json.dumps(err.value.body).count("item_reference") >= 1
+
+
+def codex_meta(thread: str, *, parent: str | None = None, kind: str = "turn", window: int = 0) -> dict:
+    """Codex's `x-codex-turn-metadata` header (the fields gateway/pipeline/codex.py reads, as Codex sends)."""
+    meta = {
+        "session_id": "lead-thread", "thread_id": thread, "window_number": window, "request_kind": kind,
+        "thread_source": "subagent" if parent else "user", "agent_name": "/root",
+    }  # fmt: skip
+    if parent is not None:
+        meta["parent_thread_id"] = parent
+    return {"x-codex-turn-metadata": json.dumps(meta)}
+
+
+async def test_codex_threads_are_agents_and_a_compaction_is_a_summary_then_a_rewrite(
+    gateway_url, temporal_client
+):
+    """A lead thread, a subagent thread it spawned, the lead's compaction request (no tools) and the
+    first turn of its next window, identified from Codex's turn metadata alone."""
+    eid = await start_episode(temporal_client, "responses-codex-identity")
+    task = [DEVELOPER, user("Delegate the word apple.")]
+    async with http(gateway_url, eid) as c:
+        r0 = await c.post(
+            "/responses", json=responses_body(task, stream=False), headers=codex_meta("lead-thread")
+        )
+        assert r0.status_code == 200, r0.text
+        assert r0.headers["x-grove-call-id"] == "parent.0.c0"
+        sub = [DEVELOPER, user("Say apple.")]
+        r1 = await c.post(
+            "/responses",
+            json=responses_body(sub, stream=False),
+            headers=codex_meta("sub-1", parent="lead-thread"),
+        )
+        assert r1.status_code == 200, r1.text
+        assert r1.headers["x-grove-context"] == "worker-sub-1.0"  # no spawn_agent call named it
+        checkpoint = [
+            *task,
+            *r0.json()["output"],
+            user("You are performing a CONTEXT CHECKPOINT COMPACTION."),
+        ]
+        r2 = await c.post(
+            "/responses", json=responses_body(checkpoint, stream=False, tools=[]),
+            headers=codex_meta("lead-thread", kind="compaction"),
+        )  # fmt: skip
+        assert r2.status_code == 200, r2.text
+        assert r2.headers["x-grove-agent"] == "parent~summary"
+        summary_text = r2.json()["output"][0]["content"][0]["text"]
+        window = [*task, user(f"Another language model started to solve this problem: {summary_text}")]
+        r3 = await c.post(
+            "/responses",
+            json=responses_body(window, stream=False),
+            headers=codex_meta("lead-thread", window=1),
+        )
+        assert r3.status_code == 200, r3.text
+        assert r3.headers["x-grove-context"] == "parent.1"
+    s = contexts(await delivered_summary(temporal_client, eid))
+    assert s["worker-sub-1.0"].origin == "spawn" and s["worker-sub-1.0"].spawned_by_call == "parent.0.c0"
+    assert s["parent~summary.0"].agent == "parent~summary"
+    assert s["parent.1"].origin == "rewrite" and s["parent.1"].rewrite_of == "parent.0"
