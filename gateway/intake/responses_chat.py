@@ -72,14 +72,14 @@ class DuplicateCallIdError(ResponsesRequestError):
 
 
 class InputDiscontinuityError(UndeclaredDiscontinuityError):
-    """The pipeline's UndeclaredDiscontinuityError (same code) naming the input item where the history
-    differs (`param`: `input[i]`, `instructions` or `tools`) instead of the chat message it became."""
+    """The pipeline's UndeclaredDiscontinuityError (or its more specific hint, gateway/pipeline/hints.py:
+    same code, same message) naming the input item where the history differs (`param`: `input[i]`,
+    `instructions` or `tools`) instead of the chat message it became."""
 
-    openai_code = "UndeclaredDiscontinuityError"
-
-    def __init__(self, message: str, *, index: int | None, field: str, param: str) -> None:
+    def __init__(self, message: str, *, index: int | None, field: str, param: str, code: str) -> None:
         super().__init__(message, index=index, field=field)
         self.param = param
+        self.openai_code = code  # the error's code as the pipeline named it
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,10 @@ class ChatForm:
     def in_input_terms(self, err: UndeclaredDiscontinuityError) -> InputDiscontinuityError:
         """`err` (about messages[i]) naming the input item message i came from."""
         where = self.input_param(err.index)
-        return InputDiscontinuityError(f"{where}: {err}", index=err.index, field=err.field, param=where)
+        code = getattr(err, "openai_code", None) or type(err).__name__
+        return InputDiscontinuityError(
+            f"{where}: {err}", index=err.index, field=err.field, param=where, code=code
+        )
 
 
 # ------------------------------------------------------------------------------------------- tools

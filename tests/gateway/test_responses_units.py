@@ -460,3 +460,17 @@ def test_a_refused_stream_ends_with_response_failed():
     assert event["response"]["error"] == {"code": "EpisodeClosedError", "message": "episode ep-1 is closed"}
     answer = RESPONSES_ERRORS.response(refusal)
     assert answer.status_code == 409 and json.loads(answer.body)["error"]["code"] == "EpisodeClosedError"
+
+
+def test_a_discontinuity_is_named_by_its_input_item_and_keeps_its_code():
+    from chat.render import UndeclaredDiscontinuityError
+    from gateway.pipeline.hints import MissingIdentityHeadersError
+
+    form = _form(REQUESTS["tools_after_custom_call"]["body"])
+    plain = form.in_input_terms(UndeclaredDiscontinuityError("messages[5] differs", index=5, field="content"))
+    body = json.loads(error_response(plain).body)["error"]
+    assert (body["code"], body["param"]) == ("UndeclaredDiscontinuityError", "input[6]")
+    assert body["message"].startswith("input[6]: messages[5] differs")
+    hinted = form.in_input_terms(MissingIdentityHeadersError("no header", index=0, field="role"))
+    body = json.loads(error_response(hinted).body)["error"]
+    assert (body["code"], body["param"]) == ("MissingIdentityHeadersError", "input[0]")
