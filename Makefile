@@ -10,7 +10,7 @@ PYTEST = HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false $(
 
 # Pure tests only: the ledger, reconstruction, chat templates, capture, the gateway's pure rules, the loss
 # and advantages, configs and the repository's own checks. Anything that starts a service is elsewhere.
-UNIT = tests/ledger tests/forest tests/chat tests/capture tests/episodes/test_units.py \
+UNIT = tests/ledger tests/forest tests/chat tests/capture tests/episodes/test_units.py tests/episodes/test_restoring_units.py \
 	tests/gateway/test_app_units.py tests/gateway/test_continuation_units.py \
 	tests/gateway/test_launch_records_units.py tests/gateway/test_input_limits.py \
 	tests/gateway/test_opencode_names.py tests/gateway/test_sampling_refusals.py \
@@ -18,7 +18,7 @@ UNIT = tests/ledger tests/forest tests/chat tests/capture tests/episodes/test_un
 	tests/learner/test_config.py tests/learner/test_data_order.py tests/learner/test_off_policy.py \
 	tests/learner/test_episode_records.py tests/runs/test_runconfig.py tests/runs/test_parent_agent.py \
 	tests/harnesses/test_agents_handoffs.py tests/harnesses/test_delegation.py tests/harnesses/test_codex_setup.py \
-	tests/infra/test_cited_paths.py
+	tests/infra/test_cited_paths.py tests/storage/test_store_layout.py
 
 .PHONY: venv check unit test long ci
 

@@ -19,19 +19,15 @@ import time
 from temporalio import activity
 
 from grove.contracts import EngineStatus
+from grove.store_layout import engine_status_key, engine_statuses_prefix
 from storage.base import ObjectNotFoundError, ObjectStore
 
-STATUS_ROOT = "engines"
 REPORT_EVERY_S = 1.0
 STALE_AFTER_S = 10.0
 
 
 def engine_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def status_key(queue: str, eid: str) -> str:
-    return f"{STATUS_ROOT}/{queue}/{eid}.json"
 
 
 def snapshot(engine, queue: str, eid: str, started: float) -> EngineStatus:
@@ -45,7 +41,7 @@ def snapshot(engine, queue: str, eid: str, started: float) -> EngineStatus:
 async def report_forever(engine, store: ObjectStore, queue: str, every: float = REPORT_EVERY_S) -> None:
     """Write the engine's status every `every` seconds until cancelled (a failed write is skipped)."""
     eid, started = engine_id(), time.monotonic()
-    key = status_key(queue, eid)
+    key = engine_status_key(queue, eid)
     while True:
         data = snapshot(engine, queue, eid, started).model_dump_json().encode()
         with contextlib.suppress(Exception):  # a status report never takes the worker down
@@ -57,7 +53,7 @@ def read_statuses(store: ObjectStore, queue: str, *, live_only: bool = True) -> 
     """The engines that report on `queue`, by id; `live_only`: only reports younger than STALE_AFTER_S."""
     now = time.time()
     out = []
-    for key in sorted(store.list(f"{STATUS_ROOT}/{queue}/")):
+    for key in sorted(store.list(engine_statuses_prefix(queue))):
         try:
             status = EngineStatus.model_validate_json(store.get(key))
         except (ObjectNotFoundError, ValueError):

@@ -22,7 +22,7 @@ import numpy as np
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.episode_map import contexts_key, encode_contexts, ledger_contexts, record_contexts
+from activities.episode_map import encode_contexts, ledger_contexts, record_contexts
 from activities.failures import retryable_storage_failure
 from capture.call_archive import save_archive
 from capture.claims import load_completion
@@ -41,10 +41,11 @@ from grove.contracts import (
     MaterializeResult,
     RewardInput,
     RewardResult,
-    step_record_key,
 )
+from grove.gates import Gates
 from grove.receipts import CallReceipt, ContextOrigin, ContextRecord
-from grove.staging_format import CallTokens, StagedObjectError, decode_call_tokens, staging_prefix
+from grove.staging_format import CallTokens, StagedObjectError, decode_call_tokens
+from grove.store_layout import contexts_key, staging_prefix, step_record_key
 from harnesses.programs import family
 from ledger.handover import LedgerIndex, LedgerPage, join_pages, pack_page, unpack_page
 from ledger.ledger import Ledger
@@ -279,6 +280,9 @@ class EpisodeIO:
     @activity.defn(name="load_ledger_page")
     def load_ledger_page(self, key: str) -> bytes:
         """One snapshot page, packed for the workflow (a fraction of its JSON's bytes in the history)."""
+        gates = Gates.from_env()
+        if gates is not None:  # tests only (grove/gates.py): hold a restore while a page loads
+            gates.hold_sync("ledger_page_load", key)
         with io_attempt("load ledger page", key=key):
             return pack_page(LedgerPage.model_validate_json(self.store.get(key)))
 

@@ -1,6 +1,6 @@
 """The map of a closed episode: every context with its agent, origin links (spawned by which call, rewrite
 of which context, retired by which) and its calls per final state, one JSON line per context, written
-with the episode's rows by the materialize activity (`contexts_key`).
+with the episode's rows by the materialize activity (grove/store_layout.py `contexts_key`).
 
 Why a store object: at the close the episode's ledger pages are cleaned and the workflow's `summary`
 query is a running episode's (and answers one page at a time); `grove episode show` of a closed episode
@@ -15,12 +15,6 @@ from collections.abc import Iterable, Iterator
 from grove.receipts import CallReceipt, ContextRecord
 from ledger.accounting import ContextSummary, count_states
 from ledger.ledger import Ledger
-
-
-def contexts_key(episode_id: str) -> str:
-    """`contexts/{episode}.jsonl`: a prefix of its own, so that listing an episode's or a run's rows
-    (`rows/`) lists row files only."""
-    return f"contexts/{episode_id}.jsonl"
 
 
 def ledger_contexts(ledger: Ledger) -> Iterator[ContextSummary]:

@@ -31,8 +31,8 @@ from pathlib import Path
 from activities.engine import PolicyEngine, PublishReport
 from activities.publish import run_publish
 from grove.contracts import PolicyRef, PublishInput, PublishResult
+from grove.store_layout import commit_key
 from storage.base import ObjectStore
-from trainer.checkpoint_layout import commit_key
 
 
 class PolicyNotCommittedError(LookupError):

@@ -7,10 +7,10 @@ continuation is exact by construction. A chat prompt is rendered with the model'
 splicing the parent's exact tokens the same way (chat/render.py). The assembly is capture/prompt.py
 `build_prompt`, the same function the gateway's context window measures prompts with.
 
-Staging (idempotent, deterministic keys):
+Staging (idempotent, deterministic keys: grove/store_layout.py):
 1. `staging_key(episode, call)`: the call's CallTokens (grove/staging_format.py), written last with
    put_if_absent: it is the commit of the call.
-2. `receipt_key(episode, call, sha)`: a small JSON with what the arrays do not hold (policy version,
+2. `staged_receipt_key(episode, call, sha)`: a small JSON with what the arrays do not hold (policy version,
    finish reason, the sampling processing the engine sampled with), keyed by the sha256 of the
    arrays' bytes and written *before* them.
 The result carries that sampling processing (`GenerateResult.sampling`, from the staged receipt, so
@@ -50,13 +50,8 @@ from chat.toolcalls import ParsedAssistant
 from grove.contracts import ChatPrompt, Completion, Conversation, GenerateInput, GenerateResult
 from grove.receipts import ToolCallOutcome
 from grove.sampling import SamplingProcessing
-from grove.staging_format import (
-    STAGING_ROOT,
-    CallTokens,
-    decode_call_tokens,
-    encode_call_tokens,
-    staging_key,
-)
+from grove.staging_format import CallTokens, decode_call_tokens, encode_call_tokens
+from grove.store_layout import staged_receipt_key, staging_key
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, sha256_hex
 
 HEARTBEAT_SECONDS = 5.0  # the episode workflow's heartbeat timeout is 20 s
@@ -80,10 +75,6 @@ def call_seed(episode_id: str, call_id: str) -> int:
     """Sampling seed of a call: a pure function of its ids (31 bits: valid for every backend's RNG)."""
     digest = hashlib.sha256(f"{episode_id}\x00{call_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**31 - 1)
-
-
-def receipt_key(episode_id: str, call_id: str, arrays_sha256: str) -> str:
-    return f"{STAGING_ROOT}/{episode_id}/{call_id}.receipt-{arrays_sha256}.json"
 
 
 def tool_call_id_prefix(episode_id: str, call_id: str) -> str:
@@ -160,7 +151,7 @@ def staged_result(
             f"prompt ({tokens.prompt_ids.size} tokens vs {prompt.size} asked); a call id names one prompt "
             "forever: admit the new prompt under a new call id"
         )
-    rkey = receipt_key(inp.episode_id, inp.call_id, sha256_hex(data))
+    rkey = staged_receipt_key(inp.episode_id, inp.call_id, sha256_hex(data))
     try:
         receipt = StagedReceipt.model_validate_json(store.get(rkey))
     except ObjectNotFoundError:
@@ -189,7 +180,7 @@ def stage(
         finish_reason=gen.finish_reason,
         sampling=inp.sampling.processing(),  # what engine.generate was called with, exactly
     )
-    rkey = receipt_key(inp.episode_id, inp.call_id, sha256_hex(data))
+    rkey = staged_receipt_key(inp.episode_id, inp.call_id, sha256_hex(data))
     store.put_if_absent(rkey, json.dumps(receipt.model_dump(mode="json"), sort_keys=True).encode())
     try:
         store.put_if_absent(staging_key(inp.episode_id, inp.call_id), data)

@@ -1,6 +1,6 @@
 """The harness runner: one external harness process per episode, owned by the run (docs/harnesses.md).
 
-    EpisodeWorkflow (harness.kind "opencode", "codex" or "python")
+    EpisodeWorkflow (harness.kind "opencode", "claude-code", "codex" or "python")
         -> run_harness(HarnessRunInput) on the `harness` task queue (this module)
              mint the episode's token, write opencode.json (provider = the episode's gateway URL),
              launch `opencode run --pure --format json <message>` in the episode's own folder,
@@ -13,6 +13,8 @@
 Three kinds of process, one supervision (a `LaunchPlan` says what to run and how its events read):
 
 - `opencode`: stock OpenCode (harnesses/opencode.py writes its config, reads its `--format json` events);
+- `claude-code`: stock Claude Code (harnesses/claude_code.py builds its command line and environment:
+  `ANTHROPIC_BASE_URL` is the episode's prefix without `/v1`; reads its `stream-json` events);
 - `codex`: stock Codex CLI, `codex exec --json` (harnesses/codex.py writes its `config.toml` and model
   catalog into the launch's own CODEX_HOME, reads its events; it speaks the Responses API);
 - `python`: a Python harness program, `harness.python.entry = "package.module:function"`, run by
@@ -27,10 +29,11 @@ worker that serves the `harness` queue is built by `harness_worker` (cli/worker.
 --queues harness [--gateway-url URL]`); without a URL the worker serves an embedded gateway itself.
 
 Isolation: each episode gets `<root>/<sha256(episode id)[:16]>/{project,home}`, wiped at every launch,
-with the whole process environment built from scratch (harnesses/opencode.opencode_env): own HOME and
-XDG folders, OpenCode's offline switches, only its own token (Codex: its CODEX_HOME beside them, wiped
-too: harnesses/codex.codex_home_for). The project folder's path is the same at every launch, because
-OpenCode writes it into its system prompt: a relaunch then sends the same requests.
+with the whole process environment built from scratch (harnesses/opencode.opencode_env,
+harnesses/claude_code.claude_env, harnesses/codex.codex_env): own HOME and XDG folders (Claude Code: its
+own config folder too; Codex: its CODEX_HOME beside them, wiped too: harnesses/codex.codex_home_for), the
+harness's offline switches, only its own token. The project folder's path is the same at every launch,
+because OpenCode and Claude Code write it into their prompts: a relaunch then sends the same requests.
 
 Process lifetime: the process leads its own process group and gets SIGKILL when the worker thread that
 started it dies (PR_SET_PDEATHSIG), so a killed worker leaves no harness behind; at the deadline, on
@@ -74,7 +77,9 @@ from grove.contracts import (
     HarnessRunResult,
 )
 from grove.gates import Gates
-from harnesses import codex, python_harness
+from harnesses import claude_code, codex, python_harness
+from harnesses.claude_code import ClaudeCodeSetupError
+from harnesses.claude_code_install import ClaudeCodeInstallError, claude_code_binary
 from harnesses.codex_install import CodexInstallError, codex_binary
 from harnesses.opencode import (
     OpenCodeSetupError,
@@ -128,6 +133,10 @@ def opencode_plan(binary: Path, message: str, home: Path) -> LaunchPlan:
     return LaunchPlan(
         "OpenCode", opencode_argv(str(binary), message), opencode_env(str(home)), outcome_of_events
     )
+
+
+def claude_code_plan(argv: list[str], env: dict[str, str]) -> LaunchPlan:
+    return LaunchPlan("Claude Code", argv, env, claude_code.outcome_of_events)
 
 
 def codex_plan(binary: Path, message: str, home: Path, codex_home: Path, token: str) -> LaunchPlan:
@@ -199,8 +208,11 @@ class HarnessRunner:
         spec = inp.spec
         launch = activity.info().attempt
         planners = {
-            "opencode": self._opencode_launch, "codex": self._codex_launch, "python": self._python_launch
-        }  # fmt: skip
+            "opencode": self._opencode_launch,
+            "claude-code": self._claude_code_launch,
+            "codex": self._codex_launch,
+            "python": self._python_launch,
+        }
         if spec.harness.kind not in planners:
             raise ApplicationError(
                 f"episode {spec.episode_id!r}: the harness runner launches kinds {sorted(planners)}, not "
@@ -249,6 +261,26 @@ class HarnessRunner:
         (project / "opencode.json").write_text(json.dumps(config, indent=2))
         write_project_files(project, setup.files)
         return _Launch(opencode_plan(binary, setup.message, home), project, home)
+
+    async def _claude_code_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
+        options = spec.harness.claude_code
+        try:
+            setup = claude_code.setup_for(spec.task, options)
+            binary = await asyncio.to_thread(claude_code_binary, options.version)
+        except (ClaudeCodeSetupError, ClaudeCodeInstallError) as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
+        project, home = self._prepare(spec.episode_id)
+        env = claude_code.claude_env(
+            str(home), claude_code.anthropic_base_url(base_url), token, launch=launch,
+            max_output_tokens=options.output_limit or spec.sampling.max_tokens,
+            request_timeout_s=options.request_timeout_s or spec.harness.deadline_s,
+            max_context_tokens=options.max_context_tokens,
+        )  # fmt: skip
+        argv = claude_code.claude_argv(
+            str(binary), setup, model=self.config.model_name, episode_id=spec.episode_id
+        )
+        write_project_files(project, setup.files)
+        return _Launch(claude_code_plan(argv, env), project, home)
 
     async def _codex_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
         options = spec.harness.codex

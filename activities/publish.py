@@ -1,6 +1,6 @@
 """The `publish_weights` activity body: load a committed learner checkpoint into the running engine.
 
-The checkpoint's model folder (trainer/checkpoint_layout.py) is downloaded, sha256-verified against
+The checkpoint's model folder (grove/store_layout.py) is downloaded, sha256-verified against
 its COMMIT manifest (trainer/checkpoint.py), into `weights_root/{run}/step-NNNNNN/`: first into a
 temporary folder, renamed into place only when complete, so a folder under its final name is always
 a whole checkpoint. The engine then loads it in place (activities/engine.py: publish). Folders of

@@ -48,11 +48,11 @@ from activities.train_ranks import (
 from grove.contracts import TrainStepInput, TrainStepResult
 from grove.contracts.training import StageBaseModelInput, StageBaseModelResult
 from grove.episodes import EpisodeRecord
+from grove.store_layout import MODEL_DIR, commit_key, episodes_key, guard_refusal_key, metrics_key
 from models.registry import ModelResolutionError, NotAModelFolderError, ensure_model
 from storage.base import ObjectStore, StorageError
 from trainer.base_model import BaseModelFolderError, base_manifest, download_base_model, stage_base_model
 from trainer.checkpoint import (
-    MODEL_DIR,
     check_config,
     commit_files,
     download_checkpoint,
@@ -60,26 +60,11 @@ from trainer.checkpoint import (
     local_checkpoint_files,
     save_checkpoint,
 )
-from trainer.checkpoint_layout import commit_key, step_prefix
 from trainer.learner import GradientRefusal, Learner
 from trainer.off_policy import PolicyLagError, check_policy_lag, lag_metrics
 from trainer.rows import Row, rows_from_parquet
 
 HEARTBEAT_EVERY_S = 10.0
-
-
-def metrics_key(run_id: str, step: int) -> str:
-    return step_prefix(run_id, step) + "metrics.json"
-
-
-def guard_refusal_key(run_id: str, step: int) -> str:
-    """The gradient guard's evidence of a refused step (trainer/grad_guard.py): which pass, rows, norms."""
-    return step_prefix(run_id, step) + "guard_refusal.json"
-
-
-def episodes_key(run_id: str, step: int) -> str:
-    """Per episode of the step: status, failure kind, baseline reward, advantage (for inspection)."""
-    return step_prefix(run_id, step) + "episodes.json"
 
 
 class TrainerActivities:

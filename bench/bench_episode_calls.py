@@ -59,7 +59,7 @@ from grove.contracts import (  # noqa: E402
 from grove.episode_start import start_episode  # noqa: E402
 from grove.headers import AGENT_HEADER  # noqa: E402
 from grove.receipts import ContextOrigin, ContextRecord  # noqa: E402
-from grove.staging_format import staging_key  # noqa: E402
+from grove.store_layout import staging_key  # noqa: E402
 from trainer.rows import rows_from_parquet  # noqa: E402
 
 

@@ -30,7 +30,8 @@ import numpy as np
 
 from grove.receipts import CallKind, CallReceipt, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingProcessing
-from grove.staging_format import CallTokens, staging_key
+from grove.staging_format import CallTokens
+from grove.store_layout import staging_key
 from ledger.ledger import Ledger
 from trainer.forest import EpisodeRef, reconstruct
 from trainer.rows import Row, Span, rows_to_parquet

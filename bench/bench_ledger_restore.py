@@ -37,6 +37,7 @@ from grove.client import connect  # noqa: E402
 from grove.contracts import EpisodeProgress, EpisodeSpec, HarnessSpec  # noqa: E402
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests  # noqa: E402
 from grove.sampling import SamplingConfig  # noqa: E402
+from grove.store_layout import ledger_page_key, staging_key  # noqa: E402
 from harnesses import scenario  # noqa: E402
 from infra.temporal import TemporalDevServer  # noqa: E402
 from ledger.handover import (  # noqa: E402
@@ -46,7 +47,6 @@ from ledger.handover import (  # noqa: E402
     apply_page,
     changed_pages,
     pack_page,
-    page_key,
     unpack_page,
 )
 from ledger.ledger import Ledger  # noqa: E402
@@ -73,10 +73,10 @@ def write_long_ledger(store: LocalStore, episode_id: str, calls: int, per_run: i
             completion_sha256=_sha(f"c{i}"), logprobs_sha256=_sha(f"l{i}"),
         )  # fmt: skip
         ledger.admit(call_id, "parent", extends=None if i == 0 else "parent.c0", branch=i > 0)
-        ledger.complete(call_id, f"staging/{episode_id}/{call_id}.safetensors", digests, 0, "length")
+        ledger.complete(call_id, staging_key(episode_id, call_id), digests, 0, "length")
         if (i + 1) % per_run == 0 or i + 1 == calls:
             for k, page in enumerate(changed_pages(ledger, saved_contexts, saved_calls, items)):
-                key = page_key(episode_id, run, "handover", k)
+                key = ledger_page_key(episode_id, run, "handover", k)
                 store.put_if_absent(key, page.model_dump_json().encode())
                 keys.append(key)
             saved_contexts = {k: v.model_copy(deep=True) for k, v in ledger.contexts.items()}

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from grove.receipts import CallReceipt, ContextRecord
 from grove.staging_format import CallTokens, decode_call_tokens
+from grove.store_layout import call_archive_key
 from storage.base import ObjectNotFoundError, ObjectStore
 
 PROMPT_TAIL = 96  # prompt tokens kept per call: what the call was answering
@@ -49,12 +50,6 @@ class CallArchive(BaseModel):
     group_id: str
     contexts: list[ContextRecord]
     calls: list[ArchivedCall]
-
-
-def archive_key(episode_id: str) -> str:
-    """`calls/{episode}.json`: a prefix of its own, so that listing an episode's or a run's rows
-    (`rows/...`) finds rows only."""
-    return f"calls/{episode_id}.json"
 
 
 def archived_call(receipt: CallReceipt, tokens: CallTokens | None, record: Any | None) -> ArchivedCall:
@@ -130,7 +125,7 @@ def save_archive(
     archive = build_archive(
         episode_id, group_id, contexts, receipts, staged_tokens(store, known_tokens), record_of
     )
-    key = archive_key(episode_id)
+    key = call_archive_key(episode_id)
     store.put_if_absent(key, encode_archive(archive))
     return key
 
@@ -138,6 +133,6 @@ def save_archive(
 def load_archive(store: ObjectStore, episode_id: str) -> CallArchive | None:
     """The episode's archive, None when there is none (an episode materialized before archives)."""
     try:
-        return CallArchive.model_validate_json(store.get(archive_key(episode_id)))
+        return CallArchive.model_validate_json(store.get(call_archive_key(episode_id)))
     except ObjectNotFoundError:
         return None

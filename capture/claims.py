@@ -26,12 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grove.contracts import CallRequest, CallResult, Completion, Conversation, GenerateResult, ObjectRef
-from grove.staging_format import staging_prefix
+from grove.store_layout import chat_prompt_key, completion_key, conversation_key, staging_prefix
 from storage.base import DigestMismatchError, ObjectNotFoundError, ObjectStore, StorageError, sha256_hex
-
-
-def request_key(episode_id: str, call_id: str, sha256: str) -> str:
-    return f"{staging_prefix(episode_id)}requests/{call_id}-{sha256[:16]}.json"
 
 
 def stash_prompt(store: ObjectStore, episode_id: str, call: CallRequest) -> CallRequest:
@@ -41,15 +37,10 @@ def stash_prompt(store: ObjectStore, episode_id: str, call: CallRequest) -> Call
         return call
     data = chat.model_dump_json().encode()
     sha = sha256_hex(data)
-    key = request_key(episode_id, call.call_id, sha)
+    key = chat_prompt_key(episode_id, call.call_id, sha)
     store.put_if_absent(key, data)
     ref = ObjectRef(key=key, sha256=sha, size=len(data))
     return call.model_copy(update={"prompt": call.prompt.model_copy(update={"chat": None, "chat_ref": ref})})
-
-
-def conversation_prefix(episode_id: str, call_id: str) -> str:
-    """Where call `call_id`'s stored Conversations are (`stash_conversation`)."""
-    return f"{staging_prefix(episode_id)}conversations/{call_id}-"
 
 
 def stash_conversation(
@@ -59,7 +50,7 @@ def stash_conversation(
     bytes: a re-run verifies its own); read back by capture/prompt.py `resolve_chat_delta`."""
     data = conversation.model_dump_json().encode()
     sha = sha256_hex(data)
-    key = f"{conversation_prefix(episode_id, call_id)}{sha[:16]}.json"
+    key = conversation_key(episode_id, call_id, sha)
     store.put_if_absent(key, data)
     return ObjectRef(key=key, sha256=sha, size=len(data))
 
@@ -123,10 +114,6 @@ _COMPLETION_ERRORS = ClaimErrors(
     "ends: retry the request, which generates the call again",
     changed_hint="the stored completion was changed; retry the request",
 )
-
-
-def completion_key(episode_id: str, call_id: str, sha256: str) -> str:
-    return f"{staging_prefix(episode_id)}completions/{call_id}-{sha256[:16]}.json"
 
 
 def inline_size(completion_ids: list[int], completion: Completion) -> int:

@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from capture.claims import ClaimErrors, conversation_prefix, read_claim
+from capture.claims import ClaimErrors, read_claim
 from chat.render import Predecessor, render_chat
 from chat.tool_parsers import ToolCallParser
 from grove.contracts import ChatPrompt, Conversation, PromptSpec
-from grove.staging_format import CallTokens, decode_call_tokens, staging_key
+from grove.staging_format import CallTokens, decode_call_tokens
+from grove.store_layout import conversation_prefix, staging_key
 from storage.base import ObjectNotFoundError, ObjectStore
 
 

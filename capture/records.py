@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from grove.receipts import CallKind
-from grove.staging_format import staging_prefix
+from grove.store_layout import chat_record_key
 from storage.base import ObjectNotFoundError, ObjectStore
 
 
@@ -54,23 +54,18 @@ class ChatRecord(BaseModel):
     launch: int | None = None  # which launch of a runner-launched harness made it (x-grove-launch)
 
 
-def record_key(episode_id: str, call_id: str) -> str:
-    """`staging/{episode}/{call}.chat.json`, beside the call's `.safetensors`."""
-    return f"{staging_prefix(episode_id)}{call_id}.chat.json"
-
-
 def encode_record(record: ChatRecord) -> bytes:
     """Deterministic bytes (a retried write of the same record verifies instead of failing)."""
     return json.dumps(record.model_dump(mode="json"), sort_keys=True, ensure_ascii=False).encode()
 
 
 def save_record(store: ObjectStore, record: ChatRecord) -> None:
-    store.put_if_absent(record_key(record.episode_id, record.call_id), encode_record(record))
+    store.put_if_absent(chat_record_key(record.episode_id, record.call_id), encode_record(record))
 
 
 def load_record(store: ObjectStore, episode_id: str, call_id: str) -> ChatRecord | None:
     """The call's record, None if there is none; CorruptChatRecordError for a foreign object."""
-    key = record_key(episode_id, call_id)
+    key = chat_record_key(episode_id, call_id)
     try:
         data = store.get(key)
     except ObjectNotFoundError:

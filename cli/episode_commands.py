@@ -20,8 +20,11 @@ grove's defaults (temperature 1.0, top_p 1.0, 256 tokens); it is printed either 
     grove episode show <episode id>      # its contexts while it runs; its result and rows once closed
     grove episode view <episode id>      # an offline HTML page of it (cli/episode_view.py)
 
+A running episode whose workflow run is still loading its ledger's pages (after a continue-as-new) is
+shown once they are loaded: `show` waits up to `--wait` seconds (grove/ledger_restoring.py).
+
 Exit codes: 0 ok, 2 usage, 4 no such episode (show), 5 Temporal unreachable, 6 the episode id exists
-already (start).
+already (start), 7 the episode was still restoring its ledger after `--wait` seconds (show: ask again).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import json
 import os
 import sys
 import uuid
+from functools import partial
 
 import typer
 
@@ -41,6 +45,8 @@ episode_app = typer.Typer(
 EXIT_NOT_FOUND = 4
 EXIT_UNREACHABLE = 5
 EXIT_CONFLICT = 6
+EXIT_RESTORING = 7
+SHOW_WAIT_S = 60.0  # how long `show` waits for a running episode's ledger to be restored
 
 
 @episode_app.command("start")
@@ -142,11 +148,17 @@ def episode_sampling(
 def show(
     episode_id: str = typer.Argument(..., help="The episode (workflow) id `grove episode start` printed."),
     address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS)."),
+    wait: float = typer.Option(
+        SHOW_WAIT_S, help="Seconds to wait for a running episode that is restoring its ledger from pages."
+    ),
 ) -> None:
     """What grove recorded of an episode: its contexts (agents, spawns, rewrites) while it runs; its
     result, contexts and rows once it is closed (from $GROVE_STORE)."""
     try:
-        lines = asyncio.run(_show(episode_id, address))
+        lines = asyncio.run(_show(episode_id, address, wait, _restoring_notice(wait)))
+    except _Restoring as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_RESTORING)
     except _Unreachable as err:
         typer.echo(str(err), err=True)
         _exit_now(EXIT_UNREACHABLE)
@@ -216,6 +228,22 @@ class _NotFound(Exception):
     pass
 
 
+class _Restoring(Exception):
+    """The episode's run was still loading its ledger's pages after `--wait` seconds."""
+
+
+def _restoring_notice(wait: float):
+    """Says once, on stderr, that `show` waits for a restore (grove/ledger_restoring.py)."""
+    said: list[bool] = []
+
+    def notice(err: BaseException) -> None:
+        if not said:
+            said.append(True)
+            typer.echo(f"{getattr(err, 'message', err)}\nwaiting up to {wait:g} s", err=True)
+
+    return notice
+
+
 def episode_spec(eid: str, family_name: str, index: int, sampling, idle_timeout_s: float):
     """The hand-started episode's EpisodeSpec; EpisodeSpecError names what it refuses."""
     from grove.contracts import EpisodeSpec, HarnessSpec
@@ -243,7 +271,9 @@ async def _start(spec, address: str | None) -> None:
         raise _Conflict(f"{err}; pick another --id") from None
 
 
-async def _show(eid: str, address: str | None) -> list[str]:
+async def _show(eid: str, address: str | None, wait: float = SHOW_WAIT_S, on_restoring=None) -> list[str]:
+    """The lines `show` prints; `on_restoring` sees each refusal of a ledger still restoring that is
+    waited out (for `wait` seconds at most, then _Restoring)."""
     from temporalio.client import WorkflowExecutionStatus
     from temporalio.service import RPCError, RPCStatusCode
 
@@ -263,7 +293,7 @@ async def _show(eid: str, address: str | None) -> list[str]:
             raise _NotFound(f"no episode {eid!r} on {client.service_client.config.target_host}") from None
         raise
     if desc.status == WorkflowExecutionStatus.RUNNING:
-        return summary_lines(eid, await _summary_pages(handle))
+        return summary_lines(eid, await _summary_pages(handle, wait, on_restoring))
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         result = await handle.result()
         rows, contexts = await asyncio.to_thread(_closed_records, result)
@@ -271,20 +301,36 @@ async def _show(eid: str, address: str | None) -> list[str]:
     return [f"episode   {eid}  {desc.status.name if desc.status else 'unknown'}"]
 
 
-async def _summary_pages(handle) -> list:
-    """Every page of a running episode's `summary` (each answer bounded: ledger/accounting.py)."""
+async def _summary_pages(handle, wait: float, on_restoring=None) -> list:
+    """Every page of a running episode's `summary` (each answer bounded: ledger/accounting.py), once its
+    ledger is restored (asked again for `wait` seconds at most, then _Restoring)."""
+    from temporalio.client import WorkflowQueryFailedError
+
+    from grove.ledger_restoring import ask_while_restoring, is_restoring
     from ledger.accounting import LedgerSummary, SummaryPage
 
-    pages = [await handle.query("summary", SummaryPage(), result_type=LedgerSummary)]
+    def restoring(err: BaseException) -> bool:
+        return isinstance(err, WorkflowQueryFailedError) and is_restoring(err.message)
+
+    async def page(offset: int) -> LedgerSummary:
+        ask = partial(handle.query, "summary", SummaryPage(offset=offset), result_type=LedgerSummary)
+        try:
+            return await ask_while_restoring(ask, restoring, patience=wait, on_wait=on_restoring)
+        except WorkflowQueryFailedError as err:
+            if not restoring(err):
+                raise
+            raise _Restoring(f"{err.message}\n(still restoring after {wait:g} s: ask again)") from None
+
+    pages = [await page(0)]
     while pages[-1].next_offset is not None:
-        page = SummaryPage(offset=pages[-1].next_offset)
-        pages.append(await handle.query("summary", page, result_type=LedgerSummary))
+        pages.append(await page(pages[-1].next_offset))
     return pages
 
 
 def _closed_records(result) -> tuple[list, list | None]:
     """A closed episode's rows and context map from the store ($GROVE_STORE); None: no map was written."""
-    from activities.episode_map import contexts_key, decode_contexts
+    from activities.episode_map import decode_contexts
+    from grove.store_layout import contexts_key
     from storage.base import ObjectNotFoundError
     from storage.config import store_from_env
     from trainer.rows import rows_from_parquet

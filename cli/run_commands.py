@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from grove import runconfig
-from grove.contracts import step_record_key
+from grove.store_layout import step_records_prefix
 
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
@@ -322,6 +322,6 @@ def _history_text(result) -> str:
         for r in result.history
     ]
     if result.history_from > 1:  # a run longer than carried_history_steps: the rest is in the store
-        key = step_record_key(result.run_id, 1).rsplit("/", 1)[0]
-        lines.insert(0, f"  steps 1-{result.history_from - 1}: records in the object store under {key}/")
+        key = step_records_prefix(result.run_id)
+        lines.insert(0, f"  steps 1-{result.history_from - 1}: records in the object store under {key}")
     return "\n".join(lines)

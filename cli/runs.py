@@ -37,7 +37,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from grove import queues
 from grove.client import connect, temporal_address
-from grove.contracts import EpisodeResult, RunConfig, RunResult, RunState, StepRecord, step_record_key
+from grove.contracts import EpisodeResult, RunConfig, RunResult, RunState, StepRecord
+from grove.store_layout import step_record_key
 from grove.visibility import of_run, run_clause
 from storage.base import ObjectStore
 

@@ -21,13 +21,15 @@ Points: `generate` (activities/engine.py: a finished generation, before it is re
 object; key = object key), `store_before_put` (the same stores, before they write an object: a test can stop
 the object store while a write is about to happen), `train_rank` (activities/train_ranks.py: a learner rank
 after each forward/backward pass; key = `run/step-NNNNNN/rank-R/pass-K`), `harness_starting`
-(activities/harness.py: a harness process was spawned, its start not finished; key = episode id) and
+(activities/harness.py: a harness process was spawned, its start not finished; key = episode id),
 `harness_exited` (activities/harness.py: a launched harness process has ended, before the runner closes its
-episode; key = episode id), `heartbeat_query` (activities/harness.py: the runner's heartbeat about to query
-the episode's ledger; key = episode id), `engine_loading` (activities/vllm_worker_ext.py: an engine's model
-worker process, loading, while vLLM's start blocks its owner; key = the owner's pid) and `chat_request`
-(gateway/pipeline/capture.py: a harness's chat request arrived at the gateway, nothing decided or admitted
-yet; key = `{episode id}/{launch or 0}/{x-grove-agent or -}/{number of messages}`).
+episode; key = episode id), `ledger_page_load` (activities/episode_io.py: a ledger page that a
+continued-as-new episode run is about to load for its restore; key = page key), `heartbeat_query`
+(activities/harness.py: the runner's heartbeat about to query the episode's ledger; key = episode id),
+`engine_loading` (activities/vllm_worker_ext.py: an engine's model worker process, loading, while vLLM's start
+blocks its owner; key = the owner's pid) and `chat_request` (gateway/pipeline/capture.py: a harness's chat
+request arrived at the gateway, nothing decided or admitted yet; key =
+`{episode id}/{launch or 0}/{x-grove-agent or -}/{number of messages}`).
 """
 
 from __future__ import annotations

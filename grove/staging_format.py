@@ -1,8 +1,9 @@
 """The staged form of one call's token arrays: deterministic safetensors bytes (pure, no I/O).
 
-The generation activity writes one object per call at `staging_key(episode_id, call_id)`; the
-reconstruction reads it back and verifies it against the call's receipt digests. Digests are sha256
-of the raw little-endian arrays (int32 ids, float32 logprobs), so they do not depend on the container.
+The generation activity writes one object per call at `staging_key(episode_id, call_id)`
+(grove/store_layout.py); the reconstruction reads it back and verifies it against the call's receipt
+digests. Digests are sha256 of the raw little-endian arrays (int32 ids, float32 logprobs), so they do not
+depend on the container.
 """
 
 from __future__ import annotations
@@ -16,21 +17,11 @@ from safetensors.numpy import save as st_save
 
 from grove.receipts import TokenDigests
 
-STAGING_ROOT = "staging"
 _FIELDS = ("prompt_ids", "completion_ids", "logprobs")
 
 
 class StagedObjectError(ValueError):
     """A staged object is not a valid call-token container (missing array, wrong dtype or length)."""
-
-
-def staging_key(episode_id: str, call_id: str) -> str:
-    """Deterministic object key of a call's staged arrays."""
-    return f"{STAGING_ROOT}/{episode_id}/{call_id}.safetensors"
-
-
-def staging_prefix(episode_id: str) -> str:
-    return f"{STAGING_ROOT}/{episode_id}/"
 
 
 def _sha(a: np.ndarray) -> str:

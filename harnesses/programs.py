@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from grove.contracts import HarnessOutcome, RewardResult, TaskSpec
 from harnesses import (
+    claude_code_delegation,
     delegation,
     framework_delegation,
     opencode_delegation,
@@ -44,6 +45,8 @@ TASK_FAMILIES: dict[
     # the same episodes, rewarded for the shape of the reports and the final answer
     # (harnesses/opencode_report.py)
     opencode_report.FAMILY: (opencode_report.make_task, opencode_report.score),
+    # driven by stock Claude Code through the gateway's Messages API (harnesses/claude_code_delegation.py)
+    claude_code_delegation.FAMILY: (claude_code_delegation.make_task, claude_code_delegation.score),
     # driven by a LangGraph or Agents SDK program the runner launches (harnesses/framework_delegation.py)
     **{
         name: (framework_delegation.make_task_of(name), framework_delegation.score)

@@ -3,8 +3,8 @@
 A long episode continues-as-new (workflows/episode.py) and hands its ledger to the next run. A ledger
 of thousands of calls is larger than one Temporal payload (2 MB), so it travels through the object
 store as pages of at most `EpisodeSpec.ledger_page_items` contexts + calls (default 1,000); the
-workflow carries only the pages' keys. Page keys are deterministic per (episode, run, purpose, index),
-so a retried write finds its own bytes.
+workflow carries only the pages' keys. Page keys are deterministic per (episode, run, purpose, index)
+(grove/store_layout.py `ledger_page_key`), so a retried write finds its own bytes.
 
 Pages are incremental: a run writes only the contexts and calls that changed since the pages it was
 restored from (`changed_pages`), and a ledger is the pages of all runs joined in order, later pages
@@ -88,20 +88,7 @@ class EpisodeRun(EpisodeSpec):
     carry: EpisodeCarry | None = None
 
 
-LEDGER_ROOT = "ledger"
 PACK_LEVEL = 6  # zlib: level 9 saves < 1% more on receipts (sha256 hex dominates what is left)
-
-
-def ledger_prefix(episode_id: str) -> str:
-    return f"{LEDGER_ROOT}/{episode_id}/"
-
-
-def page_key(episode_id: str, run_index: int, purpose: str, index: int) -> str:
-    return f"{ledger_prefix(episode_id)}run-{run_index:05d}/{purpose}/page-{index:05d}.json"
-
-
-def index_key(episode_id: str, run_index: int) -> str:
-    return f"{ledger_prefix(episode_id)}run-{run_index:05d}/index.json"
 
 
 def ledger_items(ledger: Ledger) -> int:

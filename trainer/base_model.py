@@ -8,7 +8,7 @@ versions); an engine serving version 0 from other bytes than the learner starts 
 give every step-1 token a behaviour logprob of another policy.
 
 So the trainer host resolves the model once, when the run starts (the `stage_base_model` activity), and
-writes the folder's files under `runs/{run_id}/base-model/` (trainer/checkpoint_layout.py) with a
+writes the folder's files under `runs/{run_id}/base-model/` (grove/store_layout.py) with a
 COMMIT manifest {file: sha256} written last, like a checkpoint. The learner of step 1 (on whichever
 trainer host runs it), its KL reference, and every engine that serves version 0 then download those
 bytes, sha256-verified, to their own disk: version 0 is one set of bytes, and no host reads another's
@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from grove.store_layout import MODEL_DIR, base_model_commit_key, base_model_prefix
 from storage.base import ObjectNotFoundError, ObjectStore
 from trainer.checkpoint import commit_under, download_model_files
-from trainer.checkpoint_layout import MODEL_DIR, base_commit_key, base_prefix
 
 FORMAT = 1
 
@@ -50,7 +50,7 @@ def folder_files(folder: Path) -> dict[str, bytes]:
 def base_manifest(store: ObjectStore, run_id: str) -> dict[str, str] | None:
     """The committed base model's manifest {file: sha256}, or None when the run staged none."""
     try:
-        return dict(json.loads(store.get(base_commit_key(run_id)))["files"])
+        return dict(json.loads(store.get(base_model_commit_key(run_id)))["files"])
     except ObjectNotFoundError:
         return None
 
@@ -63,12 +63,11 @@ def stage_base_model(
     if committed is not None:
         return committed, False
     header = {"format": FORMAT, "run_id": run_id, "model": model}
-    return commit_under(store, base_prefix(run_id), folder_files(folder), header), True
+    return commit_under(store, base_model_prefix(run_id), folder_files(folder), header), True
 
 
 def download_base_model(store: ObjectStore, run_id: str, manifest: dict[str, str], dest_dir: Path) -> Path:
     """The committed base model's folder into `dest_dir`, every file sha256-verified; returns dest_dir."""
-    what_to_do = (
-        f"stage the base model of run {run_id!r} again (delete {base_prefix(run_id)!r}) or start a new run"
-    )
-    return download_model_files(store, base_prefix(run_id), manifest, dest_dir, what_to_do)
+    prefix = base_model_prefix(run_id)
+    what_to_do = f"stage the base model of run {run_id!r} again (delete {prefix!r}) or start a new run"
+    return download_model_files(store, prefix, manifest, dest_dir, what_to_do)

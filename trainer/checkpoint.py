@@ -1,6 +1,6 @@
 """Learner checkpoints in the object store: atomic by a commit marker, loadable without unpickling.
 
-Layout (trainer/checkpoint_layout.py): under `checkpoints/{run}/step-{N:06d}/`
+Layout (grove/store_layout.py): under `checkpoints/{run}/step-{N:06d}/`
 - `model/`: a complete Hugging Face folder (config.json, generation_config.json, model.safetensors
   from `save_pretrained`, plus the base model's tokenizer files and chat template), which
   transformers and vLLM load as a model path;
@@ -39,8 +39,15 @@ from pydantic import BaseModel
 from transformers import PreTrainedModel
 
 from grove.learner_config import NOT_FINGERPRINTED, LearnerConfig
+from grove.store_layout import (
+    COMMIT,
+    MODEL_DIR,
+    checkpoint_prefix,
+    checkpoints_prefix,
+    commit_key,
+    parse_step,
+)
 from storage.base import ObjectNotFoundError, ObjectStore, sha256_hex
-from trainer.checkpoint_layout import COMMIT, MODEL_DIR, commit_key, parse_step, run_prefix, step_prefix
 from trainer.grad_guard import GradientGuard
 from trainer.learner import Learner
 
@@ -244,7 +251,7 @@ def commit_files(store: ObjectStore, run_id: str, step: int, files: dict[str, by
     manifest returned unchanged (a retried save never rewrites a visible checkpoint)."""
     if store.exists(commit_key(run_id, step)):
         return verify_committed(store, run_id, step)
-    return commit_under(store, step_prefix(run_id, step), files, {"step": step})
+    return commit_under(store, checkpoint_prefix(run_id, step), files, {"step": step})
 
 
 def commit_under(store: ObjectStore, prefix: str, files: dict[str, bytes], header: dict) -> dict[str, str]:
@@ -274,7 +281,7 @@ def verify_committed(store: ObjectStore, run_id: str, step: int) -> dict[str, st
 
 def latest_committed_step(store: ObjectStore, run_id: str) -> int | None:
     """The highest step of `run_id` with a COMMIT marker, or None if there is none."""
-    steps = [s for s in (parse_step(k) for k in store.list(run_prefix(run_id))) if s is not None]
+    steps = [s for s in (parse_step(k) for k in store.list(checkpoints_prefix(run_id))) if s is not None]
     return max(steps) if steps else None
 
 
@@ -291,7 +298,7 @@ def read_manifest(store: ObjectStore, run_id: str, step: int) -> dict[str, str]:
 
 
 def _get_verified(store: ObjectStore, run_id: str, step: int, name: str, manifest: dict[str, str]) -> bytes:
-    return get_verified(store, step_prefix(run_id, step), name, manifest, "Resume from another step")
+    return get_verified(store, checkpoint_prefix(run_id, step), name, manifest, "Resume from another step")
 
 
 def get_verified(
@@ -317,7 +324,7 @@ def download_model_folder(store: ObjectStore, run_id: str, step: int, dest_dir: 
     """Write the committed model folder of `step` into `dest_dir` (sha256-verified); returns dest_dir."""
     manifest = read_manifest(store, run_id, step)
     return download_model_files(
-        store, step_prefix(run_id, step), manifest, dest_dir, "Resume from another step"
+        store, checkpoint_prefix(run_id, step), manifest, dest_dir, "Resume from another step"
     )
 
 

@@ -27,7 +27,9 @@ Durability rules (docs/design.md section 8; the activities' options are workflow
   store (workflows/episode_pages.py), after which only the live calls are carried (calls older than
   `spec.branch_window` are settled: in the pages, trained, no longer in the workflow; naming one is
   SettledCallError). The workflow id stays the same, so callers that address it by id (the gateway)
-  follow the hand-over.
+  follow the hand-over. While the next run loads a paged ledger, Updates wait for it and the queries
+  that read the ledger are refused with `LedgerRestoring` (grove/ledger_restoring.py): an answer from
+  part of the ledger would misinform the gateway's plan.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ with workflow.unsafe.imports_passed_through():
         LoadCompletionInput,
         close_digest,
     )
+    from grove.ledger_restoring import LEDGER_RESTORING, restoring_message
     from grove.receipts import ContextRecord
+    from grove.store_layout import rows_key
     from harnesses.native import GENERATION_FAILED, NativeHarnessError, failure_outcome, run_program
     from harnesses.programs import PROGRAMS
     from ledger.accounting import LedgerSummary, SummaryPage
@@ -87,7 +91,6 @@ with workflow.unsafe.imports_passed_through():
         episode_result,
         materialize,
         materialize_input,
-        rows_key,
         score,
     )
     from workflows.episode_pages import LedgerPages
@@ -492,24 +495,37 @@ class EpisodeWorkflow:
         """One page of the ledger's summary (the first SUMMARY_PAGE_CONTEXTS contexts without `page`):
         bounded, so the answer fits a Temporal payload however long the episode."""
         page = page or SummaryPage()
-        return self.ledger.summary(page.offset, page.limit)
+        return self._whole_ledger("summary").summary(page.offset, page.limit)
 
     @workflow.query(name="context_view")
     def context_view(self, req: ViewRequest) -> ContextView:
         """What one gateway request needs of the ledger (ledger/context_view.py): small, whatever the
         episode's size, unlike `summary`."""
-        return context_view(self.ledger, req, closing=self.close_request is not None)
+        return context_view(self._whole_ledger("context_view"), req, closing=self.close_request is not None)
 
     @workflow.query(name="delivery_refusal")
     def delivery_refusal_query(self, call_id: str) -> str:
         """What a `deliver` of the call would be refused with now ("" : it would be accepted)."""
-        return delivery_refusal(self.ledger, call_id, closing=self.close_request is not None)
+        ledger = self._whole_ledger("delivery_refusal")
+        return delivery_refusal(ledger, call_id, closing=self.close_request is not None)
 
     @workflow.query(name="call_states")
     def call_states(self, call_ids: list[str]) -> dict[str, str]:
         """Each named call's state (admitted, completed, selected, ...); unknown ids are left out."""
-        states = {c: self.ledger.state_of(c) for c in call_ids}
+        ledger = self._whole_ledger("call_states")
+        states = {c: ledger.state_of(c) for c in call_ids}
         return {c: state.value for c, state in states.items() if state is not None}
+
+    def _whole_ledger(self, query: str) -> Ledger:
+        """The ledger a query reads; while its pages are loading, the query is refused (LedgerRestoring):
+        the part loaded so far would answer wrongly (grove/ledger_restoring.py)."""
+        if not self.restored:
+            progress = self.pages.restore_progress
+            done, total = (progress.pages_done, progress.pages_total) if progress else (None, None)
+            raise ApplicationError(
+                restoring_message(self.spec.episode_id, query, done, total), type=LEDGER_RESTORING
+            )
+        return self.ledger
 
     @workflow.query(name="status")
     def status_query(self) -> str:

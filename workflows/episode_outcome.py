@@ -31,19 +31,15 @@ from grove.contracts import (
     RewardInput,
     RewardResult,
 )
+from grove.store_layout import ledger_prefix, rows_key
 from ledger.accounting import LedgerAccounting
-from ledger.handover import EpisodeRun, ledger_prefix
+from ledger.handover import EpisodeRun
 from ledger.ledger import Ledger
 from workflows.episode_activities import io_activity
 from workflows.episode_failures import failure_text
 from workflows.step_metrics import TOOLS_OFFERED, call_stats
 
 CLOSE_REASON = "harness finished"  # the reason the ledger's close gives the calls it cancels
-
-
-def rows_key(episode_id: str) -> str:
-    """Where an episode's rows are published: rows/{run}/s{step}/t{task}/g{j}.parquet."""
-    return f"rows/{episode_id}.parquet"
 
 
 async def score(

@@ -30,6 +30,7 @@ from temporalio import workflow
 
 from grove.contracts import RestoreProgress
 from grove.receipts import CallReceipt
+from grove.store_layout import ledger_index_key, ledger_page_key
 from ledger.handover import (
     EpisodeCarry,
     EpisodeRun,
@@ -37,10 +38,8 @@ from ledger.handover import (
     LedgerPage,
     apply_page,
     changed_pages,
-    index_key,
     ledger_items,
     pack_page,
-    page_key,
     split_pages,
     unpack_page,
 )
@@ -85,7 +84,7 @@ class LedgerPages:
         eid = self.spec.episode_id
         size = self.spec.ledger_page_items
         pages = changed_pages(ledger, self.saved_contexts, self.saved_calls, size)
-        keys = [page_key(eid, self.run_index, purpose, i) for i in range(len(pages))]
+        keys = [ledger_page_key(eid, self.run_index, purpose, i) for i in range(len(pages))]
         await self._write(keys, pages)
         return self.saved_pages + keys
 
@@ -116,7 +115,7 @@ class LedgerPages:
         """After the pages are written: list them in this run's index (the chain materialize follows),
         drop the settled calls and carry the live ledger, inline, or as pages of its own when too large
         for a payload (many contexts). The next run restores only that: no page list, no settled call."""
-        key = index_key(self.spec.episode_id, self.run_index)
+        key = ledger_index_key(self.spec.episode_id, self.run_index)
         await io_activity("store_ledger_index", key, None, LedgerIndex(previous=self.index, pages=pages))
         self.index, self.saved_pages = key, []
         ledger.settle(self.spec.branch_window)
@@ -128,7 +127,7 @@ class LedgerPages:
             carry.ledger = ledger
             return
         live = split_pages(ledger, size)
-        keys = [page_key(self.spec.episode_id, self.run_index, "live", i) for i in range(len(live))]
+        keys = [ledger_page_key(self.spec.episode_id, self.run_index, "live", i) for i in range(len(live))]
         await self._write(keys, live)
         carry.ledger = ledger.model_copy(update={"contexts": {}, "calls": {}})
         carry.live_pages = keys

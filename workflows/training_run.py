@@ -70,9 +70,9 @@ with workflow.unsafe.imports_passed_through():
     from grove.contracts.training import StageBaseModelInput, StageBaseModelResult
     from grove.data_order import task_indices
     from grove.episode_start import EPISODE_WORKFLOW
+    from grove.store_layout import rows_key
     from grove.visibility import GROVE_RUN
     from harnesses.programs import family
-    from workflows.episode_outcome import rows_key
     from workflows.evaluation import eval_record, eval_specs, evaluates_at
     from workflows.step_metrics import rollout_metrics
 

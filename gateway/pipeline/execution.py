@@ -32,7 +32,7 @@ from gateway.pipeline.routing import Target
 from grove.contracts import CallRequest, CallResult, ChatPrompt, Completion, PromptSpec
 from grove.receipts import ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
-from grove.staging_format import staging_key
+from grove.store_layout import staging_key
 
 
 class Execution:

@@ -45,7 +45,12 @@ from pydantic import BaseModel
 from chat.render import _canonical_tools, canonical_message, typed
 from gateway.pipeline.identity import AUX_SEPARATOR, DEFAULT_AGENT, grove_identity
 from grove.headers import LAUNCH_HEADER
-from grove.staging_format import staging_prefix
+from grove.store_layout import (
+    prompt_index_key,
+    prompt_index_prefix,
+    session_alias_key,
+    session_aliases_prefix,
+)
 from storage.base import ObjectNotFoundError, ObjectStore
 
 MAX_LAUNCH = 1000
@@ -82,29 +87,17 @@ def prompt_digest(messages: Sequence[dict[str, Any]], tools: Any) -> str:
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-def index_key(episode_id: str, digest: str, call_id: str) -> str:
-    return f"{staging_prefix(episode_id)}prompts/{digest}/{call_id}"
-
-
-def index_prefix(episode_id: str, digest: str) -> str:
-    return f"{staging_prefix(episode_id)}prompts/{digest}/"
-
-
-def alias_key(episode_id: str, launch: int, session_id: str) -> str:
-    return f"{staging_prefix(episode_id)}sessions/{launch}/{session_id}"
-
-
 def index_call(store: ObjectStore, episode_id: str, digest: str, call_id: str) -> None:
-    store.put_if_absent(index_key(episode_id, digest, call_id), b"")
+    store.put_if_absent(prompt_index_key(episode_id, digest, call_id), b"")
 
 
 def indexed_calls(store: ObjectStore, episode_id: str, digest: str) -> list[str]:
-    prefix = index_prefix(episode_id, digest)
+    prefix = prompt_index_prefix(episode_id, digest)
     return sorted(key[len(prefix) :] for key in store.list(prefix))
 
 
 def load_aliases(store: ObjectStore, episode_id: str, launch: int) -> dict[str, SessionAlias]:
-    prefix = alias_key(episode_id, launch, "")
+    prefix = session_aliases_prefix(episode_id, launch)
     out = {}
     for key in store.list(prefix):
         try:
@@ -117,7 +110,7 @@ def load_aliases(store: ObjectStore, episode_id: str, launch: int) -> dict[str, 
 def save_alias(
     store: ObjectStore, episode_id: str, launch: int, session_id: str, alias: SessionAlias
 ) -> None:
-    store.put(alias_key(episode_id, launch, session_id), alias.model_dump_json().encode())
+    store.put(session_alias_key(episode_id, launch, session_id), alias.model_dump_json().encode())
 
 
 def base_agent(agent: str) -> str:

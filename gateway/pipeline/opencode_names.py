@@ -43,7 +43,7 @@ from gateway.pipeline import codex
 from gateway.pipeline.identity import DEFAULT_AGENT
 from gateway.pipeline.opencode import PARENT_SESSION_HEADER, SESSION_HEADER, worker_agent
 from grove.headers import AGENT_HEADER, CONTEXT_HEADER
-from grove.staging_format import staging_prefix
+from grove.store_layout import opencode_name_key, opencode_names_prefix
 from harnesses.opencode_agents import subagent_name
 from storage.base import ObjectNotFoundError, ObjectStore, PutOutcome
 
@@ -59,10 +59,6 @@ class SubagentName(BaseModel):
     subagent_type: str | None = None
     spawned_by: str | None = None
     position: int | None = None  # among the spawning response's `task` calls of this type, from 1
-
-
-def name_key(episode_id: str, session_id: str) -> str:
-    return f"{staging_prefix(episode_id)}opencode/{session_id}"
 
 
 def task_calls(response: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -122,14 +118,14 @@ def derive(
 
 def load_name(store: ObjectStore, episode_id: str, session_id: str) -> SubagentName | None:
     try:
-        return SubagentName.model_validate_json(store.get(name_key(episode_id, session_id)))
+        return SubagentName.model_validate_json(store.get(opencode_name_key(episode_id, session_id)))
     except ObjectNotFoundError:
         return None
 
 
 def load_names(store: ObjectStore, episode_id: str) -> dict[str, SubagentName]:
     """Every named subagent session of the episode: session id -> its name."""
-    prefix = name_key(episode_id, "")
+    prefix = opencode_names_prefix(episode_id)
     out = {}
     for key in store.list(prefix):
         name = load_name(store, episode_id, key[len(prefix) :])
@@ -140,7 +136,7 @@ def load_names(store: ObjectStore, episode_id: str) -> dict[str, SubagentName]:
 
 def save_name(store: ObjectStore, episode_id: str, session_id: str, name: SubagentName) -> SubagentName:
     """Store the session's name once; a name stored before (a concurrent first request) wins."""
-    key = name_key(episode_id, session_id)
+    key = opencode_name_key(episode_id, session_id)
     if store.put_if_absent(key, name.model_dump_json().encode()) == PutOutcome.WRITTEN:
         return name
     return SubagentName.model_validate_json(store.get(key))

@@ -38,10 +38,13 @@ Delivery: `deliver/<call>` records that a call's response went out whole to a cl
 The `delivery_refusal` query asks, before the last part is sent, whether it would be refused.
 
 Transient answers (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED) of any query, read or Update
-are asked again within a bound (gateway/temporal/retry_policy.py). Per request the gateway asks only what the
-request needs: the episode's spec once per episode (cached: a workflow id's start input never changes, and
-`grove.episode_start` refuses to start a second episode under an id), and the `context_view` of its own
-agents, never the whole `summary`.
+are asked again within a bound (gateway/temporal/retry_policy.py). A query refused with `LedgerRestoring` (a
+continued-as-new run still loading its ledger's pages: its answer would come from part of the ledger) is asked
+again with backoff for `restore_patience` seconds (grove/ledger_restoring.py), then 503
+`LedgerRestoringError`: a request is never planned from a partial ledger. Per request the gateway asks only
+what the request needs: the episode's spec once per episode (cached: a workflow id's start input never
+changes, and `grove.episode_start` refuses to start a second episode under an id), and the `context_view` of
+its own agents, never the whole `summary`.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ from grove.contracts import (
     EpisodeSpec,
     close_digest,
 )
+from grove.ledger_restoring import RESTORE_PATIENCE_S, ask_while_restoring, is_restoring
 from grove.receipts import ContextRecord
 from ledger.accounting import LedgerSummary, SummaryPage
 from ledger.context_view import ContextView, ViewRequest
@@ -143,6 +147,11 @@ class NoWorkerError(TemporalUnavailableError):
     (gateway/temporal/worker_wait.py)."""
 
 
+class LedgerRestoringError(TemporalUnavailableError):
+    """The episode's run was still loading its ledger's pages (its queries refused with LedgerRestoring)
+    after the gateway's patience."""
+
+
 class UpdateOutcomeTimeoutError(TemporalUnavailableError):
     """Temporal did not answer an Update in time; the Update itself may be admitted and still running."""
 
@@ -159,7 +168,11 @@ async def temporal_errors(episode_id: str, what: str) -> AsyncIterator[None]:
                 cause.message, error_type=cause.type or "ApplicationError"
             ) from None
         raise EpisodeUpdateRejectedError(f"{what}: {cause}", error_type=type(cause).__name__) from None
-    except (WorkflowQueryFailedError, WorkflowQueryRejectedError) as err:
+    except WorkflowQueryFailedError as err:
+        if is_restoring(err.message):
+            raise LedgerRestoringError(f"{err.message}; retry the request") from None
+        raise EpisodeQueryError(f"episode {episode_id!r}: {what} failed: {err}") from None
+    except WorkflowQueryRejectedError as err:
         raise EpisodeQueryError(f"episode {episode_id!r}: {what} failed: {err}") from None
     except WorkflowFailureError as err:
         raise EpisodeFailedError(f"episode {episode_id!r} failed: {err.cause or err}") from None
@@ -198,7 +211,9 @@ class Episodes:
         self.query_timeout = query_timeout  # one query's wait; past it Temporal answers CANCELLED (retried)
         self.transient_patience = TRANSIENT_PATIENCE  # how long transient answers are asked again
         self.outcome_patience = OUTCOME_PATIENCE  # how long timed-out Update answers are asked again
+        self.restore_patience = RESTORE_PATIENCE_S  # how long a query refused during a restore is asked again
         self.outcome_waits = 0  # times an Update's answer timed out and was waited for again
+        self.restoring_waits = 0  # query answers `LedgerRestoring` waited out (grove/ledger_restoring.py)
         self.transient_retries = 0  # transient answers asked again (gateway/temporal/retry_policy.py)
         self._specs: OrderedDict[str, EpisodeSpec] = OrderedDict()
 
@@ -288,7 +303,8 @@ class Episodes:
     async def _query(self, episode_id: str, name: str, *args: object, result_type: type[T]) -> T:
         """A query of the episode: transient answers asked again while a worker polls its queue
         (gateway/temporal/retry_policy.py); while none does, it waits for one
-        (gateway/temporal/worker_wait.py)."""
+        (gateway/temporal/worker_wait.py); while the episode restores its ledger, it waits for that
+        (grove/ledger_restoring.py)."""
         what = f"the {name} query"
         handle = self._handle(episode_id)
 
@@ -304,9 +320,20 @@ class Episodes:
                     once, patience=self.transient_patience, on_retry=self._retried, stop_if=no_worker
                 )
 
-        return await when_served(
-            self.client, episode_id, what, ask, TemporalUnavailableError, NoWorkerError, self.worker_wait_s
+        def served() -> Awaitable[T]:
+            unavailable, patience = TemporalUnavailableError, self.worker_wait_s
+            return when_served(self.client, episode_id, what, ask, unavailable, NoWorkerError, patience)
+
+        return await ask_while_restoring(
+            served,
+            lambda err: isinstance(err, LedgerRestoringError),
+            patience=self.restore_patience,
+            on_wait=self._restoring,
         )
+
+    def _restoring(self, err: BaseException) -> None:
+        self.restoring_waits += 1
+        log.info("%s; asking again", err)
 
     async def progress(self, episode_id: str) -> EpisodeProgress:
         return await self._query(episode_id, "progress", result_type=EpisodeProgress)

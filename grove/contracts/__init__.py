@@ -53,6 +53,7 @@ from grove.contracts.generation import (
 from grove.contracts.harness import (
     LEDGER_OUTPUT_KINDS,
     RUNNER_KINDS,
+    ClaudeCodeOptions,
     CodexOptions,
     HarnessHeartbeat,
     HarnessKind,
@@ -67,7 +68,6 @@ from grove.contracts.run import (
     DEFAULT_KV_CACHE_BYTES,
     DEFAULT_MAX_MODEL_LEN,
     LAUNCHED_EPISODE_MARGIN_S,
-    STEP_RECORDS_ROOT,
     ArchiveStepsInput,
     EngineLimits,
     EngineStatus,
@@ -80,7 +80,6 @@ from grove.contracts.run import (
     SamplingMismatchError,
     StepRecord,
     TrackingConfig,
-    step_record_key,
 )
 from grove.contracts.training import (
     PublishInput,
@@ -99,6 +98,7 @@ __all__ = [
     "CallResult",
     "ChatDelta",
     "ChatPrompt",
+    "ClaudeCodeOptions",
     "CleanStagingInput",
     "CleanStagingResult",
     "CloseRequest",
@@ -144,7 +144,6 @@ __all__ = [
     "RunLive",
     "RunResult",
     "RunState",
-    "STEP_RECORDS_ROOT",
     "SamplingMismatchError",
     "StepRecord",
     "TaskSpec",
@@ -158,5 +157,4 @@ __all__ = [
     "TrainStepInput",
     "TrainStepResult",
     "close_digest",
-    "step_record_key",
 ]

@@ -1,6 +1,6 @@
 """Contracts of the harness boundary: the task an episode attempts, who drives it (a native program, an
-external harness, a harness process the run launches per episode: OpenCode, Codex or a Python program), and
-what a launch reports.
+external harness, a harness process the run launches per episode: OpenCode, Claude Code, Codex or a
+Python program), and what a launch reports.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ class TaskSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-HarnessKind = Literal["native", "external", "opencode", "codex", "python"]
+HarnessKind = Literal["native", "external", "opencode", "claude-code", "codex", "python"]
 
 
 # Kinds whose process the run owns: a `run_harness` activity on the harness queue launches it per episode
 # (activities/harness.py); it talks to the episode through the gateway like a hand-run external harness.
-RUNNER_KINDS: frozenset[str] = frozenset({"opencode", "codex", "python"})
+RUNNER_KINDS: frozenset[str] = frozenset({"opencode", "claude-code", "codex", "python"})
 
 
 # Kinds whose harness may close without outputs: the reward then reads each agent's last answer from the
@@ -76,6 +76,55 @@ class OpenCodeOptions(BaseModel):
         description="`limit.context` of single agents (agent name -> tokens), e.g. {worker: 400} so that "
         "the subagents compact while the lead does not: each such agent gets a model entry of its own in "
         "opencode.json (the same served model) with this limit; the same rule as context_limit applies",
+    )
+
+
+class ClaudeCodeOptions(BaseModel):
+    """How the harness runner sets stock Claude Code up for each episode (harnesses/claude_code.py builds
+    its command line and environment). The first message, system prompt, tools and subagents come from
+    the task family unless given here. Claude Code speaks the Anthropic Messages API: the gateway must
+    serve `POST /episodes/<ref>/v1/messages` for these episodes to run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(
+        "2.1.332",
+        description="@anthropic-ai/claude-code npm version (infra/claude_code.sh installs it); the request "
+        "shape changes between versions, so grove is checked against one",
+    )
+    message: str | None = Field(None, description="the first user message; null: the task family's")
+    system_prompt: str | None = Field(
+        None, description="the lead's `--system-prompt`; null: the task family's (empty without one)"
+    )
+    tools: list[str] | None = Field(
+        None,
+        description="the lead's built-in tools (`--tools`, also approved up front), e.g. [Agent] or "
+        "[Bash, Read, Edit, Agent]; keep Agent for subagents; null: the family's (else [Agent])",
+    )
+    agents: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description="`--agents` JSON: custom subagents, name -> {description, prompt, tools?, model?}; "
+        "null: the task family's (harnesses/claude_code.py TASK_SETUPS)",
+    )
+    output_limit: int | None = Field(
+        None,
+        ge=1,
+        description="max_tokens of each request (CLAUDE_CODE_MAX_OUTPUT_TOKENS); null: the run's "
+        "sampling.max_tokens",
+    )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long Claude Code waits for one response before it re-sends the request "
+        "(API_TIMEOUT_MS; its own default 600 s); null: the launch's deadline_s. The gateway answers when "
+        "generation ends, and a request re-sent meanwhile finds the first still generating",
+    )
+    max_context_tokens: int | None = Field(
+        None,
+        ge=256,
+        description="the context size Claude Code compacts against (CLAUDE_CODE_MAX_CONTEXT_TOKENS): it "
+        "summarises a context once the input tokens the gateway reports approach it; null: its own "
+        "default window (no compaction in short episodes)",
     )
 
 
@@ -147,7 +196,8 @@ class PythonHarnessOptions(BaseModel):
 
 class HarnessSpec(BaseModel):
     """Who drives the episode: a native program inside the workflow, an external harness (gateway), or
-    a harness process the run launches per episode (`opencode`, `codex`, `python`; activities/harness.py)."""
+    a harness process the run launches per episode (`opencode`, `claude-code`, `codex`, `python`;
+    activities/harness.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -156,8 +206,9 @@ class HarnessSpec(BaseModel):
         description="native: a program run inside the episode workflow (harnesses/programs.py); "
         "external: a harness process that talks to the episode through the gateway, started by someone "
         "else (`grove episode start --external`); opencode: the run launches stock OpenCode per episode "
-        "on the harness queue (activities/harness.py), talking through the gateway; codex: the same with "
-        "stock Codex CLI (`codex exec`, the Responses API); python: the run "
+        "on the harness queue (activities/harness.py), talking through the gateway; claude-code: the same "
+        "with stock Claude Code (its Anthropic Messages requests); codex: the same with stock Codex CLI "
+        "(`codex exec`, the Responses API); python: the run "
         "launches a Python harness program per episode the same way (`python.entry`)",
     )
     program: str = Field(
@@ -166,6 +217,10 @@ class HarnessSpec(BaseModel):
     max_turns: int = Field(4, ge=1, description="most model turns the parent agent may take")
     opencode: OpenCodeOptions = Field(
         default_factory=OpenCodeOptions, description="opencode: how each episode's OpenCode is configured"
+    )
+    claude_code: ClaudeCodeOptions = Field(
+        default_factory=ClaudeCodeOptions,
+        description="claude-code: how each episode's Claude Code is configured",
     )
     codex: CodexOptions = Field(
         default_factory=CodexOptions, description="codex: how each episode's Codex CLI is configured"

@@ -285,18 +285,10 @@ class RunLive(BaseModel):
     engines_as_of_step: int | None = None
 
 
-STEP_RECORDS_ROOT = "runs"
-
-
-def step_record_key(run_id: str, step: int) -> str:
-    """Where a step's StepRecord lives once the run's state no longer carries it (deterministic)."""
-    return f"{STEP_RECORDS_ROOT}/{run_id}/steps/step-{step:06d}.json"
-
-
 class RunState(BaseModel):
     """Everything the run needs to continue: carried whole through continue-as-new. Bounded: `history`
     holds the last `config.carried_history_steps` records; those of steps before `history_from` are in
-    the object store (step_record_key)."""
+    the object store (grove/store_layout.py `step_record_key`)."""
 
     config: RunConfig
     next_step: int = Field(1, ge=1)  # steps count from 1: step N produces policy version N
@@ -318,7 +310,8 @@ class RunResult(BaseModel):
 
 
 class ArchiveStepsInput(BaseModel):
-    """Step records the run's state stops carrying, written to the store (step_record_key)."""
+    """Step records the run's state stops carrying, written to the store (grove/store_layout.py
+    `step_record_key`)."""
 
     run_id: str
     records: list[StepRecord]

@@ -21,7 +21,7 @@ from capture.claims import (
 )
 from grove.contracts import CallResult, Completion, GenerateResult, ObjectRef
 from grove.receipts import TokenDigests
-from grove.staging_format import staging_prefix
+from grove.store_layout import staging_prefix
 from storage.base import DigestMismatchError, ObjectNotFoundError, StorageError
 from storage.local import LocalStore
 

@@ -13,7 +13,8 @@ from capture.claims import stash_conversation
 from capture.prompt import ClaimCheckError, PromptSpecError, build_prompt, resolve_chat_ref
 from chat.render import render_chat
 from grove.contracts import ChatDelta, ChatPrompt, Conversation, PromptSpec
-from grove.staging_format import CallTokens, encode_call_tokens, staging_key
+from grove.staging_format import CallTokens, encode_call_tokens
+from grove.store_layout import staging_key
 from storage.local import LocalStore
 
 EPISODE = "run/s000001/t0/g0"

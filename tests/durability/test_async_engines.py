@@ -34,12 +34,12 @@ from grove.contracts import GenerateResult, HarnessSpec, RunConfig, RunResult, R
 from grove.gates import GateControl
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
+from grove.store_layout import commit_key
 from harnesses import scenario
 from infra.worker_process import WorkerProcess, wait_until
 from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import DurabilityStack, activity_results
-from trainer.checkpoint_layout import commit_key
 from workflows.training_run import TrainingRunWorkflow, step_specs
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)

@@ -37,12 +37,12 @@ from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState
 from grove.data_order import task_indices
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
+from grove.store_layout import commit_key
 from harnesses import scenario
 from infra.worker_process import wait_until
 from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT, STATE_WAIT
 from tests.durability.helpers import wait_held, workflow_ids_of_run
-from trainer.checkpoint_layout import commit_key
 from workflows.training_run import TrainingRunWorkflow
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)

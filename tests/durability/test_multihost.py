@@ -70,6 +70,7 @@ from grove.gates import GateControl
 from grove.learner_config import LearnerConfig
 from grove.paths import grove_home, models_home
 from grove.sampling import SamplingConfig
+from grove.store_layout import base_model_prefix, checkpoint_prefix, commit_key
 from harnesses import scenario
 from infra.s3server import ACCESS_KEY, SECRET_KEY, LocalBucketServer
 from infra.temporal import TemporalDevServer
@@ -87,7 +88,6 @@ from tests.durability.test_worker_kill import ALL_CALLS, EXPECTED_ROWS, renamed
 from tests.inference.reference import learner_logprobs
 from trainer.base_model import base_manifest, download_base_model
 from trainer.checkpoint import download_model_folder, read_manifest, read_trainer_state
-from trainer.checkpoint_layout import base_prefix, commit_key, step_prefix
 from trainer.learner import Learner
 from trainer.rows import Row, Span, rows_from_parquet
 from workflows.training_run import STATUS, TrainingRunWorkflow, step_specs
@@ -201,7 +201,7 @@ def folder_manifest(folder: Path) -> dict[str, str]:
 def check_committed(store: ObjectStore, run_id: str, step: int) -> None:
     """A COMMIT whose manifest names files that hash as it says, and nothing else under the step."""
     manifest = read_manifest(store, run_id, step)
-    prefix = step_prefix(run_id, step)
+    prefix = checkpoint_prefix(run_id, step)
     for name, digest in manifest.items():
         assert sha256(store.get(prefix + name)) == digest, f"step {step}: {name} differs from its manifest"
     assert set(store.list(prefix)) == {prefix + n for n in [*manifest, "COMMIT", *SIDECARS]}
@@ -249,7 +249,7 @@ async def check_trained_once(
     first, restarted = (f"{pid}@{TRAINER}" for pid in trainers)
     [staged] = await activity_results(client, handle, "stage_base_model", StageBaseModelResult)
     assert staged.written and await activity_identities(handle, "stage_base_model") == [first]
-    manifest, prefix = folder_manifest(base), base_prefix(cfg.run_id)
+    manifest, prefix = folder_manifest(base), base_model_prefix(cfg.run_id)
     assert base_manifest(store, cfg.run_id) == manifest
     assert set(store.list(prefix)) == {prefix + n for n in [*manifest, "COMMIT"]}
     for name, digest in manifest.items():
@@ -280,7 +280,7 @@ async def check_rows(
     for t, record in zip(trained, run.history, strict=True):
         specs = step_specs(RunState(config=cfg), t.step)
         assert t.row_keys == sorted(f"rows/{s.episode_id}.parquet" for s in specs)
-        on_record = json.loads(store.get(step_prefix(cfg.run_id, t.step) + "episodes.json"))
+        on_record = json.loads(store.get(checkpoint_prefix(cfg.run_id, t.step) + "episodes.json"))
         assert sorted(on_record) == sorted(s.episode_id for s in specs)
         loss_tokens = 0
         for spec in specs:

@@ -41,7 +41,7 @@ from grove import queues
 from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState, TrainStepInput, TrainStepResult
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
-from grove.staging_format import staging_prefix
+from grove.store_layout import checkpoint_prefix, staging_prefix
 from harnesses import scenario
 from infra.procs import free_port
 from infra.s3server import ACCESS_KEY, SECRET_KEY, LocalBucketServer
@@ -57,7 +57,6 @@ from tests.durability.helpers import (
     wait_held,
 )
 from trainer.checkpoint import download_model_folder, read_manifest
-from trainer.checkpoint_layout import step_prefix
 from trainer.learner import Learner
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow
@@ -159,7 +158,7 @@ def check_committed(store: ObjectStore, run_id: str, step: int) -> set[str]:
     """A COMMIT's manifest names files that exist with that sha256 (hashed here); the step's keys."""
     manifest = read_manifest(store, run_id, step)
     assert manifest, f"step {step}: empty manifest"
-    prefix = step_prefix(run_id, step)
+    prefix = checkpoint_prefix(run_id, step)
     for name, sha in manifest.items():
         assert hashlib.sha256(store.get(prefix + name)).hexdigest() == sha, f"step {step}: {name} differs"
     return {prefix + n for n in [*manifest, "COMMIT", *SIDECARS]}
@@ -184,7 +183,7 @@ async def test_s3_outage_mid_materialize_and_mid_checkpoint_loses_and_duplicates
     for point in ("store_before_put", "store_put"):
         stack.gates.clear(point)
     stack.gates.arm("store_before_put", f"^rows/{re.escape(cfg.run_id)}/s000001/")
-    checkpoint_key = step_prefix(cfg.run_id, 2) + FIRST_CHECKPOINT_FILE
+    checkpoint_key = checkpoint_prefix(cfg.run_id, 2) + FIRST_CHECKPOINT_FILE
     stack.gates.arm("store_put", f"^{re.escape(checkpoint_key)}$")
     handle = await client.start_workflow(
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
@@ -235,7 +234,7 @@ async def test_s3_outage_mid_materialize_and_mid_checkpoint_loses_and_duplicates
     assert [(r.step, r.reused_checkpoint) for r in results] == [(1, False), (2, False)]
     for step in (1, 2):
         expected = check_committed(store, cfg.run_id, step)
-        assert set(store.list(step_prefix(cfg.run_id, step))) == expected
+        assert set(store.list(checkpoint_prefix(cfg.run_id, step))) == expected
     learner = Learner(stack.model, cfg.learner, device="cpu")
     for t in trained:
         learner.step([row for key in t.row_keys for row in rows_from_parquet(store.get(key))], t.episodes)

@@ -25,6 +25,7 @@ from grove import queues
 from grove.contracts import HarnessSpec, RunConfig, RunResult, RunState, TrainStepInput, TrainStepResult
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
+from grove.store_layout import checkpoint_prefix, commit_key
 from harnesses import scenario
 from storage.local import LocalStore
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
@@ -42,7 +43,6 @@ from trainer.checkpoint import (
     latest_committed_step,
     read_manifest,
 )
-from trainer.checkpoint_layout import commit_key, step_prefix
 from trainer.learner import Learner
 from trainer.rows import rows_from_parquet
 from workflows.training_run import TrainingRunWorkflow
@@ -70,7 +70,7 @@ def check_committed(store: LocalStore, run_id: str, step: int) -> dict[str, str]
     manifest = read_manifest(store, run_id, step)
     assert manifest, f"step {step}: empty manifest"
     for name, sha in manifest.items():
-        data = (store.root / step_prefix(run_id, step) / name).read_bytes()
+        data = (store.root / checkpoint_prefix(run_id, step) / name).read_bytes()
         assert hashlib.sha256(data).hexdigest() == sha, (
             f"step {step}: {name} differs from its COMMIT manifest"
         )
@@ -83,7 +83,7 @@ async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stac
     client, store = stack.client, LocalStore(stack.store_dir)
     cfg = run_config(str(stack.model))
     stack.gates.clear("store_put")
-    first_key = step_prefix(cfg.run_id, KILL_STEP) + FIRST_CHECKPOINT_FILE
+    first_key = checkpoint_prefix(cfg.run_id, KILL_STEP) + FIRST_CHECKPOINT_FILE
     stack.gates.arm("store_put", f"^{re.escape(first_key)}$")
     handle = await client.start_workflow(
         TrainingRunWorkflow.run, RunState(config=cfg), id=cfg.run_id, task_queue=queues.EPISODES,
@@ -104,7 +104,7 @@ async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stac
     assert latest_committed_step(store, cfg.run_id) == KILL_STEP - 1
     with pytest.raises(CheckpointNotFoundError):
         read_manifest(store, cfg.run_id, KILL_STEP)
-    left = store.list(step_prefix(cfg.run_id, KILL_STEP))
+    left = store.list(checkpoint_prefix(cfg.run_id, KILL_STEP))
     print(f"at the kill: committed={committed_at_kill}, objects {left}")
 
     stack.trainer.start()
@@ -118,8 +118,8 @@ async def test_trainer_sigkill_mid_step_never_half_visible_and_same_weights(stac
     assert [(r.step, r.reused_checkpoint) for r in results] == [(1, False), (2, committed_at_kill)]
     for step in (1, 2):
         manifest = check_committed(store, cfg.run_id, step)
-        leftovers = set(store.list(step_prefix(cfg.run_id, step))) - {
-            step_prefix(cfg.run_id, step) + n for n in [*manifest, "COMMIT", *SIDECARS]
+        leftovers = set(store.list(checkpoint_prefix(cfg.run_id, step))) - {
+            checkpoint_prefix(cfg.run_id, step) + n for n in [*manifest, "COMMIT", *SIDECARS]
         }
         assert not leftovers, leftovers
         assert run.history[step - 1].metrics["rollouts"] == GROUP_SIZE * TASKS_PER_STEP

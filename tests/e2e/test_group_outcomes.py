@@ -22,11 +22,11 @@ import uuid
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from activities.training import episodes_key
 from grove import queues
 from grove.contracts import EpisodeResult, HarnessSpec, RunConfig, RunResult, RunState
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
+from grove.store_layout import episodes_key
 from harnesses import scenario
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from trainer.rows import rows_from_parquet

@@ -26,7 +26,7 @@ from grove import queues
 from grove.contracts import CallRequest, CallResult, EpisodeSpec, HarnessSpec, PromptSpec
 from grove.receipts import ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
-from grove.staging_format import staging_key
+from grove.store_layout import staging_key
 from harnesses import scenario
 
 PROMPT = [11, 12, 13, 14, 15, 16]

@@ -23,7 +23,7 @@ from gateway.temporal.episode_client import Episodes, EpisodeUpdateRejectedError
 from grove import queues
 from grove.contracts import COMPLETION_INLINE_MAX, CloseRequest, EpisodeResult, GenerateInput, HarnessSpec
 from grove.sampling import SamplingConfig
-from grove.staging_format import staging_prefix
+from grove.store_layout import staging_prefix
 from harnesses import delegation, scenario
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs

@@ -19,9 +19,8 @@ from temporalio.client import Client
 from gateway.temporal.episode_client import ALREADY_CLOSED, Episodes, EpisodeUpdateRejectedError
 from grove.client import workflow_runs
 from grove.contracts import CloseRequest, MaterializeInput
-from grove.staging_format import staging_prefix
+from grove.store_layout import ledger_prefix, staging_prefix
 from infra.worker_process import wait_until
-from ledger.handover import ledger_prefix
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs, heartbeat_details, pending_activities
 from tests.episodes.kit import (

@@ -24,8 +24,9 @@ from grove import queues
 from grove.contracts import CloseRequest, EpisodeResult, EpisodeSpec, HarnessSpec
 from grove.receipts import ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
+from grove.store_layout import ledger_page_key
 from harnesses import scenario
-from ledger.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key
+from ledger.handover import EpisodeCarry, EpisodeRun, changed_pages
 from ledger.ledger import Ledger
 from tests.bounds import PROCESS_WAIT, SERVICE_TEST_TIMEOUT
 
@@ -72,7 +73,7 @@ async def test_an_episode_of_8000_contexts_is_shown_whole_running_and_closed(
     assert len(ledger.summary().model_dump_json()) > 2 * 1024 * 1024  # the whole: past Temporal's limit
     keys = []
     for k, page in enumerate(changed_pages(ledger, {}, {}, PAGE_ITEMS)):
-        keys.append(page_key(eid, 0, "handover", k))
+        keys.append(ledger_page_key(eid, 0, "handover", k))
         e2e_store.put_if_absent(keys[-1], page.model_dump_json().encode())
     spec = EpisodeSpec(
         run_id=run, step=1, group_id="g", episode_id=eid, task=scenario.make_task(0),

@@ -24,9 +24,10 @@ from grove import queues
 from grove.contracts import EpisodeProgress, EpisodeSpec, HarnessSpec
 from grove.receipts import ContextOrigin, ContextRecord, TokenDigests
 from grove.sampling import SamplingConfig
+from grove.store_layout import ledger_page_key
 from harnesses import scenario
 from ledger.accounting import LedgerSummary
-from ledger.handover import EpisodeCarry, EpisodeRun, changed_pages, page_key
+from ledger.handover import EpisodeCarry, EpisodeRun, changed_pages
 from ledger.ledger import Ledger
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
@@ -59,7 +60,7 @@ def _paged_ledger(store: LocalStore, episode_id: str) -> tuple[Ledger, list[str]
             ledger.discard(call_id, "not used")  # a settled call changes after its first page
         if (i + 1) % PER_RUN == 0 or i + 1 == CALLS:
             for k, page in enumerate(changed_pages(ledger, saved_contexts, saved_calls, PAGE_ITEMS)):
-                keys.append(page_key(episode_id, run, "handover", k))
+                keys.append(ledger_page_key(episode_id, run, "handover", k))
                 store.put_if_absent(keys[-1], page.model_dump_json().encode())
             saved_contexts = {k: v.model_copy(deep=True) for k, v in ledger.contexts.items()}
             saved_calls = dict(ledger.calls)

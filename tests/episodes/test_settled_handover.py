@@ -21,7 +21,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from grove.client import workflow_runs
 from grove.contracts import CloseRequest, MaterializeInput
-from ledger.handover import EpisodeRun, ledger_prefix
+from grove.store_layout import ledger_prefix
+from ledger.handover import EpisodeRun
 from tests.bounds import RESULT_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import decoded_inputs
 from tests.episodes.kit import (

@@ -8,7 +8,8 @@ import numpy as np
 
 from grove.receipts import CallKind, CallReceipt, ContextOrigin, ContextRecord
 from grove.sampling import SamplingProcessing
-from grove.staging_format import CallTokens, staging_key
+from grove.staging_format import CallTokens
+from grove.store_layout import staging_key
 from ledger.accounting import LedgerAccounting
 from ledger.ledger import Ledger
 from trainer.forest import EpisodeRef, Reconstruction, ReconstructionOptions, reconstruct

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from grove.receipts import AUXILIARY_KINDS, CallKind, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingProcessing
-from grove.staging_format import CallTokens, staging_key
+from grove.staging_format import CallTokens
+from grove.store_layout import staging_key
 from ledger.ledger import Ledger
 from trainer.forest import EpisodeRef, ReconstructionOptions, reconstruct
 from trainer.rows import rows_to_parquet

@@ -15,7 +15,7 @@ import openai
 import pytest
 from fastapi import FastAPI
 
-from capture.records import CorruptChatRecordError, load_record, record_key, save_record
+from capture.records import CorruptChatRecordError, load_record, save_record
 from gateway.http.app import create_app
 from gateway.http.auth import (
     MalformedTokenError,
@@ -49,6 +49,7 @@ from gateway.pipeline.identity import (
 from gateway.pipeline.routing import RoutingError, identify, live_contexts, route, spawn_target
 from grove.receipts import CallKind, CallState, ContextOrigin, ContextRecord
 from grove.sampling import SamplingConfig
+from grove.store_layout import chat_record_key
 from ledger.accounting import ContextSummary
 from ledger.context_view import ContextView
 from storage.local import LocalStore
@@ -370,12 +371,12 @@ def test_tool_call_response_streams_as_chunks_then_usage_then_done():
 def test_chat_records_round_trip_and_refuse_foreign_objects(tmp_path):
     store = LocalStore(tmp_path)
     rec = record([SYSTEM, USER], TOOL_RESPONSE, TOOLS)
-    assert record_key("ep/1", "parent.0.c0") == "staging/ep/1/parent.0.c0.chat.json"
+    assert chat_record_key("ep/1", "parent.0.c0") == "staging/ep/1/parent.0.c0.chat.json"
     save_record(store, rec)
     save_record(store, rec)  # a retried write verifies
     assert load_record(store, "ep/1", "parent.0.c0") == rec
     assert load_record(store, "ep/1", "parent.0.c1") is None
-    store.put(record_key("ep/1", "parent.0.c1"), store.get(record_key("ep/1", "parent.0.c0")))
+    store.put(chat_record_key("ep/1", "parent.0.c1"), store.get(chat_record_key("ep/1", "parent.0.c0")))
     with pytest.raises(CorruptChatRecordError, match="not of call 'parent.0.c1'"):
         load_record(store, "ep/1", "parent.0.c1")
 

@@ -20,7 +20,8 @@ from temporalio.client import Client
 from grove import queues
 from grove.contracts import COMPLETION_INLINE_MAX, EpisodeResult, EpisodeSpec, HarnessOutcome, HarnessSpec
 from grove.sampling import SamplingConfig
-from grove.staging_format import decode_call_tokens, staging_key
+from grove.staging_format import decode_call_tokens
+from grove.store_layout import staging_key
 from harnesses import scenario
 from tests.gateway.test_app_e2e import MODEL, SYSTEM, close, gateway_url, oai  # noqa: F401 (fixture)
 from trainer.rows import rows_from_parquet

@@ -21,7 +21,7 @@ from gateway.http.episode_ref import episode_ref
 from gateway.http.settings import DEFAULT_MAX_MODEL_LEN, GatewaySettings
 from gateway.intake.limits import RequestLimits
 from gateway.pipeline.identity import MAX_ID_CHARS, InvalidIdentityHeaderError, check_headers
-from grove.staging_format import staging_key
+from grove.store_layout import staged_receipt_key, staging_key
 from storage.local import LocalStore
 
 SECRET = "limits-test-secret-0123456789"
@@ -160,9 +160,8 @@ def test_the_longest_accepted_ids_make_object_keys_a_real_store_accepts(tmp_path
         check_headers({"x-grove-context": context + "e"})
     store = LocalStore(tmp_path)
     call_id = f"{context}.c123456789"
-    from activities.generate import receipt_key
 
-    store.put_if_absent(receipt_key(EPISODE, call_id, "f" * 64), b"{}")
+    store.put_if_absent(staged_receipt_key(EPISODE, call_id, "f" * 64), b"{}")
     store.put_if_absent(staging_key(EPISODE, call_id), b"x")
     record = ChatRecord(
         episode_id=EPISODE, call_id=call_id, context_id=context, agent="parent", kind="action", extends=None,

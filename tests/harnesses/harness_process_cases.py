@@ -1,6 +1,7 @@
 """The runner's process handling (activities/harness.py) with a stand-in harness executable: a real
 process group, real signals, the real activity context (temporalio's ActivityEnvironment records the
-heartbeats). No services: the harness here is a shell script, not OpenCode, or a Python program that hangs.
+heartbeats). No services: the harness here is a shell script, not OpenCode, or a Python program that hangs;
+one case runs the pinned stock Claude Code against a scripted Messages server standing in for the gateway.
 
 Run by test_harness_process.py, each case in a fresh interpreter (see there why)."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 import textwrap
@@ -25,9 +27,10 @@ from activities.harness import (
     opencode_plan,
     python_plan,
 )
-from grove.contracts import TaskSpec
+from grove.contracts import EpisodeSpec, HarnessRunInput, HarnessSpec, TaskSpec
 from grove.gates import ENV as GATES_ENV
 from grove.gates import GateControl
+from grove.sampling import SamplingConfig
 from harnesses.python_harness import python_job
 from tests.bounds import SERVICE_TEST_TIMEOUT, STATE_WAIT
 
@@ -211,3 +214,48 @@ async def test_a_cancelled_python_harness_is_killed_with_its_group(tmp_path):
     assert close.failure.startswith(
         "HarnessDeadline: Python harness tests.harnesses.python_programs:hangs ran past its deadline"
     )
+
+
+async def test_a_claude_code_launch_runs_the_pinned_binary_and_closes_with_its_outcome(tmp_path):
+    """The `claude-code` kind end to end through the runner's activity, with the scripted Messages server
+    of tests/harnesses/messages_script.py in the gateway's place (the gateway's Messages route is not
+    needed to check the runner): the pinned stock binary reaches `<gateway>/episodes/<ref>/v1/messages`
+    with the episode's token and launch number, its lead starts two workers, and the close carries the
+    final answer and each worker's report under its name. A second attempt is launch 2."""
+    from activities.harness import episode_folder
+    from gateway.http.auth import issue_token
+    from gateway.http.episode_ref import episode_ref
+    from harnesses.claude_code_delegation import make_task
+    from tests.harnesses.messages_script import scripted_messages
+    from tests.harnesses.test_claude_code_binary import WORDS, answer
+
+    task = make_task(0).model_copy(update={"params": {"words": WORDS}})
+    spec = EpisodeSpec(
+        run_id="cc", step=1, group_id="cc/s000001/t0", episode_id="cc/s000001/t0/g0", task=task,
+        harness=HarnessSpec(kind="claude-code"), sampling=SamplingConfig(max_tokens=64),
+    )  # fmt: skip
+    ref, token = episode_ref(spec.episode_id), issue_token("s" * 32, spec.episode_id)
+    for attempt in (1, 2):
+        with scripted_messages(answer) as server:
+            runner = HarnessRunner(RunnerConfig(server.url, "s" * 32, tmp_path / "root", keep_dirs=True))
+            env = ActivityEnvironment()
+            env.info = dataclasses.replace(env.info, attempt=attempt)
+            result = await env.run(runner.run_harness, HarnessRunInput(spec=spec))
+            requests = list(server.requests)
+        assert result.exit_code == 0 and result.failure is None and result.launch == attempt
+        *calls, close = requests
+        assert {r.path for r in calls} == {f"/episodes/{ref}/v1/messages?beta=true"} and len(calls) == 4
+        assert {r.headers["authorization"] for r in requests} == {f"Bearer {token}"}
+        assert {r.headers["x-grove-launch"] for r in calls} == {str(attempt)}
+        assert all(r.body["max_tokens"] == 64 for r in calls)
+        assert {r.headers["x-stainless-timeout"] for r in calls} == {"900"}  # the launch's deadline_s
+        assert close.path == f"/episodes/{ref}/close"
+        assert close.body["final_answer"] == " ".join(WORDS) and close.body["failure"] is None
+        assert close.body["outputs"] == {
+            "parent": [" ".join(WORDS)],
+            "worker": [WORDS[0]],
+            "worker-2": [WORDS[1]],
+        }
+    folder = episode_folder(tmp_path / "root", spec.episode_id)
+    assert (folder / "home" / "events.jsonl").read_text().count('"type":"result"') == 1
+    assert (folder / "home" / ".claude" / ".claude.json").exists()  # its config: the launch's own folder

@@ -28,6 +28,7 @@ NAMES = (
     "test_a_launch_cancelled_while_starting_kills_its_group",
     "test_a_relaunch_reaps_what_a_killed_worker_left_behind",
     "test_a_cancelled_python_harness_is_killed_with_its_group",
+    "test_a_claude_code_launch_runs_the_pinned_binary_and_closes_with_its_outcome",
 )
 
 

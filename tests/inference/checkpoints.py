@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from grove.store_layout import MODEL_DIR, checkpoint_prefix, commit_key
 from storage.base import ObjectStore, sha256_hex
-from trainer.checkpoint_layout import MODEL_DIR, commit_key, step_prefix
 
 
 def perturbed_copy(
@@ -45,7 +45,7 @@ def commit_checkpoint(store: ObjectStore, run_id: str, step: int, model_folder: 
         f"{MODEL_DIR}/{p.name}": p.read_bytes() for p in sorted(Path(model_folder).iterdir()) if p.is_file()
     }
     for name, data in files.items():
-        store.put(step_prefix(run_id, step) + name, data)
+        store.put(checkpoint_prefix(run_id, step) + name, data)
     manifest = {name: sha256_hex(data) for name, data in files.items()}
     store.put(commit_key(run_id, step), json.dumps({"step": step, "files": manifest}).encode())
     return manifest

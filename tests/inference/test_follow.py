@@ -22,7 +22,8 @@ from temporalio.testing import ActivityEnvironment
 from activities.inference_worker import InferenceActivities
 from grove.contracts import GenerateInput, PolicyRef, PromptSpec, PublishInput
 from grove.sampling import SamplingConfig
-from grove.staging_format import decode_call_tokens, staging_key
+from grove.staging_format import decode_call_tokens
+from grove.store_layout import staging_key
 from tests.inference.checkpoints import commit_checkpoint, perturbed_copy
 from tests.inference.reference import learner_logprobs
 from trainer.base_model import stage_base_model

@@ -9,11 +9,12 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.generate import call_seed, receipt_key, stage
+from activities.generate import call_seed, stage
 from activities.inference_worker import InferenceActivities
 from grove.contracts import ChatPrompt, GenerateInput, PromptSpec
 from grove.sampling import SamplingConfig
-from grove.staging_format import decode_call_tokens, staging_key
+from grove.staging_format import decode_call_tokens
+from grove.store_layout import staged_receipt_key, staging_key
 from storage.base import sha256_hex
 from tests.inference.reference import learner_logprobs
 
@@ -55,7 +56,7 @@ async def test_root_call_stages_exactly_what_the_engine_sampled(policy_engine, s
     # Same seed (a function of the call id), same prompt: the engine samples the same tokens again.
     direct = await policy_engine.generate(prompt, SAMPLING, call_seed("ep-1", "c0"), "direct-c0")
     assert direct.completion_ids.tolist() == result.completion_ids
-    receipt = json.loads(store.get(receipt_key("ep-1", "c0", sha256_hex(store.get(key)))))
+    receipt = json.loads(store.get(staged_receipt_key("ep-1", "c0", sha256_hex(store.get(key)))))
     assert receipt["policy_version"] == result.policy_version and receipt["finish_reason"] == "length"
     # What it sampled with travels in the result (-> the ledger's receipt) and in the staged receipt.
     assert result.sampling == SAMPLING.processing()

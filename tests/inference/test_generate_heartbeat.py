@@ -22,7 +22,7 @@ from activities.inference_worker import InferenceActivities
 from grove.contracts import ChatPrompt, GenerateInput, PromptSpec
 from grove.gates import GateControl, GatedStore, Gates
 from grove.sampling import SamplingConfig
-from grove.staging_format import staging_key
+from grove.store_layout import staging_key
 from storage.local import LocalStore
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]  # slow: real vLLM

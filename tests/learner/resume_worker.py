@@ -19,9 +19,9 @@ import torch
 from bench.forests import random_episode, rows_from_calls
 from grove.data_order import task_indices
 from grove.learner_config import LearnerConfig
+from grove.store_layout import commit_key
 from storage.local import LocalStore
 from trainer.checkpoint import open_learner, save_checkpoint
-from trainer.checkpoint_layout import commit_key
 from trainer.learner import Learner
 from trainer.rows import Row
 

@@ -15,6 +15,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.training import TrainerActivities
 from grove.contracts.training import StageBaseModelInput
+from grove.store_layout import base_model_prefix
 from models.registry import ModelResolutionError
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
@@ -24,7 +25,6 @@ from tests.learner.test_train_kl import ROWS_KEY, step_input  # a KL penalty: th
 from tests.learner.test_train_kl import activities as trainer
 from trainer.base_model import base_manifest, download_base_model, stage_base_model
 from trainer.checkpoint import CheckpointCorruptError, read_manifest
-from trainer.checkpoint_layout import base_prefix
 from trainer.rows import rows_to_parquet
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
@@ -41,7 +41,9 @@ def test_staging_commits_the_folder_once_and_downloads_are_verified(learner_mode
     assert base_manifest(store, "run-a") is None
     manifest, written = stage_base_model(store, "run-a", learner_model_dir, "tiny-random")
     assert written and manifest == hashes(learner_model_dir) == base_manifest(store, "run-a")
-    assert set(store.list(base_prefix("run-a"))) == {base_prefix("run-a") + n for n in [*manifest, "COMMIT"]}
+    assert set(store.list(base_model_prefix("run-a"))) == {
+        base_model_prefix("run-a") + n for n in [*manifest, "COMMIT"]
+    }
 
     # staged again from other bytes (a retry on another host whose folder differs): the commit stands
     other = perturbed_copy(learner_model_dir, tmp_path / "other", seed=1)
@@ -49,7 +51,7 @@ def test_staging_commits_the_folder_once_and_downloads_are_verified(learner_mode
     down = download_base_model(store, "run-a", manifest, tmp_path / "down")
     assert hashes(down) == manifest
 
-    store.put(base_prefix("run-a") + "model/model.safetensors", b"changed after the commit")
+    store.put(base_model_prefix("run-a") + "model/model.safetensors", b"changed after the commit")
     with pytest.raises(CheckpointCorruptError, match="changed after commit"):
         download_base_model(store, "run-a", manifest, tmp_path / "down-again")
 

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.forests import random_batch, rows_from_calls
 from grove.learner_config import LearnerConfig
+from grove.store_layout import checkpoint_prefix, commit_key
 from storage.base import sha256_hex
 from trainer.checkpoint import (
     CheckpointConfigMismatchError,
@@ -27,7 +28,6 @@ from trainer.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )
-from trainer.checkpoint_layout import commit_key, step_prefix
 from trainer.learner import Learner
 
 RUN = "run-ckpt"
@@ -71,7 +71,7 @@ def test_layout_and_manifest(store, trained):
                  "model/tokenizer_config.json", "model/chat_template.jinja", "model/generation_config.json",
                  "optimizer.pt", "trainer_state.json"):  # fmt: skip
         assert name in manifest
-        assert sha256_hex(store.get(step_prefix(RUN, 1) + name)) == manifest[name]
+        assert sha256_hex(store.get(checkpoint_prefix(RUN, 1) + name)) == manifest[name]
     commit = json.loads(store.get(commit_key(RUN, 1)))
     assert commit == {"step": 1, "files": manifest}
     state = read_trainer_state(store, RUN, 1)
@@ -116,7 +116,7 @@ def test_crash_before_commit_leaves_the_previous_checkpoint_latest(store, traine
     trained.step(rows_for(2, trained.model.config.vocab_size))
     with pytest.raises(CrashBeforeCommit):
         save_checkpoint(CrashingStore(store), RUN, trained)
-    assert store.exists(step_prefix(RUN, 2) + "model/model.safetensors")  # leftovers, invisible
+    assert store.exists(checkpoint_prefix(RUN, 2) + "model/model.safetensors")  # leftovers, invisible
     assert latest_committed_step(store, RUN) == 1
     with pytest.raises(CheckpointNotFoundError, match="latest committed step: 1"):
         load_checkpoint(store, RUN, 2, CFG, tmp_path / "m", device="cpu")
@@ -126,11 +126,11 @@ def test_crash_before_commit_leaves_the_previous_checkpoint_latest(store, traine
 
 def test_saving_a_committed_step_again_changes_nothing(store, trained):
     first = save_checkpoint(store, RUN, trained)
-    before = {k: store.get(k) for k in store.list(step_prefix(RUN, 1))}
+    before = {k: store.get(k) for k in store.list(checkpoint_prefix(RUN, 1))}
     with torch.no_grad():
         next(trained.model.parameters()).add_(1.0)  # even different weights: step 1 is final
     assert save_checkpoint(store, RUN, trained) == first
-    assert {k: store.get(k) for k in store.list(step_prefix(RUN, 1))} == before
+    assert {k: store.get(k) for k in store.list(checkpoint_prefix(RUN, 1))} == before
 
 
 def test_config_mismatch_is_refused_with_the_differing_fields(store, trained, tmp_path):
@@ -143,7 +143,7 @@ def test_config_mismatch_is_refused_with_the_differing_fields(store, trained, tm
 
 def test_a_file_changed_after_commit_is_refused(store, trained, tmp_path):
     save_checkpoint(store, RUN, trained)
-    key = step_prefix(RUN, 1) + "model/model.safetensors"
+    key = checkpoint_prefix(RUN, 1) + "model/model.safetensors"
     data = bytearray(store.get(key))
     data[-1] ^= 0xFF
     store.put(key, bytes(data))
@@ -155,7 +155,7 @@ def test_optimizer_file_is_never_unpickled_as_arbitrary_objects(store, trained, 
     save_checkpoint(store, RUN, trained)
     evil = io.BytesIO()
     torch.save({"optimizer": {"payload": _Evil()}, "scheduler": {}}, evil)
-    key = step_prefix(RUN, 1) + "optimizer.pt"
+    key = checkpoint_prefix(RUN, 1) + "optimizer.pt"
     store.put(key, evil.getvalue())
     commit = json.loads(store.get(commit_key(RUN, 1)))
     commit["files"]["optimizer.pt"] = sha256_hex(evil.getvalue())  # a consistent but hostile commit

@@ -13,9 +13,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.training import TrainerActivities, guard_refusal_key
+from activities.training import TrainerActivities
 from grove.contracts import TrainStepInput
 from grove.learner_config import LearnerConfig
+from grove.store_layout import guard_refusal_key
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.learner.test_grad_guard import poison_bucket_attention

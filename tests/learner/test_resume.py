@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from grove.store_layout import checkpoint_prefix
 from storage.local import LocalStore
 from tests.learner import resume_worker
 from trainer.checkpoint import latest_committed_step
-from trainer.checkpoint_layout import step_prefix
 from trainer.learner import Learner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_sigkilled_learner_resumes_bit_identically(learner_model_dir, tmp_path):
             proc.wait()
 
     store = LocalStore(root)
-    assert store.exists(step_prefix(run_id, K + 1) + "optimizer.pt")  # step K+1 half-written...
+    assert store.exists(checkpoint_prefix(run_id, K + 1) + "optimizer.pt")  # step K+1 half-written...
     assert latest_committed_step(store, run_id) == K  # ...but invisible: resume from K
 
     resumed = resume_worker.run(learner_model_dir, store, run_id, K + 2, tmp_path)

@@ -29,6 +29,7 @@ from activities.training import TrainerActivities
 from grove.contracts import TrainStepInput
 from grove.gates import ENV, GateControl
 from grove.learner_config import LearnerConfig
+from grove.store_layout import checkpoint_prefix
 from storage.local import LocalStore
 from tests.bounds import PROCESS_WAIT, SERVICE_TEST_TIMEOUT
 from tests.durability.helpers import wait_exited
@@ -42,7 +43,6 @@ from trainer.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )
-from trainer.checkpoint_layout import step_prefix
 from trainer.learner import Learner, StepMetrics
 from trainer.rows import rows_to_parquet
 
@@ -74,8 +74,10 @@ def new_store(root: Path) -> LocalStore:
 
 def copy_step(store: LocalStore, run_from: str, run_to: str, step: int) -> None:
     """A committed step of one run as the same step of another (to branch a run onto other ranks)."""
-    for key in store.list(step_prefix(run_from, step)):
-        store.put(step_prefix(run_to, step) + key[len(step_prefix(run_from, step)) :], store.get(key))
+    for key in store.list(checkpoint_prefix(run_from, step)):
+        store.put(
+            checkpoint_prefix(run_to, step) + key[len(checkpoint_prefix(run_from, step)) :], store.get(key)
+        )
 
 
 def saved_weights(store: LocalStore, run_id: str, step: int, dest: Path) -> dict[str, torch.Tensor]:
@@ -227,7 +229,7 @@ def test_a_rank_killed_mid_step_loses_the_attempt_and_the_retry_trains_once(
     pids, message = asyncio.run(attempt_with_a_dead_rank())
     assert "rank 1 of 2 was killed by SIGKILL" in message
     wait_exited(pids, timeout=5)  # raises if a rank outlived its failed attempt
-    assert store.list(step_prefix("d", 1)) == []  # nothing of the lost attempt reached the store
+    assert store.list(checkpoint_prefix("d", 1)) == []  # nothing of the lost attempt reached the store
 
     # the retry (what Temporal does next) trains the step exactly once
     asyncio.run(acts._train_ranks(step_input("d", 1, learner_model_dir)))
@@ -256,7 +258,7 @@ def test_cancelling_an_attempt_kills_and_reaps_its_ranks(learner_model_dir, tmp_
 
     pids = asyncio.run(cancel_mid_step())
     wait_exited(pids, timeout=5)  # both ranks were killed and reaped by the supervisor, still held
-    assert store.list(step_prefix("e", 1)) == []
+    assert store.list(checkpoint_prefix("e", 1)) == []
     assert not list((tmp_path / "work").iterdir())  # the attempt folder is gone too
 
 

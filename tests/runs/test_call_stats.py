@@ -10,7 +10,7 @@ from activities.generate import tool_call_outcome
 from chat.tool_parsers import HermesParser
 from grove.contracts import EpisodeResult, StepRecord
 from grove.receipts import ToolCallOutcome
-from grove.staging_format import staging_key
+from grove.store_layout import staging_key
 from ledger.ledger import Ledger
 from tests.forest.kit import SAMPLED, Episode, tokens
 from workflows.step_metrics import call_stats, rollout_metrics, step_scalars

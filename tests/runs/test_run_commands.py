@@ -22,8 +22,8 @@ import pytest
 
 from cli.run_commands import EXIT_CONFLICT, EXIT_INVALID_CONFIG, EXIT_NOT_FOUND, EXIT_UNREACHABLE
 from grove.contracts import EpisodeResult, RunResult
+from grove.store_layout import CHECKPOINTS_ROOT, commit_key
 from tests.bounds import SERVICE_TEST_TIMEOUT
-from trainer.checkpoint_layout import CHECKPOINTS_ROOT, commit_key
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 

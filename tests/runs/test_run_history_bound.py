@@ -23,13 +23,13 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from cli.runs import run_status, start_run, step_history, wait_run
-from grove.contracts import HarnessSpec, RunConfig, RunState, TrackingConfig, TrainStepInput, step_record_key
+from grove.contracts import HarnessSpec, RunConfig, RunState, TrackingConfig, TrainStepInput
 from grove.learner_config import LearnerConfig
 from grove.sampling import SamplingConfig
+from grove.store_layout import commit_key, step_record_key
 from harnesses import scenario
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
-from trainer.checkpoint_layout import commit_key
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 

@@ -7,7 +7,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.episode_io import EpisodeIO
 from cli.runs import step_history
-from grove.contracts import ArchiveStepsInput, StepRecord, step_record_key
+from grove.contracts import ArchiveStepsInput, StepRecord
+from grove.store_layout import step_record_key
 from storage.local import LocalStore
 
 

@@ -9,7 +9,8 @@ from capture.call_archive import build_archive, encode_archive, staged_tokens
 from cli.episode_view_data import assemble_view
 from cli.view_html import episode_html, run_html
 from grove.receipts import CallReceipt, CallState, ContextOrigin, ContextRecord
-from grove.staging_format import CallTokens, staging_key
+from grove.staging_format import CallTokens
+from grove.store_layout import staging_key
 from storage.local import LocalStore
 from tests.viewer.chromium import chromium
 from trainer.rows import Row, Span
