@@ -28,6 +28,7 @@ from trainer.rows import rows_from_parquet
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
 INSTRUCTIONS = "You answer with one word."
+MAX_TOKENS = 128
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def codex_spec(name: str) -> EpisodeSpec:
         run_id=run, step=1, group_id=f"{run}/s000001/t0", episode_id=f"{run}/s000001/t0/g0",
         task=delegation.make_task(3),
         harness=HarnessSpec(kind="codex", codex=options, deadline_s=300),
-        sampling=SamplingConfig(max_tokens=48),
+        sampling=SamplingConfig(max_tokens=MAX_TOKENS),
     )  # fmt: skip
 
 
@@ -66,17 +67,26 @@ def _extends(served: dict, child: str, parent: str) -> bool:
 
 
 async def test_runner_launches_codex_and_closes_the_episode(stack, tiny_tokenizer):
+    """Stock Codex's turns reach the engine through the gateway's Responses API, each continuing the last
+    on its exact tokens. The tiny model's reply is a fresh draw per episode id: the episode closes ok with
+    one row, or, where a reply ran into its token budget, Codex fails that turn (`response.incomplete`:
+    it exits 1) and the episode fails as the policy's."""
     spec = codex_spec("run")
     result = await run_episode(stack.client, spec)
-    assert result.status == "ok", result.failure
     served = stack.engine.calls_of(spec.episode_id)
     calls = sorted(served, key=lambda c: int(c.rsplit(".c", 1)[1]))
-    assert calls[0] == "parent.0.c0" and all(c.startswith("parent.0.c") for c in calls)
+    assert calls and calls[0] == "parent.0.c0" and all(c.startswith("parent.0.c") for c in calls), calls
     prompt = tiny_tokenizer.decode(served["parent.0.c0"].prompt_ids)
     assert INSTRUCTIONS in prompt and "Say apple." in prompt  # the catalog's instructions, the message
     assert '"name": "apply_patch"' in prompt and "exec_command" not in prompt
     for parent, child in zip(calls, calls[1:], strict=False):  # each turn continues the last exactly
         assert _extends(served, child, parent), (parent, child)
+    if result.status == "failed":
+        assert "Incomplete response returned, reason: max_output_tokens" in (result.failure or "")
+        assert result.failure_kind == "policy"
+        assert served[calls[-1]].completion_ids.size == MAX_TOKENS  # the cut turn was the last one
+        return
+    assert result.status == "ok", result.failure
     assert result.counts == {"selected": len(calls)}
     [row] = rows_from_parquet(stack.store.get(result.rows_key))
     check_row_against_served(row, served)
