@@ -5,9 +5,12 @@ The generated turn (an assistant message: text and tool calls) becomes output it
 one `message` item with one `output_text` part (omitted when the turn has calls and no text; kept, empty,
 when it has neither), then one item per tool call, written back by the request's tool routes
 (gateway/intake/responses_chat.py `call_item`: `function_call` with its `namespace`, or
-`custom_tool_call`). A turn cut at its token budget (`finish_reason` "length") is `status: "incomplete"`
-with `incomplete_details.reason: "max_output_tokens"`; otherwise `completed`. `usage` holds the call's
-real prompt and completion token counts (Codex compacts on them).
+`custom_tool_call`). The response is `completed` even when the turn was cut at its token budget
+(`finish_reason` "length"): the cut message item says `status: "incomplete"`, as the chat path answers
+`finish_reason: "length"` and lets the harness go on. (A `response.incomplete` ends the turn as a failure
+in Codex 0.171 and in the Agents SDK: one long reply would fail the whole episode, where the chat path's
+harnesses carry on and the reward judges the reply.) `usage` holds the call's real prompt and completion
+token counts (Codex compacts on them).
 
 The call has finished before the first byte is sent (generation runs in the episode workflow), so a
 stream carries each part whole, in the event grammar of the Responses API:
@@ -19,7 +22,7 @@ stream carries each part whole, in the event grammar of the Responses API:
       function_call: response.function_call_arguments.delta, response.function_call_arguments.done
       custom_tool_call: response.custom_tool_call_input.delta, response.custom_tool_call_input.done
     response.output_item.done,
-    response.completed (or response.incomplete) with the whole response and its usage.
+    response.completed with the whole response and its usage.
 
 Every event is `event: <type>` + `data: <json>` with a `sequence_number` counting from 0. Ids are a pure
 function of the episode and call (a replayed call answers with the same ids).
@@ -38,7 +41,6 @@ from typing import Any
 from capture.records import ChatRecord
 from gateway.intake.responses_chat import ToolRoute, call_item
 
-INCOMPLETE_REASON = "max_output_tokens"
 _ITEM_PREFIX = {"message": "msg", "function_call": "fc", "custom_tool_call": "ctc"}
 
 
@@ -92,18 +94,16 @@ def output_items(record: ChatRecord, routes: dict[str, ToolRoute]) -> list[dict[
     return items
 
 
-def response_body(record: ChatRecord, shape: ResponseShape, status: str | None = None) -> dict[str, Any]:
+def response_body(record: ChatRecord, shape: ResponseShape, status: str = "completed") -> dict[str, Any]:
     """The `response` object; `status` "in_progress" gives the empty one the stream starts with."""
-    final = status is None
-    if status is None:
-        status = "incomplete" if _incomplete(record) else "completed"
+    final = status == "completed"
     return {
         "id": response_id(record.episode_id, record.call_id),
         "object": "response",
         "created_at": shape.created_at,
         "status": status,
         "error": None,
-        "incomplete_details": {"reason": INCOMPLETE_REASON} if final and status == "incomplete" else None,
+        "incomplete_details": None,
         "instructions": None,
         "metadata": {},
         "model": shape.model,
@@ -164,8 +164,7 @@ def stream_events(record: ChatRecord, shape: ResponseShape) -> list[dict[str, An
     ]
     for index, item in enumerate(final["output"]):
         events += _item_events(item, index)
-    last = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    events.append({"type": last, "response": final})
+    events.append({"type": "response.completed", "response": final})
     return [{**event, "sequence_number": n} for n, event in enumerate(events)]
 
 

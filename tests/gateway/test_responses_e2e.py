@@ -93,11 +93,11 @@ async def test_a_streamed_answer_is_the_responses_event_sequence(
     assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
     final = events[-1].response
     served = recording_engine.calls_of(eid)["parent.0.c0"]
-    # the tiny-random model rarely ends a turn within its 8 tokens: a cut turn is `incomplete`
-    if final.status == "incomplete":
-        assert final.incomplete_details.reason == "max_output_tokens" and served.completion_ids.size == 8
-    terminal = "response.incomplete" if final.status == "incomplete" else "response.completed"
-    assert types[-2:] == ["response.output_item.done", terminal]
+    # the tiny-random model rarely ends a turn within its 8 tokens: a cut turn's message says so
+    assert final.status == "completed"
+    cut = served.completion_ids.size == 8 and final.output[0].status == "incomplete"
+    assert cut or final.output[0].status == "completed"
+    assert types[-2:] == ["response.output_item.done", "response.completed"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert final.usage.input_tokens == served.prompt_ids.size
     assert final.usage.output_tokens == served.completion_ids.size

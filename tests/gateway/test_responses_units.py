@@ -431,12 +431,17 @@ def test_sse_lines_name_each_event_and_carry_its_json():
         assert head == f"event: {event['type']}" and json.loads(data.removeprefix("data: ")) == event
 
 
-def test_a_turn_cut_at_its_budget_is_incomplete():
+def test_a_turn_cut_at_its_budget_completes_with_its_message_marked_incomplete():
     record = _record({"role": "assistant", "content": "cut off"}, finish="length")
     body = response_body(record, ResponseShape(MODEL, 0, {}))
-    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["status"] == "completed" and body["incomplete_details"] is None
+    assert (
+        body["output"][0]["status"] == "incomplete" and body["output"][0]["content"][0]["text"] == "cut off"
+    )
     events = stream_events(record, ResponseShape(MODEL, 0, {}))
-    assert events[-1]["type"] == "response.incomplete" and events[0]["response"]["incomplete_details"] is None
+    assert events[-1]["type"] == "response.completed" and events[-2]["item"]["status"] == "incomplete"
+    done = _record({"role": "assistant", "content": "done"})
+    assert response_body(done, ResponseShape(MODEL, 0, {}))["output"][0]["status"] == "completed"
 
 
 def test_ids_are_a_function_of_the_call():

@@ -68,9 +68,8 @@ def _extends(served: dict, child: str, parent: str) -> bool:
 
 async def test_runner_launches_codex_and_closes_the_episode(stack, tiny_tokenizer):
     """Stock Codex's turns reach the engine through the gateway's Responses API, each continuing the last
-    on its exact tokens. The tiny model's reply is a fresh draw per episode id: the episode closes ok with
-    one row, or, where a reply ran into its token budget, Codex fails that turn (`response.incomplete`:
-    it exits 1) and the episode fails as the policy's."""
+    on its exact tokens, and the episode closes with one row (a reply cut at its budget completes, marked
+    incomplete: Codex goes on)."""
     spec = codex_spec("run")
     result = await run_episode(stack.client, spec)
     served = stack.engine.calls_of(spec.episode_id)
@@ -81,11 +80,6 @@ async def test_runner_launches_codex_and_closes_the_episode(stack, tiny_tokenize
     assert '"name": "apply_patch"' in prompt and "exec_command" not in prompt
     for parent, child in zip(calls, calls[1:], strict=False):  # each turn continues the last exactly
         assert _extends(served, child, parent), (parent, child)
-    if result.status == "failed":
-        assert "Incomplete response returned, reason: max_output_tokens" in (result.failure or "")
-        assert result.failure_kind == "policy"
-        assert served[calls[-1]].completion_ids.size == MAX_TOKENS  # the cut turn was the last one
-        return
     assert result.status == "ok", result.failure
     assert result.counts == {"selected": len(calls)}
     [row] = rows_from_parquet(stack.store.get(result.rows_key))
