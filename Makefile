@@ -14,10 +14,10 @@ UNIT = tests/ledger tests/forest tests/chat tests/capture tests/episodes/test_un
 	tests/gateway/test_app_units.py tests/gateway/test_continuation_units.py \
 	tests/gateway/test_launch_records_units.py tests/gateway/test_input_limits.py \
 	tests/gateway/test_opencode_names.py tests/gateway/test_sampling_refusals.py \
-	tests/gateway/test_advice.py tests/learner/test_advantages.py tests/learner/test_loss.py \
+	tests/gateway/test_advice.py tests/gateway/test_responses_units.py tests/gateway/test_codex_identity.py tests/learner/test_advantages.py tests/learner/test_loss.py \
 	tests/learner/test_config.py tests/learner/test_data_order.py tests/learner/test_off_policy.py \
 	tests/learner/test_episode_records.py tests/runs/test_runconfig.py tests/runs/test_parent_agent.py \
-	tests/harnesses/test_agents_handoffs.py tests/harnesses/test_delegation.py \
+	tests/harnesses/test_agents_handoffs.py tests/harnesses/test_delegation.py tests/harnesses/test_codex_setup.py \
 	tests/infra/test_cited_paths.py tests/storage/test_store_layout.py
 
 .PHONY: venv check unit test long ci

@@ -1,6 +1,6 @@
 """The harness runner: one external harness process per episode, owned by the run (docs/harnesses.md).
 
-    EpisodeWorkflow (harness.kind "opencode", "claude-code" or "python")
+    EpisodeWorkflow (harness.kind "opencode", "claude-code", "codex" or "python")
         -> run_harness(HarnessRunInput) on the `harness` task queue (this module)
              mint the episode's token, write opencode.json (provider = the episode's gateway URL),
              launch `opencode run --pure --format json <message>` in the episode's own folder,
@@ -10,11 +10,13 @@
              with the last stderr lines); the ledger discards responses never delivered, and closes
         <- HarnessRunResult (launch, exit code, wall time, events)
 
-Two kinds of process, one supervision (a `LaunchPlan` says what to run and how its events read):
+Three kinds of process, one supervision (a `LaunchPlan` says what to run and how its events read):
 
 - `opencode`: stock OpenCode (harnesses/opencode.py writes its config, reads its `--format json` events);
 - `claude-code`: stock Claude Code (harnesses/claude_code.py builds its command line and environment:
   `ANTHROPIC_BASE_URL` is the episode's prefix without `/v1`; reads its `stream-json` events);
+- `codex`: stock Codex CLI, `codex exec --json` (harnesses/codex.py writes its `config.toml` and model
+  catalog into the launch's own CODEX_HOME, reads its events; it speaks the Responses API);
 - `python`: a Python harness program, `harness.python.entry = "package.module:function"`, run by
   `python -m harnesses.clients.program` with the episode's URL, token, launch and task
   (harnesses/python_harness.py); e.g. the LangGraph and Agents SDK delegation families.
@@ -28,9 +30,10 @@ worker that serves the `harness` queue is built by `harness_worker` (cli/worker.
 
 Isolation: each episode gets `<root>/<sha256(episode id)[:16]>/{project,home}`, wiped at every launch,
 with the whole process environment built from scratch (harnesses/opencode.opencode_env,
-harnesses/claude_code.claude_env): own HOME and XDG folders (Claude Code: its own config folder too),
-the harness's offline switches, only its own token. The project folder's path is the same at every
-launch, because both harnesses write it into their prompts: a relaunch then sends the same requests.
+harnesses/claude_code.claude_env, harnesses/codex.codex_env): own HOME and XDG folders (Claude Code: its
+own config folder too; Codex: its CODEX_HOME beside them, wiped too: harnesses/codex.codex_home_for), the
+harness's offline switches, only its own token. The project folder's path is the same at every launch,
+because OpenCode and Claude Code write it into their prompts: a relaunch then sends the same requests.
 
 Process lifetime: the process leads its own process group and gets SIGKILL when the worker thread that
 started it dies (PR_SET_PDEATHSIG), so a killed worker leaves no harness behind; at the deadline, on
@@ -74,9 +77,10 @@ from grove.contracts import (
     HarnessRunResult,
 )
 from grove.gates import Gates
-from harnesses import claude_code, python_harness
+from harnesses import claude_code, codex, python_harness
 from harnesses.claude_code import ClaudeCodeSetupError
 from harnesses.claude_code_install import ClaudeCodeInstallError, claude_code_binary
+from harnesses.codex_install import CodexInstallError, codex_binary
 from harnesses.opencode import (
     OpenCodeSetupError,
     opencode_argv,
@@ -87,6 +91,7 @@ from harnesses.opencode import (
     setup_for,
 )
 from harnesses.opencode_install import OpenCodeInstallError, opencode_binary
+from harnesses.toml_text import to_toml
 
 HEARTBEAT_EVERY_S = 2.0
 # The heartbeat's ledger queries wait on the episode's workflow worker; past this they are dropped for the
@@ -132,6 +137,13 @@ def opencode_plan(binary: Path, message: str, home: Path) -> LaunchPlan:
 
 def claude_code_plan(argv: list[str], env: dict[str, str]) -> LaunchPlan:
     return LaunchPlan("Claude Code", argv, env, claude_code.outcome_of_events)
+
+
+def codex_plan(binary: Path, message: str, home: Path, codex_home: Path, token: str) -> LaunchPlan:
+    return LaunchPlan(
+        "Codex", codex.codex_argv(str(binary), message), codex.codex_env(str(home), str(codex_home), token),
+        codex.outcome_of_events,
+    )  # fmt: skip
 
 
 def python_plan(entry: str, job: str, home: Path, base_url: str, token: str, launch: int) -> LaunchPlan:
@@ -198,6 +210,7 @@ class HarnessRunner:
         planners = {
             "opencode": self._opencode_launch,
             "claude-code": self._claude_code_launch,
+            "codex": self._codex_launch,
             "python": self._python_launch,
         }
         if spec.harness.kind not in planners:
@@ -225,7 +238,9 @@ class HarnessRunner:
         activity.heartbeat(run.beat(launch, last_event="closing"))
         await self._close(spec.episode_id, token, close)
         if close.failure is None and not self.config.keep_dirs:
-            shutil.rmtree(episode_folder(self.config.root, spec.episode_id), ignore_errors=True)
+            folder = episode_folder(self.config.root, spec.episode_id)
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(codex.codex_home_for(folder), ignore_errors=True)
         return HarnessRunResult(
             launch=launch, exit_code=exit_code, wall_s=wall, events=len(run.events), failure=close.failure
         )
@@ -266,6 +281,26 @@ class HarnessRunner:
         )
         write_project_files(project, setup.files)
         return _Launch(claude_code_plan(argv, env), project, home)
+
+    async def _codex_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
+        options = spec.harness.codex
+        try:
+            setup = codex.setup_for(spec.task, options)
+            binary = await asyncio.to_thread(codex_binary, options.version)
+        except (codex.CodexSetupError, CodexInstallError) as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from err
+        project, home = self._prepare(spec.episode_id)
+        codex_home = codex.codex_home_for(project.parent)
+        shutil.rmtree(codex_home, ignore_errors=True)  # a relaunch starts from nothing the last one left
+        codex_home.mkdir(parents=True)
+        model = self.config.model_name
+        catalog_path = codex_home / codex.CATALOG_FILE
+        entries = codex.catalog(model, setup.instructions, options.context_window, shell=options.shell)
+        catalog_path.write_text(json.dumps(entries))
+        config = codex.codex_config(base_url, str(catalog_path), options, launch=launch, model=model)
+        (codex_home / codex.CONFIG_FILE).write_text(to_toml(config))
+        write_project_files(project, setup.files)
+        return _Launch(codex_plan(binary, setup.message, home, codex_home, token), project, home)
 
     async def _python_launch(self, spec: EpisodeSpec, launch: int, token: str, base_url: str) -> _Launch:
         options = spec.harness.python

@@ -24,4 +24,6 @@ gateway/http/wire/chat_completions.py and sent by gateway/http/delivered_respons
 adds its request (intake), its adapter (gateway/http/wire/) and its route; the pipeline stays as it is:
 Anthropic Messages is gateway/intake/messages_request.py, gateway/http/wire/anthropic_messages.py and
 gateway/http/routes/anthropic.py.
+The Responses API is such a wire format too: gateway/intake/responses_request.py and responses_chat.py
+(its items as chat messages), gateway/http/wire/responses.py, gateway/http/routes/responses.py.
 """

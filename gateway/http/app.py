@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway.http.routes import anthropic, health, manage, openai
+from gateway.http.routes import anthropic, health, manage, openai, responses
 from gateway.http.routes.errors import install_error_handlers
 from gateway.http.settings import GatewaySettings
 from gateway.intake.body_parse import BodyParser
@@ -67,5 +67,6 @@ def create_app(settings: GatewaySettings, store: ObjectStore | None = None) -> F
     app.include_router(health.router)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
     app.include_router(manage.router)
     return app

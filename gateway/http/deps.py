@@ -15,13 +15,14 @@ from pydantic import ValidationError
 from gateway.http.auth import check_token
 from gateway.http.episode_ref import episode_id_of
 from gateway.http.settings import GatewaySettings
-from gateway.intake.body_parse import BodyCheck, BodyParser, check_chat_body
+from gateway.intake.body_parse import BodyCheck, BodyParser, check_chat_body, check_responses_body
 from gateway.intake.capture_request import WireRequest
 from gateway.intake.chat_request import ChatCompletionRequest
 from gateway.intake.context_window import ContextLengthExceededError
 from gateway.intake.large_bodies import BodyAdmission
 from gateway.intake.limits import InvalidBodyError, declared_size, parse_json, read_body
 from gateway.intake.messages_request import MessagesRequest, check_count_tokens_body, check_messages_body
+from gateway.intake.responses_chat import AcceptedResponses
 from gateway.pipeline.capture import Capture
 from gateway.pipeline.identity import check_headers
 from gateway.pipeline.launch_records import launch_of
@@ -113,6 +114,15 @@ async def count_tokens_body(
     return body
 
 
+async def responses_body(
+    request: Request, settings: SettingsDep, episode_id: EpisodeIdDep
+) -> AcceptedResponses:
+    """The body as a validated Responses request and its chat form (4xx in the Responses shape otherwise)."""
+    body = await admitted_body(request, settings, episode_id, check_responses_body)
+    assert isinstance(body, AcceptedResponses)  # what check_responses_body returns
+    return body
+
+
 async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> CloseRequest:
     """The close request (an empty body is the default close); read after auth, capped."""
     raw = await read_body(request, settings.limits.max_close_bytes, "max_close_bytes", settings.limits)
@@ -130,4 +140,5 @@ async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -
 ChatBodyDep = Annotated[ChatCompletionRequest, Depends(chat_body)]
 MessagesBodyDep = Annotated[MessagesRequest, Depends(messages_body)]
 CountTokensBodyDep = Annotated[MessagesRequest, Depends(count_tokens_body)]
+ResponsesBodyDep = Annotated[AcceptedResponses, Depends(responses_body)]
 CloseBodyDep = Annotated[CloseRequest, Depends(close_body)]

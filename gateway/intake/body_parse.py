@@ -8,8 +8,9 @@ same checks the event loop runs on a small body, in the same order, plus the pro
 (gateway/intake/tokenization.py `PromptBound`, built by the gateway from its tokenizer), and send back either
 the refusal (the same error class, message and param) or the validated request. Each wire format gives
 its own checks (`BodyCheck`: a module-level function, so that it pickles; `check_chat_body` for chat
-completions) and the bound measures its canonical messages. So an over-long prompt comes
-back as a few hundred bytes, and the gateway's own work per large body is reading it.
+completions, `check_responses_body` for the Responses API) and the bound measures its canonical
+messages. So an over-long prompt comes back as a few hundred bytes, and the gateway's own work per
+large body is reading it.
 
 Test gate (grove/gates.py): `body_parse` (key: the episode id) holds a body's decoding in the worker.
 """
@@ -23,7 +24,9 @@ from concurrent.futures.process import BrokenProcessPool
 from gateway.intake.capture_request import WireRequest
 from gateway.intake.chat_request import ChatCompletionRequest, parse_chat_request
 from gateway.intake.context_window import ContextLengthExceededError, check_max_tokens
-from gateway.intake.limits import RequestLimits, check_counts, parse_json
+from gateway.intake.limits import RequestLimits, TooManyItemsError, check_counts, parse_json
+from gateway.intake.responses_chat import AcceptedResponses, accept
+from gateway.intake.responses_request import parse_responses_request
 from gateway.intake.tokenization import PromptBound
 from gateway.intake.worker_pool import WorkerPool
 from grove.gates import Gates
@@ -56,6 +59,26 @@ def check_chat_body(
 
 
 _BOUND: PromptBound | None = None  # the worker's copy of the gateway's bound, set by _start_worker
+
+
+def check_responses_body(
+    raw: bytes, limits: RequestLimits, served_model: str, max_model_len: int
+) -> AcceptedResponses:
+    """A Responses body's checks before admission, in order (gateway/intake/responses_request.py,
+    responses_chat.py); the first problem raises its RequestError."""
+    body = parse_json(raw, limits)
+    if isinstance(body, dict):
+        items = body.get("input")
+        if isinstance(items, list) and len(items) > limits.max_messages:
+            raise TooManyItemsError(
+                f"the request has {len(items)} input items; this gateway accepts at most "
+                f"{limits.max_messages} (max_messages = {limits.max_messages}). Compact the history",
+                param="input",
+            )
+        check_counts({"tools": body.get("tools")}, limits)
+    accepted = accept(parse_responses_request(body, served_model))
+    check_max_tokens(accepted.request, max_model_len, params=("max_output_tokens",))
+    return accepted
 
 
 def _start_worker(bound: PromptBound | None) -> None:

@@ -45,6 +45,7 @@ class WireFormat(StrEnum):
 
     CHAT_COMPLETIONS = "chat_completions"  # OpenAI POST /v1/chat/completions
     ANTHROPIC_MESSAGES = "anthropic_messages"  # Anthropic POST /v1/messages
+    RESPONSES = "responses"  # OpenAI POST /v1/responses (Codex CLI)
 
 
 @dataclass(frozen=True)

@@ -74,19 +74,6 @@ class UnknownModelError(ChatRequestError):
     """A model name the gateway does not serve (HTTP 404)."""
 
 
-class ResponsesApiNotServedError(ChatRequestError):
-    """`POST /v1/responses` (the OpenAI Agents SDK's default model API): not served (HTTP 404).
-
-    Why: grove trains on the exact tokens a call sampled, and continues a context by splicing the
-    previous call's exact tokens in front of the new messages (chat/render). The Responses API is a
-    different protocol: server-side conversation state (`previous_response_id`, `store`), typed input
-    items (reasoning, function-call outputs, built-in tools), and the Agents SDK's compaction runs
-    through it. Mapping it onto chat messages would need its own extension rule and streaming event
-    grammar; until that is built, the Agents SDK works through chat completions, which the SDK supports
-    for every model: `agents.set_default_openai_api("chat_completions")`, or an
-    `OpenAIChatCompletionsModel` per agent (the grove model provider gives one)."""
-
-
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 

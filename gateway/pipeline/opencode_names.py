@@ -1,5 +1,7 @@
 """OpenCode subagents named after their agent type: `researcher`, `critic`, and `researcher-2` when one
-type runs twice, in the ledger's contexts, the rows, the summary and the UI.
+type runs twice, in the ledger's contexts, the rows, the summary and the UI. Codex's subagents are named
+by the same rule from the lead's `spawn_agent` calls (their `message` is the subagent's first user
+message; the type is `worker`), their threads standing for sessions (gateway/pipeline/codex.py).
 
 OpenCode's requests say nothing of the agent type (headers: `x-session-id`, `x-parent-session-id` and
 the user agent only; OpenCode 1.18.33's provider code). The type is in the parent's response: the
@@ -37,6 +39,7 @@ from pydantic import BaseModel
 
 from capture.records import ChatRecord
 from chat.message_text import text_of
+from gateway.pipeline import codex
 from gateway.pipeline.identity import DEFAULT_AGENT
 from gateway.pipeline.opencode import PARENT_SESSION_HEADER, SESSION_HEADER, worker_agent
 from grove.headers import AGENT_HEADER, CONTEXT_HEADER
@@ -45,6 +48,7 @@ from harnesses.opencode_agents import subagent_name
 from storage.base import ObjectNotFoundError, ObjectStore, PutOutcome
 
 TASK_TOOL = "task"
+CODEX_SUBAGENT_TYPE = "worker"  # Codex's spawn_agent names no agent type: its subagents are workers
 _SESSION = re.compile(r"^[A-Za-z0-9_-]{1,96}$")
 
 
@@ -58,18 +62,23 @@ class SubagentName(BaseModel):
 
 
 def task_calls(response: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    """(subagent_type, prompt) of each `task` tool call in an assistant message, in its order."""
+    """(subagent_type, prompt) of each call that starts a subagent in an assistant message, in its order:
+    OpenCode's `task` calls, and Codex's `spawn_agent` calls (type `worker`, prompt its `message`)."""
     calls = []
     for call in (response or {}).get("tool_calls") or ():
         fn = call.get("function") or {}
-        if fn.get("name") != TASK_TOOL:
+        if fn.get("name") not in (TASK_TOOL, codex.SPAWN_TOOL):
             continue
         args = fn.get("arguments")
         try:
             args = json.loads(args) if isinstance(args, str) else args
         except json.JSONDecodeError:
             continue
-        if isinstance(args, dict) and isinstance(args.get("subagent_type"), str) and args["subagent_type"]:
+        if not isinstance(args, dict):
+            continue
+        if fn["name"] == codex.SPAWN_TOOL and isinstance(args.get("message"), str):
+            calls.append((CODEX_SUBAGENT_TYPE, args["message"]))
+        elif isinstance(args.get("subagent_type"), str) and args["subagent_type"]:
             calls.append((args["subagent_type"], text_of(args.get("prompt"))))
     return calls
 
@@ -135,9 +144,12 @@ def save_name(store: ObjectStore, episode_id: str, session_id: str, name: Subage
 
 def opencode_sessions(headers: Mapping[str, str]) -> tuple[str, str | None] | None:
     """(session, parent session) of a request OpenCode's adapter identifies (gateway/pipeline/routing.py: no
-    grove agent/context header), else None."""
+    grove agent/context header), or (thread, parent thread) of one Codex's adapter identifies
+    (gateway/pipeline/codex.py), else None."""
     if AGENT_HEADER in headers or CONTEXT_HEADER in headers:
         return None
+    if SESSION_HEADER not in headers and codex.TURN_METADATA_HEADER in headers:
+        return codex.threads(headers)
     session = (headers.get(SESSION_HEADER) or "").strip()
     parent = (headers.get(PARENT_SESSION_HEADER) or "").strip() or None
     if not _SESSION.match(session) or (parent is not None and not _SESSION.match(parent)):

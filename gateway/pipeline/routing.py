@@ -1,6 +1,7 @@
 """Which context a chat request goes to, and which context must be opened first (pure).
 
-From the request's headers (gateway/pipeline/identity.py, gateway/pipeline/opencode.py) and the episode's
+From the request's headers (gateway/pipeline/identity.py, gateway/pipeline/opencode.py,
+gateway/pipeline/codex.py) and the episode's
 `context_view` (ledger/context_view.py: the contexts of the few agents a request may involve, whatever the
 episode's size; `view_request` names them): the agent's current context (the most recent one no rewrite
 retired), an explicitly named context, or a new one — ROOT for an agent nobody spawned, SPAWN when the headers
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.pipeline import claude_code, opencode
+from gateway.pipeline import claude_code, codex, opencode
 from gateway.pipeline.identity import (
     AUX_SEPARATOR,
     DEFAULT_AGENT,
@@ -81,6 +82,9 @@ def view_request(headers: Mapping[str, str], aliases: Mapping[str, str] | None =
         session = header_value(headers, name, opencode.SESSION_PATTERN)
         if session is not None:
             agents.add(opencode.worker_agent(session))
+    for thread in codex.threads(headers) or ():
+        if thread is not None:
+            agents.add(opencode.worker_agent(thread))
     contexts = [
         c
         for c in (header_value(headers, h, ID_PATTERN) for h in (CONTEXT_HEADER, PARENT_CONTEXT_HEADER))
@@ -105,12 +109,15 @@ def identify(
     claude: SubagentName | None = None,
 ) -> Identity:
     """grove's headers when an agent/context header is present, else OpenCode's session headers when
-    present (`aliases`: sessions of a relaunched harness -> the recorded agents they replay), else Claude
-    Code's (`claude`: the request's subagent's stored name, gateway/pipeline/claude_code.py), else the
-    default identity (agent "parent")."""
+    present (`aliases`: sessions or threads of a relaunched harness -> the recorded agents they replay,
+    or subagents' names), else Codex's turn metadata when present, else Claude Code's (`claude`: the
+    request's subagent's stored name, gateway/pipeline/claude_code.py), else the default identity (agent
+    "parent")."""
     has_grove = any(h in headers for h in (AGENT_HEADER, CONTEXT_HEADER))
     if not has_grove and opencode.SESSION_HEADER in headers:
         return opencode.identify(headers, messages, tools, {c.agent for c in summary.contexts}, aliases)
+    if not has_grove and codex.TURN_METADATA_HEADER in headers:
+        return codex.identify(headers, messages, tools, {c.agent for c in summary.contexts}, aliases)
     if not has_grove and claude_code.is_claude_code(headers):
         return claude_code.identify(headers, messages, claude)
     return grove_identity(headers)

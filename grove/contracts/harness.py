@@ -1,6 +1,6 @@
 """Contracts of the harness boundary: the task an episode attempts, who drives it (a native program, an
-external harness, a harness process the run launches per episode: OpenCode, Claude Code or a Python
-program), and what a launch reports.
+external harness, a harness process the run launches per episode: OpenCode, Claude Code, Codex or a
+Python program), and what a launch reports.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ class TaskSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-HarnessKind = Literal["native", "external", "opencode", "claude-code", "python"]
+HarnessKind = Literal["native", "external", "opencode", "claude-code", "codex", "python"]
 
 
 # Kinds whose process the run owns: a `run_harness` activity on the harness queue launches it per episode
 # (activities/harness.py); it talks to the episode through the gateway like a hand-run external harness.
-RUNNER_KINDS: frozenset[str] = frozenset({"opencode", "claude-code", "python"})
+RUNNER_KINDS: frozenset[str] = frozenset({"opencode", "claude-code", "codex", "python"})
 
 
 # Kinds whose harness may close without outputs: the reward then reads each agent's last answer from the
-# ledger (OpenCode's runner reads them from its events).
-LEDGER_OUTPUT_KINDS: frozenset[str] = frozenset({"external", "python"})
+# ledger (OpenCode's runner reads them from its events; Codex's events carry the lead's answer only).
+LEDGER_OUTPUT_KINDS: frozenset[str] = frozenset({"external", "codex", "python"})
 
 
 _ENTRY = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
@@ -128,6 +128,54 @@ class ClaudeCodeOptions(BaseModel):
     )
 
 
+class CodexOptions(BaseModel):
+    """How the harness runner sets stock Codex CLI up for each episode (harnesses/codex.py writes its
+    `config.toml` and model catalog). The first message and instructions come from the task family unless
+    given here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field("0.171.0", description="@openai/codex npm version (infra/codex.sh installs it)")
+    message: str | None = Field(None, description="the first user message; null: the task family's")
+    instructions: str | None = Field(
+        None,
+        description="the base instructions of the served model's catalog entry (Codex sends them as the "
+        "first developer message of every agent, subagents included); null: the task family's",
+    )
+    subagents: bool = Field(
+        True,
+        description="Codex's subagents (`[agents] enabled`): the multi_agent_v1 tools spawn_agent, "
+        "send_input, wait_agent, close_agent, resume_agent (~9k characters of tool schemas per request)",
+    )
+    shell: bool = Field(
+        True,
+        description="Codex's shell tools exec_command and write_stdin (~2.4k characters of schemas); false: "
+        "the catalog entry's shell_type is disabled (apply_patch and, with subagents, the agent tools stay)",
+    )
+    context_window: int = Field(
+        2048, ge=256, description="`context_window` of the catalog entry (Codex's view of the context)"
+    )
+    auto_compact_token_limit: int | None = Field(
+        None,
+        ge=1,
+        description="`model_auto_compact_token_limit`: Codex compacts an agent's history (an ordinary "
+        "request with no tools and a summary prompt) once the usage grove reports reaches it; null: "
+        "Codex's own rule from context_window",
+    )
+    sandbox: Literal["read-only", "workspace-write", "danger-full-access"] = Field(
+        "workspace-write",
+        description="`sandbox_mode` of the commands the policy runs (approval policy is always `never`: "
+        "nothing waits for a person); workspace-write: writes only inside the episode's project folder",
+    )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Codex's `stream_idle_timeout_ms` for the gateway's answers (the gateway answers when "
+        "generation ends, so a call queued behind a GRPO group's prompts can be silent for minutes); "
+        "null: Codex's default (300 s)",
+    )
+
+
 class PythonHarnessOptions(BaseModel):
     """A Python harness program the runner launches per episode (harnesses/python_harness.py): the
     function `entry` gets the episode's gateway URL, token, launch number and task, and returns the final
@@ -148,7 +196,7 @@ class PythonHarnessOptions(BaseModel):
 
 class HarnessSpec(BaseModel):
     """Who drives the episode: a native program inside the workflow, an external harness (gateway), or
-    a harness process the run launches per episode (`opencode`, `claude-code`, `python`;
+    a harness process the run launches per episode (`opencode`, `claude-code`, `codex`, `python`;
     activities/harness.py)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -159,7 +207,8 @@ class HarnessSpec(BaseModel):
         "external: a harness process that talks to the episode through the gateway, started by someone "
         "else (`grove episode start --external`); opencode: the run launches stock OpenCode per episode "
         "on the harness queue (activities/harness.py), talking through the gateway; claude-code: the same "
-        "with stock Claude Code (its Anthropic Messages requests); python: the run "
+        "with stock Claude Code (its Anthropic Messages requests); codex: the same with stock Codex CLI "
+        "(`codex exec`, the Responses API); python: the run "
         "launches a Python harness program per episode the same way (`python.entry`)",
     )
     program: str = Field(
@@ -172,6 +221,9 @@ class HarnessSpec(BaseModel):
     claude_code: ClaudeCodeOptions = Field(
         default_factory=ClaudeCodeOptions,
         description="claude-code: how each episode's Claude Code is configured",
+    )
+    codex: CodexOptions = Field(
+        default_factory=CodexOptions, description="codex: how each episode's Codex CLI is configured"
     )
     python: PythonHarnessOptions = Field(
         default_factory=PythonHarnessOptions, description="python: the program each episode runs"

@@ -186,7 +186,7 @@ class RunConfig(BaseModel):
         description="longest an episode (training or evaluation) may take, end to end, continue-as-new "
         "included; Temporal times out one that runs longer and it counts as an infrastructure failure "
         "(no rows, out of its group's baseline), so a stuck episode cannot stall the run. Launched "
-        "harnesses (opencode, python) need more than harness.deadline_s x harness.max_launches; left "
+        "harnesses (opencode, codex, python) need more than harness.deadline_s x harness.max_launches; left "
         "unset, theirs is that + 600 s when it exceeds 3600. null: no bound",
     )
 

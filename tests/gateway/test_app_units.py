@@ -468,15 +468,16 @@ async def test_auth_and_validation_answer_before_any_workflow(bare_app):
     assert r.json() == {"status": "ok"}
 
 
-async def test_the_responses_api_is_refused_naming_the_chat_completions_fix(bare_app):
-    """The Agents SDK's default model calls POST /v1/responses (before: a bare 404 HTTP404): the real
-    openai client gets a 404 whose code and message name the fix; the token is still checked first."""
+async def test_a_bad_responses_request_is_refused_in_its_shape_before_the_episode(bare_app):
+    """POST /v1/responses (Codex, the Agents SDK's default model): the token is checked first, then the
+    body; the real openai client reads the refusal (no Temporal behind this app: nothing got further)."""
+    reasoning = {"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}
     async with openai_client(bare_app, issue_token(SECRET, "ep/1")) as client:
-        with pytest.raises(openai.NotFoundError) as err:
-            await client.responses.create(model="m", input="hi")
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.responses.create(model="m", input=[reasoning])
     error = err.value.body
-    assert (error["code"], error["param"]) == ("ResponsesApiNotServedError", "endpoint")
-    assert 'set_default_openai_api("chat_completions")' in error["message"]
+    assert (error["code"], error["param"]) == ("UnsupportedInputItemError", "input[0].type")
+    assert "reasoning" in error["message"]
     async with openai_client(bare_app, "sk-x") as stranger:
         with pytest.raises(openai.AuthenticationError):
             await stranger.responses.create(model="m", input="hi")
@@ -496,32 +497,51 @@ async def openai_client(app: FastAPI, api_key: str) -> AsyncIterator[openai.Asyn
 
 
 async def test_a_streamed_responses_request_is_refused_before_any_stream(bare_app):
-    """`stream: true` on /v1/responses gets the same 404 as a plain one, as a JSON error before any
+    """`stream: true` with a bad body gets the same refusal as a plain one, as a JSON error before any
     server-sent event (a harness reading the stream sees the status, never a half stream)."""
     async with openai_client(bare_app, issue_token(SECRET, "ep/1")) as client:
-        with pytest.raises(openai.NotFoundError) as err:
-            await client.responses.create(model="m", input="hi", stream=True)
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.responses.create(model="m", input="hi", stream=True, tools=[{"type": "web_search"}])
     assert err.value.response.headers["content-type"].startswith("application/json")
-    assert (err.value.body["code"], err.value.body["param"]) == ("ResponsesApiNotServedError", "endpoint")
-    assert "OpenAIChatCompletionsModel" in err.value.body["message"]
+    assert (err.value.body["code"], err.value.body["param"]) == ("UnsupportedToolError", "tools[0].type")
 
 
-async def test_the_agents_sdk_default_model_gets_the_fix_in_its_error(bare_app):
-    """The real OpenAI Agents SDK with its default model (the Responses API), as a new user runs it."""
+async def test_the_agents_sdk_default_model_request_is_taken(bare_app):
+    """The real OpenAI Agents SDK with its default model (the Responses API) and a function tool (strict,
+    as the SDK makes them): the body it sends passes the Responses checks (gateway/intake/body_parse.py
+    check_responses_body) and reads as the chat messages and tool the policy would see."""
     import agents  # the `harnesses` extra (infra/bootstrap.sh installs it)
 
+    from gateway.intake.body_parse import check_responses_body
+    from gateway.intake.limits import RequestLimits
+
     agents.set_tracing_disabled(True)
-    async with openai_client(bare_app, issue_token(SECRET, "ep/1")) as client:
+    sent: list[bytes] = []
+
+    async def keep(request: httpx.Request) -> None:
+        sent.append(request.content)
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    transport = httpx.ASGITransport(app=bare_app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, event_hooks={"request": [keep]}) as http_client:
+        client = openai.AsyncOpenAI(
+            base_url=f"http://gw/episodes/{episode_ref('ep/1')}/v1", api_key=issue_token(SECRET, "ep/1"),
+            http_client=http_client, max_retries=0,
+        )  # fmt: skip
         tutor = agents.Agent(
-            name="Math Tutor", model=agents.OpenAIResponsesModel(model="m", openai_client=client)
-        )
-        with pytest.raises(openai.NotFoundError) as err:
+            name="Math Tutor", instructions="Answer.", tools=[add],
+            model=agents.OpenAIResponsesModel(model="m", openai_client=client),
+        )  # fmt: skip
+        with pytest.raises(openai.APIStatusError):  # past the checks: this app has no Temporal behind it
             await agents.Runner.run(tutor, "What is 2 + 2?")
-        streamed = agents.Runner.run_streamed(tutor, "What is 2 + 2?")  # the SDK's stream: same refusal
-        with pytest.raises(openai.NotFoundError) as stream_err:
-            async for _event in streamed.stream_events():
-                pass
-    for error in (err.value.body, stream_err.value.body):
-        assert error["code"] == "ResponsesApiNotServedError"
-        assert 'set_default_openai_api("chat_completions")' in error["message"]
-        assert "GroveModelProvider" in error["message"]
+    accepted = check_responses_body(sent[0], RequestLimits(), "m", 1024)
+    assert accepted.form.messages == [
+        {"role": "system", "content": "Answer."},
+        {"role": "user", "content": "What is 2 + 2?"},
+    ]
+    [tool] = accepted.form.tools or []
+    assert tool["function"]["name"] == "add" and tool["function"]["description"] == "Add two numbers."

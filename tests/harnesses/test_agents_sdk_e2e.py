@@ -36,6 +36,7 @@ from harnesses.clients.agents_sdk import GroveModelProvider
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.fixtures.agents_script import AgentsScriptStack
 from tests.gateway.test_app_e2e import (  # noqa: F401  (gateway_url is a fixture)
+    MODEL,
     contexts,
     extension_of,
     gateway_url,
@@ -195,40 +196,37 @@ async def test_a_compacting_filter_in_a_custom_agent_tool(
     assert sorted(s.call_id for r in rows for s in r.spans if s.owned) == sorted(actions)
 
 
-async def test_the_default_responses_model_is_refused_and_admits_nothing(
+async def test_the_default_responses_model_is_captured(
     gateway_url,  # noqa: F811
     temporal_client,
     recording_engine,
 ):
-    """The SDK's default model (the Responses API), plain and streamed, against the real gateway: 404
-    ResponsesApiNotServedError naming the fix, and the episode is untouched: the provider's first call is
-    still the root's first call, and the close counts that call only."""
+    """The SDK's default model (the Responses API), plain and streamed, against the real gateway: each run
+    is captured as the agent its client names (`x-grove-agent`), and the close counts both calls."""
     import agents
     import openai
 
     eid, episode = await external_episode(temporal_client, gateway_url, "agents-sdk-responses")
-    client = openai.AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, max_retries=0)
-    tutor = agents.Agent(
-        name="Tutor", instructions="Answer.", model=agents.OpenAIResponsesModel("m", openai_client=client)
-    )
-    with pytest.raises(openai.NotFoundError) as plain:
-        await Runner.run(tutor, "What is 2 + 2?")
-    streamed = Runner.run_streamed(tutor, "What is 2 + 2?")
-    with pytest.raises(openai.NotFoundError) as stream:
-        async for _event in streamed.stream_events():
-            pass
-    for err in (plain, stream):
-        assert err.value.body["code"] == "ResponsesApiNotServedError"
-        assert "GroveModelProvider" in err.value.body["message"]
 
-    provider = GroveModelProvider(episode)
-    result = await Runner.run(
-        agents.Agent(name="Tutor", instructions="Answer."), "What is 2 + 2?", run_config=provider.run_config()
+    def model(agent: str):
+        client = openai.AsyncOpenAI(
+            base_url=episode.base_url, api_key=episode.api_key, max_retries=0,
+            default_headers={"x-grove-agent": agent},
+        )  # fmt: skip
+        return agents.OpenAIResponsesModel(MODEL, openai_client=client)
+
+    plain = await Runner.run(
+        agents.Agent(name="Tutor", instructions="Answer.", model=model("Tutor")), "2 + 2?"
     )
-    assert [r.response_id for r in result.raw_responses] == ["Tutor.0.c0"]
-    closed = await provider.episode.aclose(final_answer=str(result.final_output), wait=True)
-    assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 1}
-    assert list(recording_engine.calls_of(eid)) == ["Tutor.0.c0"]  # the engine served that call only
+    streamed = Runner.run_streamed(
+        agents.Agent(name="Streamer", instructions="Answer.", model=model("Streamer")), "3?"
+    )
+    async for _event in streamed.stream_events():
+        pass
+    assert plain.raw_responses and all(r.response_id.startswith("resp_") for r in plain.raw_responses)
+    assert sorted(recording_engine.calls_of(eid)) == ["Streamer.0.c0", "Tutor.0.c0"]
+    closed = await episode.aclose(final_answer=str(plain.final_output), wait=True)
+    assert closed["result"]["status"] == "ok" and closed["result"]["counts"] == {"selected": 2}
 
 
 class FailFirstAttemptAfterResponse(GroveModelProvider):

@@ -35,7 +35,7 @@ from gateway.http.wire.chat_completions import OPENAI_ERRORS
 from gateway.http.wire.refusal import ErrorShape, Refusal
 from gateway.intake.body_parse import BodyWorkerLostError
 from gateway.intake.capture_request import RequestError
-from gateway.intake.chat_request import ResponsesApiNotServedError, UnknownModelError
+from gateway.intake.chat_request import UnknownModelError
 from gateway.intake.large_bodies import LargeBodyBacklogError
 from gateway.intake.limits import HeadersTooLargeError, RequestTooLargeError, SlowUploadError
 from gateway.intake.tokenization import TokenizerBusyError
@@ -74,7 +74,6 @@ STATUS: dict[type[Exception], tuple[int, str]] = {
     MalformedTokenError: (401, "authentication_error"),
     WrongEpisodeTokenError: (403, "permission_error"),
     UnknownModelError: (404, "not_found_error"),
-    ResponsesApiNotServedError: (404, "not_found_error"),
     RequestTooLargeError: (413, "invalid_request_error"),
     SlowUploadError: (408, "invalid_request_error"),
     HeadersTooLargeError: (431, "invalid_request_error"),
@@ -147,7 +146,7 @@ def _status(exc: Exception) -> tuple[int, str]:
 
 
 def _param(exc: Exception) -> str | None:
-    if isinstance(exc, UndeclaredDiscontinuityError):
+    if isinstance(exc, UndeclaredDiscontinuityError) and getattr(exc, "param", None) is None:
         return "tools" if exc.index is None else f"messages[{exc.index}].{exc.field}"
     return getattr(exc, "param", None)
 

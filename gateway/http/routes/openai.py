@@ -1,7 +1,6 @@
 """The OpenAI-compatible routes under `/episodes/{episode_ref}/v1`: chat completions (the chat-completions
-wire adapter, gateway/http/wire/chat_completions.py, over the capture pipeline) and models; the
-Responses API (`/v1/responses`, the Agents SDK's default) answers 404 ResponsesApiNotServedError naming
-the fix (`set_default_openai_api("chat_completions")`; gateway/intake/chat_request.py says why).
+wire adapter, gateway/http/wire/chat_completions.py, over the capture pipeline) and models. The Responses
+API (`/v1/responses`) is its own wire format: gateway/http/routes/responses.py.
 
 Point an unmodified OpenAI client at `base_url = http://host/episodes/<ref>/v1` with the episode's
 token as api_key, and every request it sends is captured into that episode. A chat response settles its
@@ -17,7 +16,7 @@ from gateway.http.deps import CaptureDep, ChatBodyDep, EpisodeIdDep, SettingsDep
 from gateway.http.routes.errors import wire_route
 from gateway.http.wire.adapter import answer
 from gateway.http.wire.chat_completions import CHAT_COMPLETIONS, OPENAI_ERRORS
-from gateway.intake.chat_request import ResponsesApiNotServedError, UnknownModelError
+from gateway.intake.chat_request import UnknownModelError
 
 router = APIRouter(
     prefix="/episodes/{episode_ref}/v1", tags=["openai"], route_class=wire_route(OPENAI_ERRORS)
@@ -30,22 +29,6 @@ async def chat_completions(
 ) -> Response:
     delivery = await capture.delivery(episode_id, body.canonical(), request.headers)
     return await answer(CHAT_COMPLETIONS, body, body.stream, delivery, capture, settings.model_name)
-
-
-@router.post("/responses")
-async def responses(episode_id: EpisodeIdDep) -> None:
-    """The Responses API is refused with the fix (see ResponsesApiNotServedError for why); the token
-    is checked first and the body is never read."""
-    raise ResponsesApiNotServedError(
-        f"episode {episode_id!r}: the gateway serves the chat completions API only "
-        "(POST .../v1/chat/completions), not the Responses API (POST .../v1/responses): exact token "
-        "capture continues chat histories. With the OpenAI Agents SDK call "
-        'agents.set_default_openai_api("chat_completions") before running, give each agent an '
-        "OpenAIChatCompletionsModel, or run with grove's provider "
-        "(harnesses.clients.agents_sdk.GroveModelProvider(...).run_config()), which does both and "
-        "names each agent; streamed runs alike",
-        param="endpoint",
-    )
 
 
 def _model(name: str) -> dict:

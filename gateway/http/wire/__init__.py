@@ -15,4 +15,8 @@ error shape. The parts:
     anthropic_messages.py  Anthropic Messages: its error shape and its message and event rendering; its
                          request is gateway/intake/messages_request.py (blocks:
                          gateway/intake/messages_blocks.py), its route gateway/http/routes/anthropic.py
+    responses.py         the OpenAI Responses API (Codex CLI): its error shape (a refused stream ends
+                         with `response.failed`) and its rendering (gateway/http/responses_response.py);
+                         its request is gateway/intake/responses_request.py and responses_chat.py, its
+                         route gateway/http/routes/responses.py
 """
