@@ -220,9 +220,10 @@ async def test_bad_requests_get_anthropic_errors_and_admit_nothing(gateway_url, 
                 "/messages", json=body(ok), headers={"x-api-key": issue_token(SECRET, "other/ep")}
             ),
             "oversize": await c.post("/messages", json=body([{"role": "user", "content": "x" * (4 << 20)}])),
-            "too long": await c.post(
+            "too long": await c.post(  # another agent's first request: measured, not compared with parent's
                 "/messages",
                 json=body([{"role": "user", "content": " ".join(f"word{i}" for i in range(600))}]),
+                headers={"x-grove-agent": "longer"},
             ),
         }
     expect = {
@@ -284,4 +285,4 @@ async def test_claude_codes_subagent_compaction_and_rewrite_get_their_own_contex
     spawned = by_id["worker-0123456789abcdef.0"]
     assert (spawned.origin, spawned.spawned_by_call) == (ContextOrigin.SPAWN, "parent.0.c0")
     assert by_id["worker-0123456789abcdef.1"].rewrite_of == "worker-0123456789abcdef.0"
-    assert by_id["worker-0123456789abcdef~summary.0"].counts == {CallState.COMPLETED: 1}
+    assert by_id["worker-0123456789abcdef~summary.0"].counts[CallState.COMPLETED] == 1
