@@ -124,7 +124,7 @@ async def test_a_generated_tool_use_comes_back_as_generated_and_its_result_conti
     for i in range(TRIES):
         eid = await start_episode(client, f"tool-{i}")
         async with claude(url, eid).messages.stream(
-            model=MODEL, max_tokens=64, messages=asked, tools=[WEATHER], temperature=0.7
+            model=MODEL, max_tokens=64, messages=asked, tools=[WEATHER], extra_body={"temperature": 0.7}
         ) as stream:
             first = await stream.get_final_message()
         if first.stop_reason == "tool_use":
