@@ -26,11 +26,21 @@ from __future__ import annotations
 
 import json
 import random
-import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from models.harness_tools import (
+    SDK_HANDOFF_PROMPT,
+    agent_as_tool,
+    claude_code_env,
+    claude_code_tools,
+    codex_tools,
+    handoff_tool,
+    langchain_tool,
+    sdk_function_tool,
+    tool_name_of,
+)
 from models.tool_drills import (
     _DAYS,
     _MONTHS,
@@ -123,13 +133,6 @@ class AgentCase:
         """The final request extends the call request (one chat holds both answers)."""
         n = len(self.call_messages)
         return self.final_tools == self.call_tools and self.final_messages[:n] == self.call_messages
-
-
-def _function(name: str, description: str, parameters: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {"name": name, "description": description, "parameters": parameters, **extra},
-    }
 
 
 def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -285,15 +288,27 @@ class AgentDrillWriter:
         messages.append({"role": "user", "content": self.tool_ask(name, reqs[i], values, named)})
         call = [*messages, _calls([self.tool_call_for(tools[i], reqs[i], values)])]
         result = self.answer_text()
-        final = [*call, {"role": "tool", "content": rng.choice((result, json.dumps({"result": result})))},
-                 {"role": "assistant", "content": rng.choice(("{r}", "{r}", "The result is {r}.")).format(r=result)}]  # fmt: skip
+        final = [
+            *call,
+            {"role": "tool", "content": rng.choice((result, json.dumps({"result": result})))},
+            {
+                "role": "assistant",
+                "content": rng.choice(("{r}", "{r}", "The result is {r}.")).format(r=result),
+            },
+        ]
         return AgentCase(shape, call, tools, offer_of(tools, {}), final, tools, name if named else None)
 
     # -- LangGraph: a tool-calling agent with plain function tools
 
     def langgraph(self) -> AgentCase:
-        system = self.rng.choice((None, "You are a helpful assistant.", "Use the tools to answer.",
-                                  f"You are the {self.made_up()} assistant. Call a tool, then answer."))  # fmt: skip
+        system = self.rng.choice(
+            (
+                None,
+                "You are a helpful assistant.",
+                "Use the tools to answer.",
+                f"You are the {self.made_up()} assistant. Call a tool, then answer.",
+            )
+        )
         return self.function_case(
             "langgraph", "langchain", {"role": "system", "content": system} if system else None
         )
@@ -301,26 +316,26 @@ class AgentDrillWriter:
     # -- Agents SDK
 
     def sdk_instructions(self, name: str, handoffs: bool) -> str:
-        from_sdk = (
-            "# System context\nYou are part of a multi-agent system called the Agents SDK, designed to make agent "
-            "coordination and execution easy. Agents uses two primary abstraction: **Agents** and **Handoffs**. "
-            "An agent encompasses instructions and tools and can hand off a conversation to another agent when "
-            "appropriate. Handoffs are achieved by calling a handoff function, generally named "
-            "`transfer_to_<agent_name>`. Transfers between agents are handled seamlessly in the background; do "
-            "not mention or draw attention to these transfers in your conversation with the user.\n\n"
-        )  # agents.extensions.handoff_prompt.RECOMMENDED_PROMPT_PREFIX
-        own = self.rng.choice((
-            f"You are {name}. Route each request to the right agent.",
-            f"You are the {name} agent. Hand the user to the agent that fits.",
-            "Decide which agent should handle the request and transfer to it.",
-        )) if handoffs else self.rng.choice((f"You are {name}. Use your tools.", "Answer with the tools you have."))  # fmt: skip
+        from_sdk = SDK_HANDOFF_PROMPT + "\n\n"
+        own = (
+            self.rng.choice(
+                (
+                    f"You are {name}. Route each request to the right agent.",
+                    f"You are the {name} agent. Hand the user to the agent that fits.",
+                    "Decide which agent should handle the request and transfer to it.",
+                )
+            )
+            if handoffs
+            else self.rng.choice((f"You are {name}. Use your tools.", "Answer with the tools you have."))
+        )
         return (from_sdk if handoffs and self.rng.random() < 0.5 and not self.compact else "") + own
 
     def sdk_agent_name(self) -> str:
         w = self.made_up()
         role = self.rng.choice(_ROLES)
-        return self.rng.choice((w, f"{w}_{role}", f"{w.capitalize()} {role.capitalize()}", f"{w}_agent",
-                                w.capitalize()))  # fmt: skip
+        return self.rng.choice(
+            (w, f"{w}_{role}", f"{w.capitalize()} {role.capitalize()}", f"{w}_agent", w.capitalize())
+        )
 
     def handoff(self) -> AgentCase:
         """A triage agent with 1-4 handoffs (and maybe function tools) transfers; the receiving agent's own
@@ -339,21 +354,39 @@ class AgentDrillWriter:
         transfer = _calls([_call(tool_name_of(f"transfer_to_{agent}"), {})])
         call = [{"role": "system", "content": self.sdk_instructions(triage, True)}, user, transfer]
         own_tools = [self.function_tool("sdk")[0] for _ in range(rng.choice((0, 0, 1)))]
-        final = [{"role": "system", "content": self.sdk_instructions(agent, False)}, user, transfer,
-                 {"role": "tool", "content": json.dumps({"assistant": agent})},
-                 {"role": "assistant", "content": self.answer_text()}]  # fmt: skip
-        return AgentCase("handoff", call, tools, offer_of(tools, {}), final, own_tools,
-                         tool_name_of(f"transfer_to_{mention}") if mention else None)  # fmt: skip
+        final = [
+            {"role": "system", "content": self.sdk_instructions(agent, False)},
+            user,
+            transfer,
+            {"role": "tool", "content": json.dumps({"assistant": agent})},
+            {"role": "assistant", "content": self.answer_text()},
+        ]
+        return AgentCase(
+            "handoff",
+            call,
+            tools,
+            offer_of(tools, {}),
+            final,
+            own_tools,
+            tool_name_of(f"transfer_to_{mention}") if mention else None,
+        )
 
     def sdk_tools(self) -> AgentCase:
         """Agents SDK function tools, and agents as tools (`Agent.as_tool`: one string `input`)."""
         rng = self.rng
         if rng.random() < 0.5:
-            return self.function_case("sdk_tools", "sdk", {"role": "system", "content": self.sdk_instructions(
-                self.sdk_agent_name(), False)})  # fmt: skip
+            return self.function_case(
+                "sdk_tools",
+                "sdk",
+                {"role": "system", "content": self.sdk_instructions(self.sdk_agent_name(), False)},
+            )
         names = self.distinct(self.tool_name, rng.randint(1, 3))
-        tools = [agent_as_tool(n, rng.choice(("", f"Ask the {self.made_up()} agent.", f"Translate to {self.made_up()}.")))
-                 for n in names]  # fmt: skip
+        tools = [
+            agent_as_tool(
+                n, rng.choice(("", f"Ask the {self.made_up()} agent.", f"Translate to {self.made_up()}."))
+            )
+            for n in names
+        ]
         if rng.random() < 0.3:
             tools.insert(rng.randint(0, len(tools)), self.function_tool("sdk")[0])
         name, mention = self.pick(names)
@@ -383,22 +416,43 @@ class AgentDrillWriter:
         return self.ask(task, mention, "agent"), [(agent, task)], mention
 
     def delegation_calls(self, tool: str, pairs: list[tuple[str, str]]) -> dict[str, Any]:
-        return _calls([
-            _call(tool, {"description": t[:40].capitalize(), "prompt": t.capitalize() + ".", "subagent_type": a})
-            for a, t in pairs
-        ])  # fmt: skip
+        return _calls(
+            [
+                _call(
+                    tool,
+                    {"description": t[:40].capitalize(), "prompt": t.capitalize() + ".", "subagent_type": a},
+                )
+                for a, t in pairs
+            ]
+        )
 
     def opencode(self, env: str | None = None) -> AgentCase:
         """OpenCode's `task` tool (its captured description and schema) listing the user's subagents;
         `env`: the system prompt (drawn when None; cases of one environment share their prefix)."""
         rng = self.rng
         agents = self.distinct(lambda: self.agent_name("-"), rng.randint(1, 4))
-        listing = [(a, rng.choice((f"Handles {self.made_up()} tasks.", f"Finds {self.made_up()} facts.",
-                                   "Condenses text.", f"Answers questions about {self.made_up()}.")))
-                   for a in agents]  # fmt: skip
+        listing = [
+            (
+                a,
+                rng.choice(
+                    (
+                        f"Handles {self.made_up()} tasks.",
+                        f"Finds {self.made_up()} facts.",
+                        "Condenses text.",
+                        f"Answers questions about {self.made_up()}.",
+                    )
+                ),
+            )
+            for a in agents
+        ]
         if rng.random() < 0.25:
-            listing.insert(0, ("general", "General-purpose agent for researching complex questions and executing "
-                                          "multi-step tasks."))  # fmt: skip
+            listing.insert(
+                0,
+                (
+                    "general",
+                    "General-purpose agent for researching complex questions and executing multi-step tasks.",
+                ),
+            )
         tool = json.loads(json.dumps(_task_tool()))
         head = "Launch a new agent.\n\nAvailable agent types:\n" if self.compact else _task_description_head()
         tool["function"]["description"] = head + "\n".join(f"- {n}: {d}" for n, d in listing)
@@ -414,53 +468,104 @@ class AgentDrillWriter:
         text, pairs, mention = self.delegations(agents)
         call = [system, {"role": "user", "content": text}, self.delegation_calls("task", pairs)]
         results = [self.answer_text() for _ in pairs]
-        final = [*call, *({"role": "tool", "content": f'<task id="ses_{self.hex_id(26)}" state="completed">\n'
-                                                       f"<task_result>\n{r}\n</task_result>\n</task>"}
-                          for r in results),
-                 {"role": "assistant", "content": " ".join(results)}]  # fmt: skip
+        final = [
+            *call,
+            *(
+                {
+                    "role": "tool",
+                    "content": f'<task id="ses_{self.hex_id(26)}" state="completed">\n'
+                    f"<task_result>\n{r}\n</task_result>\n</task>",
+                }
+                for r in results
+            ),
+            {"role": "assistant", "content": " ".join(results)},
+        ]
         types = tuple(n for n, _ in listing)
         offer = offer_of(tools, {"task": ("subagent_type", types)})
         return AgentCase("opencode", call, tools, offer, final, tools, mention)
 
     def opencode_env(self) -> str:
         rng = self.rng
-        prompt = rng.choice((
-            "You are the dispatcher. Hand each request to the right subagent with the task tool, then answer "
-            "with what it found.",
-            "You delegate. Use the task tool with one of the listed agent types, then reply with the result.",
-            f"You are {self.made_up()}, a lead agent. Give the work to your subagents.",
-        ))  # fmt: skip
+        prompt = rng.choice(
+            (
+                "You are the dispatcher. Hand each request to the right subagent with the task tool, "
+                "then answer "
+                "with what it found.",
+                "You delegate. Use the task tool with one of the listed agent types, "
+                "then reply with the result.",
+                f"You are {self.made_up()}, a lead agent. Give the work to your subagents.",
+            )
+        )
         folder = "/" + "/".join(self.made_up() for _ in range(rng.randint(1, 3)))
         date = f"{rng.choice(_DAYS)} {rng.choice(_MONTHS)} {rng.randint(1, 28):02d} {rng.randint(2024, 2030)}"
-        return prompt + _env_template().format(dir=folder, provider="grove", model=rng.choice(("policy", "tiny-agent")),
-                                               date=date)  # fmt: skip
+        return prompt + _env_template().format(
+            dir=folder, provider="grove", model=rng.choice(("policy", "tiny-agent")), date=date
+        )
 
     def claude_code(self) -> AgentCase:
         """Claude Code's `Agent` tool (agent types listed in its description) beside Bash, Read and Edit;
         the subagent's answer comes back with its `agentId`."""
         rng = self.rng
         agents = self.distinct(lambda: self.agent_name("-"), rng.randint(1, 4))
-        listing = [(a, rng.choice((f"Use for {self.made_up()} work.", f"Researches {self.made_up()}.",
-                                   "Reviews code changes.", f"Writes {self.made_up()} reports.")),
-                    rng.choice(("All tools", "Read, Bash", "Read", "*"))) for a in agents]  # fmt: skip
+        listing = [
+            (
+                a,
+                rng.choice(
+                    (
+                        f"Use for {self.made_up()} work.",
+                        f"Researches {self.made_up()}.",
+                        "Reviews code changes.",
+                        f"Writes {self.made_up()} reports.",
+                    )
+                ),
+                rng.choice(("All tools", "Read, Bash", "Read", "*")),
+            )
+            for a in agents
+        ]
         if rng.random() < 0.25:
-            listing.insert(rng.randint(0, len(listing)), ("general-purpose", "General-purpose agent for researching "
-                           "complex questions, searching for code, and executing multi-step tasks.", "*"))  # fmt: skip
+            listing.insert(
+                rng.randint(0, len(listing)),
+                (
+                    "general-purpose",
+                    "General-purpose agent for researching "
+                    "complex questions, searching for code, and executing multi-step tasks.",
+                    "*",
+                ),
+            )
         tools = claude_code_tools(listing, rng, compact=self.compact)
-        system = ("You are a Claude agent, built on Anthropic's Claude Agent SDK.\n" + rng.choice((
-            "You lead a team of subagents. Use the Agent tool to delegate, then report.",
-            f"You are the {self.made_up()} lead. Delegate with the Agent tool.",
-            "Answer the user. Start subagents with the Agent tool when a listed agent fits.")))  # fmt: skip
+        system = "You are a Claude agent, built on Anthropic's Claude Agent SDK.\n" + rng.choice(
+            (
+                "You lead a team of subagents. Use the Agent tool to delegate, then report.",
+                f"You are the {self.made_up()} lead. Delegate with the Agent tool.",
+                "Answer the user. Start subagents with the Agent tool when a listed agent fits.",
+            )
+        )
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
         if rng.random() < 0.5 and not self.compact:
-            messages.append({"role": "system", "content": claude_code_env(self, rng)})
+            messages.append(
+                {
+                    "role": "system",
+                    "content": claude_code_env(
+                        "/" + "/".join(self.made_up() for _ in range(rng.randint(1, 3))), rng
+                    ),
+                }
+            )
         text, pairs, mention = self.delegations(agents)
         messages.append({"role": "user", "content": text})
         call = [*messages, self.delegation_calls("Agent", pairs)]
         results = [self.answer_text() for _ in pairs]
-        final = [*call, *({"role": "tool", "content": f"{r}\nagentId: {self.hex_id(16)} (use SendMessage with to: "
-                           f"'{self.hex_id(16)}' to continue this agent)"} for r in results),
-                 {"role": "assistant", "content": " ".join(results)}]  # fmt: skip
+        final = [
+            *call,
+            *(
+                {
+                    "role": "tool",
+                    "content": f"{r}\nagentId: {self.hex_id(16)} (use SendMessage with to: "
+                    f"'{self.hex_id(16)}' to continue this agent)",
+                }
+                for r in results
+            ),
+            {"role": "assistant", "content": " ".join(results)},
+        ]
         types = tuple(n for n, _, _ in listing)
         offer = offer_of(tools, {"Agent": ("subagent_type", types)})
         return AgentCase("claude_code", call, tools, offer, final, tools, mention)
@@ -470,20 +575,30 @@ class AgentDrillWriter:
         collaboration tools; the subagent's result comes as a `<subagent_notification>` user turn."""
         rng = self.rng
         tools = codex_tools(rng, compact=self.compact)
-        developer = rng.choice((
-            "You are Codex, a coding agent. Spawn subagents with spawn_agent for separate pieces of work.",
-            f"You are the {self.made_up()} lead. Give the work to a subagent with spawn_agent, then report.",
-            "Delegate the task to a subagent (spawn_agent), wait for it, then answer.",
-        ))  # fmt: skip
+        developer = rng.choice(
+            (
+                "You are Codex, a coding agent. "
+                "Spawn subagents with spawn_agent for separate pieces of work.",
+                f"You are the {self.made_up()} lead. "
+                "Give the work to a subagent with spawn_agent, then report.",
+                "Delegate the task to a subagent (spawn_agent), wait for it, then answer.",
+            )
+        )
         task = self.task_text()
-        call = [{"role": "system", "content": developer}, {"role": "user", "content": task.capitalize() + "."},
-                _calls([_call("spawn_agent", {"message": task.capitalize() + "."})])]  # fmt: skip
+        call = [
+            {"role": "system", "content": developer},
+            {"role": "user", "content": task.capitalize() + "."},
+            _calls([_call("spawn_agent", {"message": task.capitalize() + "."})]),
+        ]
         agent_id, nickname = self.hex_id(8) + "-" + self.hex_id(4), self.made_up().capitalize()
         result = self.answer_text()
         note = json.dumps({"agent_path": f"/root/{nickname.lower()}", "status": {"completed": result}})
-        final = [*call, {"role": "tool", "content": json.dumps({"agent_id": agent_id, "nickname": nickname})},
-                 {"role": "user", "content": f"<subagent_notification>{note}</subagent_notification>"},
-                 {"role": "assistant", "content": result}]  # fmt: skip
+        final = [
+            *call,
+            {"role": "tool", "content": json.dumps({"agent_id": agent_id, "nickname": nickname})},
+            {"role": "user", "content": f"<subagent_notification>{note}</subagent_notification>"},
+            {"role": "assistant", "content": result},
+        ]
         # spawn_agent takes `message` or `items`; the drills (and the evaluation) ask for `message`
         offer = offer_of(tools, {})
         offer = Offer({**offer.required, "spawn_agent": ("message",)})
@@ -491,155 +606,3 @@ class AgentDrillWriter:
 
     def case(self, shape: Shape) -> AgentCase:
         return getattr(self, shape)()
-
-
-def langchain_tool(name: str, description: str, required: list[str], optional: list[str]) -> dict[str, Any]:
-    """What LangChain's `convert_to_openai_tool` makes of `@tool def name(<required>: str, <optional>: str = "")`
-    with `description` as its docstring."""
-    props: dict[str, Any] = {p: {"type": "string"} for p in required}
-    props |= {p: {"default": "", "type": "string"} for p in optional}
-    return _function(name, description, {"properties": props, "required": required, "type": "object"})
-
-
-def _title(param: str) -> str:
-    return " ".join(part.capitalize() for part in param.split("_"))
-
-
-def sdk_function_tool(
-    name: str, description: str, required: list[str], optional: list[str]
-) -> dict[str, Any]:
-    """What the Agents SDK's chat-completions converter makes of `@function_tool` on the same function."""
-    props: dict[str, Any] = {p: {"title": _title(p), "type": "string"} for p in required}
-    props |= {p: {"default": "", "title": _title(p), "type": "string"} for p in optional}
-    params = {"properties": props, "required": list(props), "title": f"{name}_args", "type": "object",
-              "additionalProperties": False}  # fmt: skip
-    return _function(name, description, params, strict=True)
-
-
-def handoff_tool(agent_name: str, handoff_description: str) -> dict[str, Any]:
-    """The Agents SDK's handoff to an agent named `agent_name` (`handoff(agent)`, converted)."""
-    params = {"additionalProperties": False, "type": "object", "properties": {}, "required": []}
-    description = f"Handoff to the {agent_name} agent to handle the request. {handoff_description}"
-    return _function(tool_name_of(f"transfer_to_{agent_name}"), description, params, strict=True)
-
-
-def agent_as_tool(tool_name: str, description: str) -> dict[str, Any]:
-    """The Agents SDK's `agent.as_tool(tool_name=..., tool_description=...)`, converted."""
-    params = {"description": "Default input schema for agent-as-tool calls.",
-              "properties": {"input": {"title": "Input", "type": "string"}}, "required": ["input"],
-              "title": "AgentAsToolInput", "type": "object", "additionalProperties": False}  # fmt: skip
-    return _function(tool_name, description, params, strict=True)
-
-
-def tool_name_of(name: str) -> str:
-    """The Agents SDK's function-style name (agents.util._transforms.transform_string_function_style)."""
-    import re
-
-    return re.sub(r"[^a-zA-Z0-9_]", "_", re.sub(r"\s", "_", name)).lower()
-
-
-_AGENT_HEAD = (
-    "Launch a new agent to handle complex, multi-step tasks autonomously.\n\nThe Agent tool launches "
-    "specialized agents (subprocesses) that autonomously handle complex tasks. Each agent type has specific "
-    "capabilities and tools available to it.\n\nAvailable agent types and the tools they have access to:\n"
-)
-_AGENT_TAIL = (
-    "\n\nWhen using the Agent tool, specify a subagent_type parameter to select which agent type to use.\n\n"
-    "Usage notes:\n- Always include a short description (3-5 words) summarizing what the agent will do\n"
-    "- Launch multiple agents concurrently whenever possible, to maximize performance\n- When the agent is "
-    "done, it will return a single message back to you. The result returned by the agent is not visible to "
-    "the user. To show the user the result, you should send a text message back to the user with a concise "
-    "summary of the result.\n- Provide clear, detailed prompts so the agent can work autonomously."
-)
-
-
-def claude_code_tools(
-    listing: list[tuple[str, str, str]], rng: random.Random, *, compact: bool = False
-) -> list[dict[str, Any]]:
-    """Claude Code's tools as a request with `--tools Bash,Read,Edit,Agent` carries them, shortened: the
-    Agent tool's schema (`description`, `prompt`, `subagent_type`, `model`, `run_in_background`, `name`)
-    with the agent types listed in its description."""
-    agents = "\n".join(f"- {n}: {d} (Tools: {t})" for n, d, t in listing)
-    agent = _function("Agent", _AGENT_HEAD + agents + _AGENT_TAIL, {
-        "type": "object",
-        "properties": {
-            "description": {"description": "A short (3-5 word) description of the task", "type": "string"},
-            "prompt": {"description": "The task for the agent to perform", "type": "string"},
-            "subagent_type": {"description": "The type of specialized agent to use for this task", "type": "string"},
-            "model": {"description": "Optional model override for this agent.", "type": "string",
-                      "enum": ["sonnet", "opus", "haiku"]},
-            "run_in_background": {"description": "Set to true to run this agent in the background.", "type": "boolean"},
-            "name": {"description": "Optional name for the spawned agent.", "type": "string"},
-        },
-        "required": ["description", "prompt"],
-        "additionalProperties": False,
-        "$schema": "http://json-schema.org/draft-07/schema#",
-    })  # fmt: skip
-    others = [
-        _function("Bash", "Executes a given bash command and returns its output.", {
-            "type": "object", "properties": {"command": {"description": "The command to execute", "type": "string"},
-            "timeout": {"description": "Optional timeout in milliseconds (max 600000)", "type": "number"}},
-            "required": ["command"], "additionalProperties": False}),
-        _function("Edit", "Performs exact string replacements in files.", {
-            "type": "object", "properties": {"file_path": {"type": "string"}, "old_string": {"type": "string"},
-            "new_string": {"type": "string"}}, "required": ["file_path", "old_string", "new_string"],
-            "additionalProperties": False}),
-        _function("Read", "Reads a file from the local filesystem.", {
-            "type": "object", "properties": {"file_path": {"description": "The absolute path to the file to read",
-            "type": "string"}}, "required": ["file_path"], "additionalProperties": False}),
-    ]  # fmt: skip
-    if compact:
-        props = agent["function"]["parameters"]["properties"]
-        agent["function"]["description"] = "Launch a new agent.\n\nAgent types:\n" + agents
-        agent["function"]["parameters"]["properties"] = {
-            k: props[k] for k in ("description", "prompt", "subagent_type")
-        }
-        return [agent]
-    return [agent, *rng.sample(others, rng.randint(0, 3))]
-
-
-def claude_code_env(writer: AgentDrillWriter, rng: random.Random) -> str:
-    folder = "/" + "/".join(writer.made_up() for _ in range(rng.randint(1, 3)))
-    return (
-        f"<env>\nWorking directory: {folder}\nIs directory a git repo: {rng.choice(('Yes', 'No'))}\nPlatform: linux\n"
-        f"Today's date: {rng.randint(2024, 2030)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}\n</env>"
-    )
-
-
-def codex_tools(rng: random.Random, *, compact: bool = False) -> list[dict[str, Any]]:
-    """Codex's tools as the gateway offers them to the policy: function tools, the `multi_agent_v1`
-    namespace's members by their own names (the gateway adds the namespace back to a call), shortened."""
-    spawn = _function("spawn_agent", "Spawn a sub-agent for a well-scoped task. Returns the agent id and a "
-                      "nickname; you are notified when it finishes.", {
-        "type": "object",
-        "properties": {
-            "message": {"type": "string", "description": "Initial plain-text task for the new agent."},
-            "fork_context": {"type": "boolean", "description": "Fork the current thread history into the agent."},
-            "model": {"type": "string", "description": "Optional model override."},
-            "reasoning_effort": {"type": "string", "description": "Optional reasoning effort override."},
-        },
-        "required": [],
-        "additionalProperties": False,
-    })  # fmt: skip
-    others = [
-        _function("exec_command", "Runs a command in a PTY, returning output or a session ID.", {
-            "type": "object", "properties": {"cmd": {"type": "string", "description": "Shell command to execute."},
-            "workdir": {"type": "string", "description": "Optional working directory."}}, "required": ["cmd"],
-            "additionalProperties": False}),
-        _function("wait_agent", "Wait for agents to reach a final status.", {
-            "type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}},
-            "timeout_ms": {"type": "number"}}, "required": ["ids"], "additionalProperties": False}),
-        _function("send_input", "Send a message to an existing agent.", {
-            "type": "object", "properties": {"id": {"type": "string"}, "message": {"type": "string"}},
-            "required": ["id"], "additionalProperties": False}),
-        _function("close_agent", "Close an agent when it is no longer needed.", {
-            "type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"],
-            "additionalProperties": False}),
-    ]  # fmt: skip
-    if compact:
-        spawn["function"]["description"] = "Spawn a sub-agent."
-        spawn["function"]["parameters"]["properties"] = {"message": {"type": "string"}}
-        others = [o for o in others if o["function"]["name"] == "exec_command"]
-    tools = [*rng.sample(others, rng.randint(0, len(others))), spawn]
-    rng.shuffle(tools)
-    return tools

@@ -148,11 +148,19 @@ def _generate_hf(
     out = []
     for j, (_, kind, _, ids) in enumerate(requests):
         torch.manual_seed(seed + j)
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {
-            "do_sample": False}  # fmt: skip
+        sampling = (
+            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            if temperature
+            else {"do_sample": False}
+        )
         with torch.no_grad():
-            gen = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW_TOKENS[kind], eos_token_id=stop,
-                                 pad_token_id=stop[-1], **sampling)  # fmt: skip
+            gen = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_NEW_TOKENS[kind],
+                eos_token_id=stop,
+                pad_token_id=stop[-1],
+                **sampling,
+            )
         out.append(gen[0, len(ids) :].tolist())
     return out
 
@@ -234,7 +242,8 @@ def print_report(report: AgentEvalReport) -> None:
                 f"final_rate={s.final_rate:.3f}   e.g. {s.example_call[:90]!r}"
             )
     print(
-        f"{report.cases} held-out cases per shape, engine {report.engine}, {report.seconds:.0f} s; call prompt "
+        f"{report.cases} held-out cases per shape, engine {report.engine}, {report.seconds:.0f} s; "
+        "call prompt "
         "tokens " + ", ".join(f"{k} {v[0]}-{v[1]}" for k, v in report.prompt_tokens.items())
     )
 

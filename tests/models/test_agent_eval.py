@@ -55,8 +55,11 @@ def test_a_final_answer_is_text_without_a_call():
 def test_held_out_configurations_are_fixed_by_the_seed():
     a, b = held_out_cases(3), held_out_cases(3)
     assert set(a) == set(SHAPES)
-    assert all(x.call_messages == y.call_messages and x.call_tools == y.call_tools for s in a for x, y in
-               zip(a[s], b[s], strict=True))  # fmt: skip
+    assert all(
+        x.call_messages == y.call_messages and x.call_tools == y.call_tools
+        for s in a
+        for x, y in zip(a[s], b[s], strict=True)
+    )
 
 
 CALL_RATE = 0.9
