@@ -274,7 +274,8 @@ class AgentDrillWriter:
         self, shape: Shape, style: Literal["langchain", "sdk"], system: dict | None
     ) -> AgentCase:
         rng = self.rng
-        tools, reqs = [], []
+        tools: list[dict[str, Any]] = []
+        reqs: list[list[str]] = []
         for _ in range(rng.randint(1, 4)):
             tool, req = self.function_tool(style)
             if tool["function"]["name"] not in {t["function"]["name"] for t in tools}:
