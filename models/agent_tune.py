@@ -56,6 +56,7 @@ class AgentTuneSpec(BaseModel):
     induction_steps: int = Field(400, ge=0)
     induction_batch: int = Field(32, gt=0)
     induction_len: int = Field(40, gt=1)  # tokens drawn, then repeated
+    induction_chats: int = Field(0, ge=0)  # copy chats beside each induction step's sequences
     copy_steps: int = Field(150, ge=0)
     copy_batch: int = Field(32, gt=0)
     copy_mix: int = Field(8, ge=0)  # copy chats in each drill step, so the copying is kept
@@ -82,7 +83,9 @@ class AgentTuneSpec(BaseModel):
         return self.induction_steps + self.copy_steps + self.steps
 
     def fingerprint_json(self) -> str:
-        return self.model_dump_json()
+        """The spec's JSON, without `induction_chats` while it is 0 (the builds made before it existed keep
+        their fingerprint)."""
+        return self.model_dump_json(exclude={"induction_chats"} if self.induction_chats == 0 else None)
 
 
 class AgentTuneReport(BaseModel):
@@ -126,7 +129,11 @@ def step_groups(
     """One step's groups: (examples, whether they share a prefix)."""
     writer.compact = False
     if step < spec.induction_steps:
-        return [(induction_batch(writer, tok, spec), False)]
+        chats = [encode(tok, *copy_chat(writer)) for _ in range(spec.induction_chats)]
+        return [
+            (induction_batch(writer, tok, spec), False),
+            *((g, False) for g in _by_length(chats, spec.group_tokens)),
+        ]
     if step < spec.induction_steps + spec.copy_steps:
         return [
             (g, False)
@@ -139,7 +146,8 @@ def step_groups(
         writer.compact = False
         env = writer.opencode_env()
         cases = [writer.opencode(env) for _ in range(spec.opencode_cases)]
-        groups.append(([e for c in cases for e in case_examples(tok, c)], True))
+        examples = [e for c in cases for e in case_examples(tok, c)]
+        groups.append((examples, len(examples) > 1))  # one chat alone has no prefix to share
     mixed = [encode(tok, *copy_chat(writer)) for _ in range(spec.copy_mix)]
     for shape in _mixed_shapes(writer, spec):
         # a full OpenCode case costs ~2,000 tokens: those train in the shared-prefix group only
