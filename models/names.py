@@ -11,9 +11,7 @@ MODELS: dict[str, str] = {
     "tiny": "programs that drive their own delegation (writes no tool call, 2,048 positions)",
     "tiny-random": "tiny's shape with random weights (tests)",
     "tiny-tools": "OpenCode, its task calls drilled (32,768 positions)",
-    "tiny-agent": "drilled to call whatever tools, handoffs and agent types its prompt offers (OpenCode "
-    "task, Agents SDK, LangGraph, Claude Code Agent, Codex spawn_agent); not yet reliable on names it never "
-    "saw (builds on tiny)",
+    "tiny-agent": "drilled to call the tools and agent types its prompt offers; not reliable yet",
     "tiny-copy": "OpenCode delegating for real (builds on tiny-tools)",
     "tiny-resume": "the OpenCode lead's resumption drilled (builds on tiny-copy)",
     "tiny-reader": "the opencode-reader family's workers (builds on tiny-resume)",
