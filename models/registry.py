@@ -1,7 +1,8 @@
 """Resolve a model name or folder to a local Hugging Face model folder, building and caching it once.
 
 Names: "tiny" (the tiny Qwen3 with a short pretraining), "tiny-random" (same model, no pretraining:
-instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-copy" (tiny-tools fine-tuned
+instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-agent" (tiny fine-tuned to call
+whatever tools and agent types its prompt offers, models/agent_tune.py), "tiny-copy" (tiny-tools fine-tuned
 to copy made-up words in OpenCode's requests, models/copy_tune.py; "tiny-resume", "tiny-reader" and
 "tiny-report" fine-tune it further), "tiny-summary" (tiny drilled on the native `summary-delegation`
 episode, models/summary_tune.py), "smollm2" (SmolLM2-135M-Instruct
@@ -28,6 +29,8 @@ from pathlib import Path
 
 from grove.file_lock import exclusive
 from grove.paths import models_home
+from models.agent_tune import AgentTuneSpec, build_agent_model
+from models.agent_tune import fingerprint as agent_fingerprint
 from models.copy_tune import CopyTuneSpec, build_copy_model
 from models.copy_tune import fingerprint as copy_fingerprint
 from models.limits import model_positions
@@ -99,8 +102,11 @@ COPY_SPECS: dict[str, CopyTuneSpec] = {
 # "tiny-summary": tiny drilled on the native `summary-delegation` episode (models/summary_tune.py), so its
 # summary keeps the worker's word in about half the episodes: `grove demo --summaries --model tiny-summary`
 SUMMARY_SPECS: dict[str, SummaryTuneSpec] = {"tiny-summary": SummaryTuneSpec()}
+# "tiny-agent" (models/agent_tune.py): `tiny` fine-tuned on drills of six harness shapes to call the tools
+# and agent types its prompt offers. Experimental: its build does not yet reach the goal (docs/tool_model.md).
+AGENT_SPECS: dict[str, AgentTuneSpec] = {"tiny-agent": AgentTuneSpec()}
 SMOLLM2 = "smollm2"
-KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *COPY_SPECS, *SUMMARY_SPECS, SMOLLM2)
+KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *AGENT_SPECS, *COPY_SPECS, *SUMMARY_SPECS, SMOLLM2)
 
 
 class ModelResolutionError(ValueError):
@@ -144,6 +150,12 @@ def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None
         return _ensure_cached(
             root, name, summary_fingerprint(drills, base), lambda out: build_summary_model(out, base, drills)
         )
+    if name in AGENT_SPECS:
+        agent = AGENT_SPECS[name]
+        base = ensure_model(agent.base, cache_dir=root)
+        return _ensure_cached(
+            root, name, agent_fingerprint(agent, base), lambda out: build_agent_model(out, base, agent)
+        )
     if name == SMOLLM2:
         source = find_smollm2_source()
         return _ensure_cached(root, name, source.fingerprint(), lambda out: convert_smollm2(source, out))
@@ -157,18 +169,18 @@ def uncached_builds(name_or_path: str | os.PathLike[str], *, cache_dir: Path | N
     name = str(name_or_path)
     if name in TINY_SPECS:
         fingerprint = TINY_SPECS[name].fingerprint()
-    elif name in COPY_SPECS:
-        tune = COPY_SPECS[name]
+    elif name in COPY_SPECS or name in AGENT_SPECS or name in SUMMARY_SPECS:
+        tune = COPY_SPECS.get(name) or AGENT_SPECS.get(name) or SUMMARY_SPECS[name]
         below = uncached_builds(tune.base, cache_dir=root)
         if below:  # the fine-tune's fingerprint covers its base's weights: it cannot be cached yet
             return [*below, name]
-        fingerprint = copy_fingerprint(tune, ensure_model(tune.base, cache_dir=root))
-    elif name in SUMMARY_SPECS:
-        drills = SUMMARY_SPECS[name]
-        below = uncached_builds(drills.base, cache_dir=root)
-        if below:
-            return [*below, name]
-        fingerprint = summary_fingerprint(drills, ensure_model(drills.base, cache_dir=root))
+        base = ensure_model(tune.base, cache_dir=root)
+        if isinstance(tune, CopyTuneSpec):
+            fingerprint = copy_fingerprint(tune, base)
+        elif isinstance(tune, AgentTuneSpec):
+            fingerprint = agent_fingerprint(tune, base)
+        else:
+            fingerprint = summary_fingerprint(tune, base)
     else:
         return []
     return [] if _is_complete(root / f"{name}-{fingerprint}", fingerprint) else [name]
@@ -183,6 +195,8 @@ def known_positions(name_or_path: str | os.PathLike[str], *, cache_dir: Path | N
     if name in COPY_SPECS or name in SUMMARY_SPECS:  # a fine-tune keeps its base's positions
         base = COPY_SPECS[name].base if name in COPY_SPECS else SUMMARY_SPECS[name].base
         return known_positions(base, cache_dir=cache_dir)
+    if name in AGENT_SPECS:  # raised from its base's (models/agent_tune.py)
+        return AGENT_SPECS[name].max_position_embeddings
     root = Path(cache_dir) if cache_dir is not None else models_cache_dir()
     folders = sorted(root.glob(f"{SMOLLM2}-*")) if name == SMOLLM2 else [Path(name)]
     for folder in folders:
