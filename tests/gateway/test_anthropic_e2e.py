@@ -249,7 +249,7 @@ async def test_bad_requests_get_anthropic_errors_and_admit_nothing(gateway_url, 
         assert says in got["error"]["message"] and "Traceback" not in response.text, (name, got)
     assert await summary(temporal_client, eid) == before
     with pytest.raises(anthropic.BadRequestError) as refused:  # the SDK reads the shape as its own
-        await client.messages.create(model=MODEL, max_tokens=4, messages=ok, top_k=5)
+        await client.messages.create(model=MODEL, max_tokens=4, messages=ok, extra_body={"top_k": 5})
     assert refused.value.body["error"]["type"] == "invalid_request_error"
 
 
