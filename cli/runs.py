@@ -189,7 +189,13 @@ async def _start(client: Client, state: RunState, reuse: WorkflowIDReusePolicy) 
         id_reuse_policy=reuse,
         # a concurrent `start` of the same id attaches instead of failing
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        memo={"config": cfg.model_dump(mode="json"), "model": cfg.model, "train_agents": cfg.train_agents},
+        # the config as set (defaults filled in again when read): the whole dump passed Temporal's 2 KB memo
+        # warning, which its core prints on stdout, into a `--json` answer
+        memo={
+            "config": cfg.model_dump(mode="json", exclude_defaults=True),
+            "model": cfg.model,
+            "train_agents": cfg.train_agents,
+        },
     )  # the result type (RunResult) comes from the run method's annotation
 
 
