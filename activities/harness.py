@@ -81,13 +81,13 @@ from harnesses import claude_code, codex, python_harness
 from harnesses.claude_code import ClaudeCodeSetupError
 from harnesses.claude_code_install import ClaudeCodeInstallError, claude_code_binary
 from harnesses.codex_install import CodexInstallError, codex_binary
+from harnesses.json_events import parse_events
 from harnesses.opencode import (
     OpenCodeSetupError,
     opencode_argv,
     opencode_config,
     opencode_env,
     outcome_of_events,
-    parse_events,
     setup_for,
 )
 from harnesses.opencode_install import OpenCodeInstallError, opencode_binary

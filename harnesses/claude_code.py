@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -212,21 +212,6 @@ def claude_env(
     if max_context_tokens is not None:
         extra["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(max_context_tokens)
     return sandbox_env(home, path, **extra)
-
-
-def parse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The JSON events among Claude Code's stdout lines (anything else it prints is skipped)."""
-    events = []
-    for line in lines:
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-    return events
 
 
 def _blocks(event: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,21 +210,6 @@ def codex_argv(binary: str, message: str) -> list[str]:
     return [
         binary, "exec", "--strict-config", "--skip-git-repo-check", "--json", "--color", "never", message
     ]  # fmt: skip
-
-
-def parse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The JSON events among Codex's stdout lines (anything else it prints is skipped)."""
-    events = []
-    for line in lines:
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-    return events
 
 
 def _error_text(event: Mapping[str, Any]) -> str:

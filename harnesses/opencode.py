@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -243,21 +243,6 @@ def opencode_env(home: str, path: str = SYSTEM_PATH) -> dict[str, str]:
 def opencode_argv(binary: str, message: str) -> list[str]:
     """`opencode run --pure --format json <message>`: one run, no external plugins, JSON events."""
     return [binary, "run", "--pure", "--format", "json", message]
-
-
-def parse_events(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The JSON events among OpenCode's stdout lines (anything else it prints is skipped)."""
-    events = []
-    for line in lines:
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-    return events
 
 
 def _error_text(event: Mapping[str, Any]) -> str:

@@ -25,6 +25,7 @@ from grove.contracts import ClaudeCodeOptions
 from harnesses import claude_code
 from harnesses.claude_code_delegation import AGENTS, LEAD_PROMPT, make_task
 from harnesses.claude_code_install import SCRIPT, VERSION, binary_path, claude_code_binary
+from harnesses.json_events import parse_events
 from tests.harnesses.messages_script import Answer, Recorded, scripted_messages
 
 TOKEN = "grove-" + "ab" * 32
@@ -98,7 +99,7 @@ def launch(
     )  # fmt: skip
     argv = claude_code.claude_argv(str(claude_code_binary()), setup, model="grove", episode_id=EPISODE)
     done = subprocess.run(argv, env=env, cwd=folder / "project", capture_output=True, text=True, timeout=120)
-    return done.returncode, claude_code.parse_events(done.stdout.splitlines())
+    return done.returncode, parse_events(done.stdout.splitlines())
 
 
 @pytest.fixture(scope="module")

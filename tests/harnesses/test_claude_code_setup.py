@@ -22,11 +22,11 @@ from harnesses.claude_code import (
     claude_argv,
     claude_env,
     outcome_of_events,
-    parse_events,
     session_id,
     setup_for,
 )
 from harnesses.claude_code_delegation import AGENTS, LEAD_PROMPT, make_task
+from harnesses.json_events import parse_events
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FOREGROUND = FIXTURES / "claude-code-two-agents.events.jsonl"

@@ -25,9 +25,9 @@ from harnesses.codex import (
     codex_env,
     codex_home_for,
     outcome_of_events,
-    parse_events,
     setup_for,
 )
+from harnesses.json_events import parse_events
 from harnesses.toml_text import TomlValueError, to_toml
 
 FIXTURES = Path(__file__).parent / "fixtures"

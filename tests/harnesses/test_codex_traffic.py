@@ -32,6 +32,7 @@ from gateway.intake.responses_request import parse_responses_request
 from grove.contracts import CodexOptions
 from harnesses import codex
 from harnesses.codex_install import codex_binary
+from harnesses.json_events import parse_events
 from harnesses.toml_text import to_toml
 
 TOKEN = "tok-episode-7"
@@ -121,7 +122,7 @@ def _run_codex(folder: Path, port: int, options: CodexOptions, message: str) -> 
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    return codex.parse_events(done.stdout.splitlines())
+    return parse_events(done.stdout.splitlines())
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,12 +15,12 @@ import pytest
 
 from grove.contracts import OpenCodeOptions, TaskSpec
 from harnesses import delegation
+from harnesses.json_events import parse_events
 from harnesses.opencode import (
     OpenCodeSetupError,
     opencode_config,
     opencode_env,
     outcome_of_events,
-    parse_events,
     setup_for,
 )
 

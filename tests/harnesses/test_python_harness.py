@@ -17,7 +17,7 @@ from grove.contracts import HarnessOutcome, RunState, TaskSpec
 from grove.runconfig import ConfigValidationError, load_run_config
 from harnesses import framework_delegation as fd
 from harnesses.clients.program import EXIT_ENTRY_ERROR
-from harnesses.opencode import parse_events
+from harnesses.json_events import parse_events
 from harnesses.programs import family
 from harnesses.python_harness import entry_error, outcome_of_events, python_argv, python_env, python_job
 from tests.bounds import PROCESS_WAIT
