@@ -31,12 +31,12 @@ from grove.contracts import EpisodeResult, EpisodeSpec, HarnessHeartbeat, Harnes
 from grove.receipts import ContextOrigin
 from grove.sampling import SamplingConfig
 from harnesses import delegation
+from harnesses.json_events import parse_events
 from harnesses.opencode import (
     opencode_argv,
     opencode_config,
     opencode_env,
     outcome_of_events,
-    parse_events,
     setup_for,
 )
 from harnesses.opencode_install import opencode_binary
