@@ -26,6 +26,7 @@ from gateway.intake.responses_chat import AcceptedResponses
 from gateway.pipeline.capture import Capture
 from gateway.pipeline.identity import check_headers
 from gateway.pipeline.launch_records import launch_of
+from gateway.pipeline.previous_response import continued
 from gateway.temporal.episode_client import Episodes
 from grove.contracts import CloseRequest
 
@@ -117,10 +118,12 @@ async def count_tokens_body(
 async def responses_body(
     request: Request, settings: SettingsDep, episode_id: EpisodeIdDep
 ) -> AcceptedResponses:
-    """The body as a validated Responses request and its chat form (4xx in the Responses shape otherwise)."""
+    """The body as a validated Responses request and its chat form, the history its
+    `previous_response_id` names in front (4xx in the Responses shape otherwise)."""
     body = await admitted_body(request, settings, episode_id, check_responses_body)
     assert isinstance(body, AcceptedResponses)  # what check_responses_body returns
-    return body
+    # a previous_response_id's history, read from the store before capture (400 if it names none)
+    return await continued(get_capture(request), episode_id, body)
 
 
 async def close_body(request: Request, settings: SettingsDep, _: EpisodeIdDep) -> CloseRequest:

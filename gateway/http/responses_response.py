@@ -25,7 +25,8 @@ stream carries each part whole, in the event grammar of the Responses API:
     response.completed with the whole response and its usage.
 
 Every event is `event: <type>` + `data: <json>` with a `sequence_number` counting from 0. Ids are a pure
-function of the episode and call (a replayed call answers with the same ids).
+function of the episode and call (a replayed call answers with the same ids); the response's own id names
+the call, for a later request's `previous_response_id` (gateway/intake/previous_response.py).
 
 Pure module.
 """
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture.records import ChatRecord
+from gateway.intake.previous_response import response_id
 from gateway.intake.responses_chat import ToolRoute, call_item
 
 _ITEM_PREFIX = {"message": "msg", "function_call": "fc", "custom_tool_call": "ctc"}
@@ -46,10 +48,6 @@ _ITEM_PREFIX = {"message": "msg", "function_call": "fc", "custom_tool_call": "ct
 
 def _digest(episode_id: str, call_id: str) -> str:
     return hashlib.sha256(f"{episode_id}/{call_id}".encode()).hexdigest()[:24]
-
-
-def response_id(episode_id: str, call_id: str) -> str:
-    return "resp_" + _digest(episode_id, call_id)
 
 
 @dataclass(frozen=True)

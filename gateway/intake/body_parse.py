@@ -87,6 +87,14 @@ def _start_worker(bound: PromptBound | None) -> None:
     _BOUND = bound
 
 
+def _known_messages(request: WireRequest) -> list[dict]:
+    """The messages the request holds itself: all of them, or, for a Responses request continuing a
+    previous response whose history is read later, its own items (a lower bound of its prompt too)."""
+    if isinstance(request, AcceptedResponses) and request.pending:
+        return request.form.messages
+    return request.canonical().messages
+
+
 def _parse_in_worker(
     check: BodyCheck,
     episode_id: str,
@@ -101,7 +109,7 @@ def _parse_in_worker(
     request = check(raw, limits, served_model, max_model_len)
     if _BOUND is not None:  # an over-long prompt goes back as its refusal, not as MBs of request
         try:
-            _BOUND.check(request.canonical().messages, max_model_len)
+            _BOUND.check(_known_messages(request), max_model_len)
         except ContextLengthExceededError as refusal:
             return refusal
     return request

@@ -15,6 +15,12 @@ gateway's earlier calls saw and answered, and the chat path's extension check sp
   whose arguments are `{"input": <the free-form input>}`.
 - `function_call_output` / `custom_tool_call_output` -> a `tool` message with the call's id, after its
   call, of the call's own kind.
+- `previous_response_id` (gateway/intake/previous_response.py): the named call's prompt messages and its
+  response come first, as recorded, and the items follow them as if the client had sent that history
+  whole: an output may answer a call of the previous response, a call item right after it joins its
+  assistant turn. The earlier instructions are part of that history: `instructions` is then either absent
+  or the same text (new instructions would edit the history the previous call was sampled on: send the
+  whole history instead).
 
 Tools -> function tools: a `function` as it is (without `strict`: nothing is constrained); each function
 of a `namespace` flattened to its own name; a `custom` tool as a function of one string argument `input`,
@@ -31,12 +37,15 @@ Pure module.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from chat.render import UndeclaredDiscontinuityError
 from gateway.intake.capture_request import CaptureRequest, SamplingOverrides, WireFormat
+from gateway.intake.previous_response import PARAM as PREVIOUS
+from gateway.intake.previous_response import PreviousResponse
 from gateway.intake.responses_request import (
     CustomTool,
     CustomToolCallItem,
@@ -71,6 +80,15 @@ class DuplicateCallIdError(ResponsesRequestError):
     """Two calls with one call_id, or two outputs for one call."""
 
 
+class ChangedInstructionsError(ResponsesRequestError):
+    """`instructions` other than the ones the history of `previous_response_id` starts with."""
+
+
+class UnresolvedPreviousResponseError(RuntimeError):
+    """A request naming a previous response captured before that response's history was read (a bug of
+    the route: gateway/pipeline/previous_response.py resolves it first)."""
+
+
 class InputDiscontinuityError(UndeclaredDiscontinuityError):
     """The pipeline's UndeclaredDiscontinuityError (or its more specific hint, gateway/pipeline/hints.py:
     same code, same message) naming the input item where the history differs (`param`: `input[i]`,
@@ -97,16 +115,16 @@ class ChatForm:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     routes: dict[str, ToolRoute] = field(default_factory=dict)
-    # the input item each message starts at (None: `instructions`), to name items in errors about messages
-    sources: list[int | None] = field(default_factory=list)
+    # where each message comes from: the input item it starts at (`input[i]`), `instructions`, or
+    # `previous_response_id`; to name the request's own parameter in errors about messages
+    sources: list[str] = field(default_factory=list)
 
     def input_param(self, index: int | None) -> str:
-        """The Responses name of `messages[index]` (in a chat-path error's param): `input[i]`, or
-        `instructions`, or `tools` for index None."""
+        """The Responses name of `messages[index]` (in a chat-path error's param): `input[i]`,
+        `instructions`, `previous_response_id`, or `tools` for index None."""
         if index is None:
             return "tools"
-        source = self.sources[index] if 0 <= index < len(self.sources) else None
-        return "instructions" if source is None else f"input[{source}]"
+        return self.sources[index] if 0 <= index < len(self.sources) else "input"
 
     def in_input_terms(self, err: UndeclaredDiscontinuityError) -> InputDiscontinuityError:
         """`err` (about messages[i]) naming the input item message i came from."""
@@ -192,23 +210,34 @@ class _Messages:
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
-        self.sources: list[int | None] = []
-        self.calls: dict[str, tuple[str, int]] = {}  # call_id -> (item type, input index)
-        self.answered: dict[str, int] = {}  # call_id -> index of its output
+        self.sources: list[str] = []
+        self.calls: dict[str, tuple[str, str]] = {}  # call_id -> (item type, where: `input[i]`...)
+        self.answered: dict[str, str] = {}  # call_id -> where its output is
         self.open_turn: dict[str, Any] | None = None  # the assistant message calls may still join
+
+    def history(self, previous: PreviousResponse, routes: dict[str, ToolRoute]) -> None:
+        """The previous response's history first, its calls and outputs known as if sent as items."""
+        for message in copy.deepcopy(previous.messages):  # calls may join its last turn: never the record
+            self.add(message, PREVIOUS)
+            assistant = message.get("role") == "assistant"
+            for call in (message.get("tool_calls") or []) if assistant else []:
+                self.calls[str(call.get("id"))] = (call_item(call, routes)["type"], PREVIOUS)
+            if message.get("role") == "tool":
+                self.answered[str(message.get("tool_call_id"))] = PREVIOUS
+            self.open_turn = message if assistant else None
 
     def message(self, item: MessageItem, i: int) -> None:
         where = f"input[{i}].content"
         if item.role == "assistant":
             msg = {"role": "assistant", "content": text_parts(item.content, where, "output_text")}
-            self.add(msg, i)
+            self.add(msg, f"input[{i}]")
             self.open_turn = msg
             return
         role = "user" if item.role == "user" else "system"
-        self.add({"role": role, "content": text_parts(item.content, where, "input_text")}, i)
+        self.add({"role": role, "content": text_parts(item.content, where, "input_text")}, f"input[{i}]")
         self.open_turn = None
 
-    def add(self, message: dict[str, Any], source: int | None) -> None:
+    def add(self, message: dict[str, Any], source: str) -> None:
         self.messages.append(message)
         self.sources.append(source)
 
@@ -216,74 +245,122 @@ class _Messages:
         if item.call_id in self.calls:
             raise DuplicateCallIdError(
                 f"input[{i}] ({item.type}) reuses call_id {item.call_id!r} of "
-                f"input[{self.calls[item.call_id][1]}]; each call needs its own id",
+                f"{self.calls[item.call_id][1]}; each call needs its own id",
                 param=f"input[{i}].call_id",
             )
-        self.calls[item.call_id] = (item.type, i)
+        self.calls[item.call_id] = (item.type, f"input[{i}]")
         if self.open_turn is None:
             self.open_turn = {"role": "assistant", "content": None}
-            self.add(self.open_turn, i)
+            self.add(self.open_turn, f"input[{i}]")
         self.open_turn.setdefault("tool_calls", []).append(_tool_call(item))
 
-    def output(self, item: FunctionCallOutputItem | CustomToolCallOutputItem, i: int) -> None:
-        call = self.calls.get(item.call_id)
-        at = f"input[{i}].call_id"
-        if call is None:
-            raise UnmatchedToolOutputError(
-                f"input[{i}] ({item.type}) answers call_id {item.call_id!r}, which no earlier "
-                "function_call or custom_tool_call in the input has; send the call before its output "
-                "(the whole history, as the gateway returned it)",
-                param=at,
-            )
-        expected = "function_call_output" if call[0] == "function_call" else "custom_tool_call_output"
+    @staticmethod
+    def _check_kind(
+        item: FunctionCallOutputItem | CustomToolCallOutputItem, i: int, kind: str, where: str
+    ) -> None:
+        expected = "function_call_output" if kind == "function_call" else "custom_tool_call_output"
         if item.type != expected:
             raise MismatchedToolOutputError(
-                f"input[{i}] is a {item.type} for call_id {item.call_id!r}, but that call (input[{call[1]}]) "
-                f"is a {call[0]}; answer it with a {expected}",
+                f"input[{i}] is a {item.type} for call_id {item.call_id!r}, but that call ({where}) "
+                f"is a {kind}; answer it with a {expected}",
                 param=f"input[{i}].type",
+            )
+
+    def output(
+        self, item: FunctionCallOutputItem | CustomToolCallOutputItem, i: int, *, pending: bool = False
+    ) -> None:
+        """`pending`: the previous response's history is not read yet, so an output may answer one of its
+        calls (checked again once it is: gateway/pipeline/previous_response.py)."""
+        at = f"input[{i}].call_id"
+        call = self.calls.get(item.call_id)
+        if call is not None:
+            self._check_kind(item, i, *call)
+        elif not pending:
+            raise UnmatchedToolOutputError(
+                f"input[{i}] ({item.type}) answers call_id {item.call_id!r}, which no earlier "
+                "function_call or custom_tool_call in the input (or the history of previous_response_id) "
+                "has; send the call before its output (the whole history, as the gateway returned it)",
+                param=at,
             )
         if item.call_id in self.answered:
             raise DuplicateCallIdError(
-                f"input[{i}] answers call_id {item.call_id!r} again (input[{self.answered[item.call_id]}] "
+                f"input[{i}] answers call_id {item.call_id!r} again ({self.answered[item.call_id]} "
                 "already did); send one output per call",
                 param=at,
             )
-        self.answered[item.call_id] = i
+        self.answered[item.call_id] = f"input[{i}]"
         content = text_parts(item.output, f"input[{i}].output", "input_text")
-        self.add({"role": "tool", "tool_call_id": item.call_id, "content": content}, i)
+        self.add({"role": "tool", "tool_call_id": item.call_id, "content": content}, f"input[{i}]")
         self.open_turn = None
 
 
-def chat_form(request: ResponsesRequest) -> ChatForm:
+def _check_instructions(request: ResponsesRequest, previous: PreviousResponse) -> None:
+    first = previous.messages[0] if previous.messages else {}
+    if first.get("role") == "system" and first.get("content") == request.instructions:
+        return
+    raise ChangedInstructionsError(
+        f"instructions differ from the first message of the history of previous_response_id "
+        f"{previous.ref.response_id!r} (call {previous.ref.call_id!r}): that call was sampled on its own "
+        "instructions, which the continuation keeps. Leave `instructions` out (or send the same text), or "
+        "send the whole history with the new instructions as `input` without previous_response_id",
+        param="instructions",
+    )
+
+
+def chat_form(request: ResponsesRequest, previous: PreviousResponse | None = None) -> ChatForm:
     """The request's chat messages and function tools (module docstring); raises the typed error of the
-    first item or tool that breaks a rule, naming it."""
+    first item or tool that breaks a rule, naming it. A request with `previous_response_id` and no
+    `previous` (its history not read yet) gives the form of its own items only, an output of a call it
+    does not hold unchecked until then: `AcceptedResponses.canonical` refuses to capture that form."""
     tools, routes = chat_tools(request.tool_list)
     built = _Messages()
-    if request.instructions is not None:
-        built.add({"role": "system", "content": request.instructions}, None)
+    pending = request.previous_response_id is not None and previous is None
+    if previous is not None:
+        if previous.ref.response_id != request.previous_response_id:
+            raise ValueError(f"{previous.ref} is not the history of {request.previous_response_id!r}")
+        if request.instructions is not None:
+            _check_instructions(request, previous)
+        built.history(previous, routes)
+    elif request.instructions is not None:
+        built.add({"role": "system", "content": request.instructions}, "instructions")
     for i, item in enumerate(request.items):
         if isinstance(item, MessageItem):
             built.message(item, i)
         elif isinstance(item, FunctionCallItem | CustomToolCallItem):
             built.call(item, i)
         else:
-            built.output(item, i)
+            built.output(item, i, pending=pending)
     return ChatForm(messages=built.messages, tools=tools or None, routes=routes, sources=built.sources)
 
 
 @dataclass(frozen=True)
 class AcceptedResponses:
-    """A Responses request the gateway took: the request and its chat form (the way back included)."""
+    """A Responses request the gateway took: the request and its chat form (the way back included);
+    `previous`: the history its `previous_response_id` names, once read."""
 
     request: ResponsesRequest
     form: ChatForm
+    previous: PreviousResponse | None = None
 
     @property
     def stream(self) -> bool:
         return self.request.stream
 
+    @property
+    def pending(self) -> bool:
+        """It names a previous response whose history is not read yet (`continuing` reads it in)."""
+        return self.request.previous_response_id is not None and self.previous is None
+
+    def continuing(self, previous: PreviousResponse) -> AcceptedResponses:
+        """The request with its previous response's history in front of its items (module docstring)."""
+        return accept(self.request, previous)
+
     def canonical(self) -> CaptureRequest:
         """The request as the capture pipeline consumes it (gateway/intake/capture_request.py)."""
+        if self.pending:
+            raise UnresolvedPreviousResponseError(
+                f"previous_response_id {self.request.previous_response_id!r} was not read before capture"
+            )
         r = self.request
         return CaptureRequest(
             messages=self.form.messages,
@@ -294,8 +371,8 @@ class AcceptedResponses:
         )
 
 
-def accept(request: ResponsesRequest) -> AcceptedResponses:
-    return AcceptedResponses(request, chat_form(request))
+def accept(request: ResponsesRequest, previous: PreviousResponse | None = None) -> AcceptedResponses:
+    return AcceptedResponses(request, chat_form(request, previous), previous)
 
 
 def chat_body(request: ResponsesRequest, form: ChatForm) -> dict[str, Any]:

@@ -17,10 +17,14 @@ renders):
 - Sampling: `temperature`, `top_p`, `max_output_tokens` become the call's SamplingConfig (as the chat
   path: gateway/intake/chat_request.py). What would change the sampled distribution in a way the learner
   does not mirror (constrained text formats, forced tools, logprobs, background runs) is refused unless
-  at its no-op value; `previous_response_id` and `conversation` are refused (send the whole input with
-  `store: false`, as Codex does).
+  at its no-op value; `conversation` (OpenAI's server-side conversation objects) is refused.
+- `previous_response_id`: the id of a response this episode's gateway returned; the request continues that
+  call's history (its prompt messages and its response, from the gateway's record) with `input`
+  (gateway/intake/previous_response.py). An id the gateway never made is refused here; whether it names
+  a recorded call of the episode is checked before capture (gateway/pipeline/previous_response.py).
 - Accepted without effect: a function's `strict` (grove samples without constrained decoding, as on the
-  chat path: the arguments are what the policy wrote, and the learner scores exactly that), `store`,
+  chat path: the arguments are what the policy wrote, and the learner scores exactly that), `store` (the
+  gateway records every call until its episode closes either way: that record is the training data),
   `include` (only `reasoning.encrypted_content`: no reasoning is ever produced), `reasoning` (the
   served policy has no effort setting), `text.verbosity`,
   `parallel_tool_calls` (the policy may write several calls either way), `prompt_cache_key`,
@@ -46,6 +50,7 @@ from gateway.intake.chat_request import (
     UnsupportedContentError,
     UnsupportedParameterError,
 )
+from gateway.intake.previous_response import parse_response_id
 
 
 class ResponsesRequestError(RequestError):
@@ -64,8 +69,8 @@ class UnsupportedToolError(ResponsesRequestError):
     """A tool the gateway cannot offer the policy (built-in tools run on OpenAI's side)."""
 
 
-class PreviousResponseNotServedError(ResponsesRequestError):
-    """`previous_response_id` / `conversation`: server-side conversation state, not kept by the gateway."""
+class ConversationNotServedError(ResponsesRequestError):
+    """`conversation`: OpenAI's server-side conversation objects, which the gateway does not keep."""
 
 
 # ------------------------------------------------------------------------------------------- items
@@ -195,7 +200,17 @@ _REFUSED_TOOLS = {
 # ------------------------------------------------------------------------------------------- request
 
 _FIELDS = frozenset(
-    {"model", "input", "instructions", "tools", "stream", "temperature", "top_p", "max_output_tokens"}
+    {
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "stream",
+        "temperature",
+        "top_p",
+        "max_output_tokens",
+        "previous_response_id",
+    }
 )
 IGNORED = frozenset(
     {
@@ -250,6 +265,7 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = Field(None, ge=1)
+    previous_response_id: str | None = None
     items: list[InputItem] = Field(default_factory=list)
     tool_list: list[Tool] = Field(default_factory=list)
 
@@ -259,16 +275,15 @@ def _fail(message: str, param: str, cls: type[ResponsesRequestError] = InvalidRe
 
 
 def _check_parameters(body: dict[str, Any]) -> None:
-    for name in ("previous_response_id", "conversation"):
-        if body.get(name) is not None:
-            _fail(
-                f"parameter {name} is not supported: the gateway keeps no conversation state between "
-                "requests; send the whole conversation as `input` with `store: false` (Codex does)",
-                name,
-                PreviousResponseNotServedError,
-            )
+    if body.get("conversation") is not None:
+        _fail(
+            "parameter conversation is not supported: the gateway keeps no conversation objects; send the "
+            "whole conversation as `input`, or continue a response with `previous_response_id`",
+            "conversation",
+            ConversationNotServedError,
+        )
     for name, value in body.items():
-        if name in _FIELDS or name in IGNORED or name in ("previous_response_id", "conversation"):
+        if name in _FIELDS or name in IGNORED or name == "conversation":
             continue
         if name not in _NO_EFFECT:
             raise UnsupportedParameterError(
@@ -374,6 +389,8 @@ def parse_responses_request(body: Any, served_model: str) -> ResponsesRequest:
         raise UnknownModelError(
             f"model {request.model!r} is not served here; this gateway serves {served_model!r}", param="model"
         )
+    if request.previous_response_id is not None:
+        parse_response_id(request.previous_response_id)  # an id the gateway never made: refused here
     return request
 
 

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from gateway.http.app import create_app
+from gateway.intake.previous_response import response_id
 from tests.bounds import SERVICE_TEST_TIMEOUT
 from tests.gateway.test_app_e2e import (
     MODEL,
@@ -168,7 +169,8 @@ BAD = [  # (input items or body update, status, code, param)
     ([*HISTORY[:3], {**HISTORY[2], "name": "exec_command", "namespace": None}], 400,
      "DuplicateCallIdError", "input[3].call_id"),
     ({"tools": [*TOOLS, {"type": "web_search"}]}, 400, "UnsupportedToolError", "tools[3].type"),
-    ({"previous_response_id": "resp_1"}, 400, "PreviousResponseNotServedError", "previous_response_id"),
+    ({"previous_response_id": "resp_1"}, 400, "MalformedResponseIdError", "previous_response_id"),
+    ({"conversation": "conv_1"}, 400, "ConversationNotServedError", "conversation"),
     ({"tool_choice": "required"}, 400, "UnsupportedParameterError", "tool_choice"),
     ({"model": "gpt-6"}, 404, "UnknownModelError", "model"),
 ]  # fmt: skip
@@ -198,6 +200,79 @@ async def test_bad_requests_are_refused_in_the_responses_error_shape_and_admit_n
         )
     assert err.value.code == "UnsupportedInputItemError"
     assert json.dumps(err.value.body).count("item_reference") >= 1
+
+
+# Near-greedy sampling (the top token only): two episodes whose calls have different seeds draw the same
+# replies to the same prompts, so that the chained and the whole-history episode can be compared token for
+# token. A difference in what the gateway builds changes the prompt, which no sampling can hide.
+GREEDY = {"temperature": 0.01, "top_p": 1e-6}
+TURNS = [[DEVELOPER, user("Say one.")], [user("Say two.")], [user("Say three.")]]
+
+
+async def test_previous_response_id_chains_exactly_like_the_whole_history(
+    gateway_url, temporal_server, temporal_client, e2e_store, tiny_model_dir, recording_engine
+):
+    """Three requests, each naming the last response's id and sending only its new message, give the calls,
+    tokens and rows of the same conversation sent whole (Codex's way); the third request goes to another
+    gateway on the same store and Temporal (a relaunched gateway reads the record, not its memory). An id of
+    no recorded call, or of another episode, is a 400 naming it, and admits nothing."""
+    chained = await start_episode(temporal_client, "responses-chain")
+    whole = await start_episode(temporal_client, "responses-whole")
+    answers = []
+    async with http(gateway_url, chained) as c:
+        for items in TURNS[:2]:
+            extra = {"previous_response_id": answers[-1]["id"]} if answers else {}
+            r = await c.post("/responses", json=responses_body(items, stream=False, **GREEDY, **extra))
+            assert r.status_code == 200, r.text
+            answers.append(r.json())
+    await delivered_summary(temporal_client, chained)  # the first gateway is done with the episode
+    settings = gateway_settings(temporal_server, e2e_store, tiny_model_dir, recording_engine)
+    async with serving(create_app(settings)) as relaunched, http(relaunched, chained) as c:
+        body = responses_body(TURNS[2], stream=False, previous_response_id=answers[-1]["id"], **GREEDY)
+        r = await c.post("/responses", json=body)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-grove-call-id"] == "parent.0.c2"
+    history: list = []
+    async with http(gateway_url, whole) as c:
+        for items in TURNS:
+            history += items
+            r = await c.post("/responses", json=responses_body(history, stream=False, **GREEDY))
+            assert r.status_code == 200, r.text
+            history += r.json()["output"]
+    a, b = recording_engine.calls_of(chained), recording_engine.calls_of(whole)
+    assert sorted(a) == sorted(b) == ["parent.0.c0", "parent.0.c1", "parent.0.c2"]
+    for call in a:
+        np.testing.assert_array_equal(a[call].prompt_ids, b[call].prompt_ids)
+        np.testing.assert_array_equal(a[call].completion_ids, b[call].completion_ids)
+    assert extension_of(recording_engine, chained, "parent.0.c1", "parent.0.c0")
+    assert extension_of(recording_engine, chained, "parent.0.c2", "parent.0.c1")
+
+    s = await delivered_summary(temporal_client, chained)
+    before = sum(s.totals.values())
+    refused = ((response_id(chained, "parent.0.c9"), "UnknownResponseIdError"),
+               (answers[0]["id"].replace("resp_", "resp_!"), "MalformedResponseIdError"),
+               (response_id(whole, "parent.0.c2"), "ForeignResponseIdError"))  # fmt: skip
+    async with http(gateway_url, chained) as c:
+        for rid, code in refused:
+            body = responses_body(TURNS[1], stream=True, previous_response_id=rid)
+            r = await c.post("/responses", json=body)
+            assert r.status_code == 400, r.text  # a JSON error, before any event
+            error = r.json()["error"]
+            assert (error["code"], error["param"]) == (code, "previous_response_id"), error
+            assert rid in error["message"] and "whole history" in error["message"]
+    assert sum((await summary(temporal_client, chained)).totals.values()) == before
+
+    rows = []
+    for eid in (chained, whole):
+        r = await close(gateway_url, eid, {"final_answer": "three"}, wait=True)
+        assert r.status_code == 200, r.text
+        [row] = rows_from_parquet(e2e_store.get(r.json()["result"]["rows_key"]))
+        rows.append(row)
+    last = a["parent.0.c2"]
+    np.testing.assert_array_equal(rows[0].input_ids, np.concatenate([last.prompt_ids, last.completion_ids]))
+    np.testing.assert_array_equal(rows[0].input_ids, rows[1].input_ids)
+    np.testing.assert_array_equal(rows[0].loss_mask, rows[1].loss_mask)
+    assert rows[0].spans == rows[1].spans and [s.call_id for s in rows[0].spans] == sorted(a)
 
 
 def codex_meta(thread: str, *, parent: str | None = None, kind: str = "turn", window: int = 0) -> dict:

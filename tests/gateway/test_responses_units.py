@@ -28,19 +28,30 @@ from gateway.intake.chat_request import (
     UnsupportedParameterError,
     parse_chat_request,
 )
+from gateway.intake.previous_response import (
+    ForeignResponseIdError,
+    MalformedResponseIdError,
+    PreviousResponse,
+    check_episode,
+    parse_response_id,
+    response_id,
+)
 from gateway.intake.responses_chat import (
+    ChangedInstructionsError,
     DuplicateCallIdError,
     MismatchedToolOutputError,
     ToolNameCollisionError,
     ToolRoute,
     UnmatchedToolOutputError,
+    UnresolvedPreviousResponseError,
+    accept,
     call_item,
     chat_body,
     chat_form,
 )
 from gateway.intake.responses_request import (
+    ConversationNotServedError,
     InvalidResponsesRequestError,
-    PreviousResponseNotServedError,
     UnsupportedInputItemError,
     UnsupportedToolError,
     parse_responses_request,
@@ -99,7 +110,7 @@ def test_the_lead_history_reads_as_these_chat_messages():
 
 def test_a_message_and_the_calls_after_it_are_one_assistant_turn():
     form = _form(REQUESTS["tools_after_custom_call"]["body"])
-    assert form.sources == [0, 1, 2, 3, 4, 6]  # each message names the item it starts at
+    assert form.sources == ["input[0]", "input[1]", "input[2]", "input[3]", "input[4]", "input[6]"]
     assert form.input_param(4) == "input[4]" and form.input_param(None) == "tools"
     turn = form.messages[4]
     patch = "*** Begin Patch\n*** Add File: a.txt\n+hello\n*** End Patch\n"
@@ -155,7 +166,7 @@ def test_the_compaction_request_has_no_tools_and_keeps_the_history():
 def test_a_string_input_and_instructions():
     form = _form({"model": MODEL, "input": "hi", "instructions": "Be brief."})
     assert form.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-    assert form.sources == [None, 0] and form.input_param(0) == "instructions"
+    assert form.sources == ["instructions", "input[0]"] and form.input_param(0) == "instructions"
     body = chat_body(
         parse_responses_request(
             {"model": MODEL, "input": "hi", "max_output_tokens": 64, "temperature": 0.7}, MODEL
@@ -349,8 +360,14 @@ USER = {"type": "message", "role": "user", "content": [{"type": "input_text", "t
             "tools[1].tools[0]",
         ),
         (
-            _refused({"previous_response_id": "resp_1"}),
-            PreviousResponseNotServedError,
+            _refused({"conversation": "conv_1"}),
+            ConversationNotServedError,
+            "conversation",
+        ),
+        (_refused({"previous_response_id": "resp_1"}), MalformedResponseIdError, "previous_response_id"),
+        (
+            _refused({"previous_response_id": "resp_!" + response_id("ep", "c").removeprefix("resp_")}),
+            MalformedResponseIdError,
             "previous_response_id",
         ),
         (_refused({"tool_choice": "required"}), UnsupportedParameterError, "tool_choice"),
@@ -382,6 +399,112 @@ def test_codex_own_accepted_parameters_change_nothing():
     bare = {k: full[k] for k in ("model", "input", "tools", "stream")}
     a, b = parse_responses_request(full, MODEL), parse_responses_request(bare, MODEL)
     assert chat_body(a, chat_form(a)) == chat_body(b, chat_form(b))
+
+
+# ------------------------------------------------------------------------------------ previous_response_id
+
+CHAIN_TOOLS = [
+    {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "definition": "s"}},
+    {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "function", "name": "spawn_agent"}]},
+]  # fmt: skip
+OUTPUTS = [
+    {"type": "function_call_output", "call_id": "call_s", "output": '{"agent_id":"a1","nickname":"Euler"}'},
+    {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Success."},
+    USER,
+]  # fmt: skip
+
+
+def _first_call(episode="run/s000001/t0/g0", call="parent.0.c0"):
+    """The first request of a chain, answered with TURN (a namespaced call and a custom call)."""
+    first = parse_responses_request(
+        {"model": MODEL, "instructions": "Be brief.", "input": "Start.", "tools": CHAIN_TOOLS}, MODEL
+    )
+    record = ChatRecord(
+        **{
+            **_record(TURN, call_id=call).model_dump(),
+            "episode_id": episode,
+            "messages": chat_form(first).messages,
+        }
+    )
+    return first, record
+
+
+def _previous(record):
+    return PreviousResponse(parse_response_id(response_id(record.episode_id, record.call_id)), [
+        *record.messages, record.response
+    ])  # fmt: skip
+
+
+def _chained(record, items, **extra):
+    rid = response_id(record.episode_id, record.call_id)
+    body = {"model": MODEL, "input": items, "tools": CHAIN_TOOLS, "previous_response_id": rid, **extra}
+    return parse_responses_request(body, MODEL)
+
+
+def test_a_response_id_names_its_call_and_nothing_else():
+    rid = response_id("run/s000001/t0/g0", "worker-2.1.c3")
+    ref = parse_response_id(rid)
+    assert rid.startswith("resp_") and (ref.episode_id, ref.call_id) == ("run/s000001/t0/g0", "worker-2.1.c3")
+    assert response_id("run/s000001/t0/g0", "worker-2.1.c4") != rid != response_id("run/s000001/t0/g1", "c")
+    check_episode(ref, "run/s000001/t0/g0")
+    with pytest.raises(ForeignResponseIdError) as err:
+        check_episode(ref, "run/s000001/t0/g1")
+    assert err.value.param == "previous_response_id" and "run/s000001/t0/g0" in str(err.value)
+    for bad in ("resp_", "msg_" + rid[5:], rid[:-1], rid + "=", "resp_" + "Zm9v"):  # "foo": no call id
+        with pytest.raises(MalformedResponseIdError):
+            parse_response_id(bad)
+
+
+def test_a_chained_request_is_the_recorded_history_then_its_items_as_if_sent_whole():
+    """The history is the record's messages and response, unchanged; the rest is what the same items give
+    after the response's output items echoed whole (Codex's way), message by message."""
+    first, record = _first_call()
+    chained = chat_form(_chained(record, OUTPUTS), _previous(record))
+    returned = output_items(record, chat_form(first).routes)
+    whole = _form(
+        {"model": MODEL, "instructions": "Be brief.", "input": [{**USER, "content": "Start."}, *returned,
+         *OUTPUTS], "tools": CHAIN_TOOLS}
+    )  # fmt: skip
+    k = len(record.messages) + 1
+    assert chained.messages[:k] == [*record.messages, record.response]
+    assert chained.sources == ["previous_response_id"] * k + ["input[0]", "input[1]", "input[2]"]
+    assert len(chained.messages) == len(whole.messages)
+    assert all(same_message(a, b) for a, b in zip(chained.messages, whole.messages, strict=True))
+    assert chained.messages[k:] == whole.messages[k:]
+
+
+def test_a_chained_request_waits_for_its_history_and_is_checked_against_it():
+    _, record = _first_call()
+    pending = accept(_chained(record, OUTPUTS))  # outputs of calls it does not hold: not refused yet
+    assert pending.pending and [m["role"] for m in pending.form.messages] == ["tool", "tool", "user"]
+    with pytest.raises(UnresolvedPreviousResponseError):
+        pending.canonical()
+    done = pending.continuing(_previous(record))
+    assert not done.pending and done.canonical().messages == done.form.messages
+    previous = _previous(record)
+    swapped = [{**OUTPUTS[0], "type": "custom_tool_call_output"}, OUTPUTS[2]]
+    cases = [
+        (swapped, {}, MismatchedToolOutputError, "input[0].type"),
+        ([{**OUTPUTS[0], "call_id": "call_x"}], {}, UnmatchedToolOutputError, "input[0].call_id"),
+        ([*OUTPUTS, OUTPUTS[0]], {}, DuplicateCallIdError, "input[3].call_id"),
+        ([{**CTC, "call_id": "call_s"}], {}, DuplicateCallIdError, "input[0].call_id"),
+        (OUTPUTS, {"instructions": "Be long."}, ChangedInstructionsError, "instructions"),
+    ]
+    for items, extra, error, param in cases:
+        with pytest.raises(error) as err:
+            chat_form(_chained(record, items, **extra), previous)
+        assert err.value.param == param, (items, err.value)
+    assert "previous_response_id" in str(err.value)
+    same = chat_form(_chained(record, OUTPUTS, instructions="Be brief."), previous)
+    assert same.messages == chat_form(_chained(record, OUTPUTS), previous).messages
+
+
+def test_a_call_after_the_previous_response_joins_its_turn_without_touching_the_record():
+    _, record = _first_call()
+    kept = json.dumps(record.model_dump(), sort_keys=True)
+    form = chat_form(_chained(record, [CTC]), _previous(record))
+    assert [c["id"] for c in form.messages[-1]["tool_calls"]] == ["call_s", "call_p", "call_2"]
+    assert json.dumps(record.model_dump(), sort_keys=True) == kept
 
 
 # ------------------------------------------------------------------------------------ the answer

@@ -6,8 +6,9 @@ Point a Responses client at `base_url = http://host/episodes/<ref>/v1` with the 
 captured into that episode: its input items become the policy's chat messages
 (gateway/intake/responses_chat.py), the pipeline continues the agent's context on the exact tokens, and
 the answer goes back as a `response` object or the Responses event stream. The history is the client's
-(`store: false`): each request carries it whole, and a history that does not extend the context is
-refused naming the input item where it differs.
+(`store: false`: each request carries it whole), or the recorded history of the call its
+`previous_response_id` names, read in before capture (gateway/pipeline/previous_response.py); a history
+that does not extend the context is refused naming the input item where it differs.
 """
 
 from __future__ import annotations
