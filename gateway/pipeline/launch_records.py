@@ -3,7 +3,9 @@
 When the harness runner's worker dies mid-episode, Temporal retries the `run_harness` activity, which
 launches the harness again (activities/harness.py) with `x-grove-launch: <n>` on every request. A fresh
 OpenCode run sends the same requests as before (same folder, same prompts) until it reaches the point
-where the first launch died, but under new session ids. For each request of launch n > 1:
+where the first launch died, but under new session ids; a fresh `codex exec` likewise, under new thread
+ids (a Codex thread is a session here, its parent thread making it a child: gateway/pipeline/codex.py).
+For each request of launch n > 1:
 
 1. its prompt digest (messages and tools in their canonical, type-strict form: chat.render's semantic
    equality, tool-call ids left out) is looked up in the episode's prompt index

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from capture.records import ChatRecord
 from gateway.intake.capture_request import CaptureRequest
-from gateway.pipeline import opencode
+from gateway.pipeline import codex, opencode
 from gateway.pipeline.capture_state import CaptureState
 from gateway.pipeline.continuation import Decision, Move
 from gateway.pipeline.delivery import Delivery
@@ -31,7 +31,9 @@ from gateway.pipeline.launch_records import (
     replay_agent,
     save_alias,
 )
+from gateway.pipeline.opencode_names import opencode_sessions
 from gateway.temporal.episode_client import EpisodeError
+from grove.headers import AGENT_HEADER, CONTEXT_HEADER
 
 log = logging.getLogger("grove.gateway")
 
@@ -57,14 +59,16 @@ class Relaunch:
         launch: int,
     ) -> Delivery | None:
         """A relaunched harness's request answered from a live record of an earlier launch, or None
-        (gateway/pipeline/launch_records.py): an OpenCode session's, or a program's agent's (no session
-        header)."""
-        session = headers.get(opencode.SESSION_HEADER)
-        program = program_agent(headers) if session is None else None
-        if session is None:
-            if program is None:
-                return None
-            session = program_session(program)
+        (gateway/pipeline/launch_records.py): an OpenCode session's or a Codex thread's (its parent
+        session or thread makes it a child), or a program's agent's (neither)."""
+        sessions = opencode_sessions(headers)
+        program = program_agent(headers) if sessions is None else None
+        if sessions is not None:
+            session, child = sessions[0], sessions[1] is not None
+        elif program is not None and not _unreadable_session(headers):
+            session, child = program_session(program), False
+        else:
+            return None  # nothing to replay as, or headers the planner refuses
         digest = prompt_digest(request.messages, request.tools)
         ids = await asyncio.to_thread(indexed_calls, self.state.store, episode_id, digest)
         records = [r for r in [await self.state.record(episode_id, c) for c in ids] if r is not None]
@@ -74,7 +78,6 @@ class Relaunch:
         states = await self.state.episodes.call_states(episode_id, [r.call_id for r in records])
         aliases = await asyncio.to_thread(load_aliases, self.state.store, episode_id, launch)
         mine, taken = aliases.get(session), claimed_agents(aliases, session)
-        child = opencode.PARENT_SESSION_HEADER in headers
         for record in records:
             if states.get(record.call_id) not in LIVE_STATES:
                 continue
@@ -109,6 +112,13 @@ class Relaunch:
                 return current, Decision(Move.REWRITE, current)
             current = await self.state.record(episode_id, current.extends) if current.extends else None
         return current, None
+
+
+def _unreadable_session(headers: Mapping[str, str]) -> bool:
+    """An OpenCode session or Codex thread header that `opencode_sessions` could not read (and grove's own
+    agent/context headers do not override): the request is refused when planned, never replayed."""
+    harness = opencode.SESSION_HEADER in headers or codex.TURN_METADATA_HEADER in headers
+    return harness and AGENT_HEADER not in headers and CONTEXT_HEADER not in headers
 
 
 def session_of(identity: Identity) -> str:

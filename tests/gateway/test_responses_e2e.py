@@ -331,3 +331,53 @@ async def test_codex_threads_are_agents_and_a_compaction_is_a_summary_then_a_rew
     assert s["worker-sub-1.0"].origin == "spawn" and s["worker-sub-1.0"].spawned_by_call == "parent.0.c0"
     assert s["parent~summary.0"].agent == "parent~summary"
     assert s["parent.1"].origin == "rewrite" and s["parent.1"].rewrite_of == "parent.0"
+
+
+async def test_a_relaunched_codex_thread_is_answered_from_the_records_then_continues_what_it_saw(
+    gateway_url, temporal_client, recording_engine
+):
+    """Launch 1's lead thread made two calls, its subagent thread one. A relaunch (`x-grove-launch: 2`, new
+    thread ids, as a relaunched `codex exec` sends) repeats the first request: answered from its record,
+    nothing generated.
+    Its next request diverges from launch 1's: launch 1's second call, which the relaunch never saw, is
+    discarded, and the request continues the replayed call on its exact tokens. A subagent thread of the
+    relaunch (its parent thread the relaunched lead's) is answered from the subagent's record."""
+    eid = await start_episode(temporal_client, "responses-codex-relaunch")
+    task = [DEVELOPER, user("Say apple.")]
+    first = {**codex_meta("thread-launch-1"), "x-grove-launch": "1"}
+    again = {**codex_meta("thread-launch-2"), "x-grove-launch": "2"}
+    async with http(gateway_url, eid) as c:
+        r0 = await c.post("/responses", json=responses_body(task, stream=False), headers=first)
+        assert r0.status_code == 200, r0.text
+        seen = [*task, *r0.json()["output"]]
+        sub_task = [DEVELOPER, user("Say pear.")]  # a subagent the lead's first call spawned
+        sub_first = {**codex_meta("sub-launch-1", parent="thread-launch-1"), "x-grove-launch": "1"}
+        sub = await c.post("/responses", json=responses_body(sub_task, stream=False), headers=sub_first)
+        assert sub.status_code == 200, sub.text
+        r1 = await c.post(
+            "/responses", json=responses_body([*seen, user("Again.")], stream=False), headers=first
+        )
+        assert r1.status_code == 200, r1.text
+        assert r1.headers["x-grove-call-id"] == "parent.0.c1"
+        await delivered_summary(temporal_client, eid)
+        served = len(recording_engine.calls_of(eid))
+        replayed = await c.post("/responses", json=responses_body(task, stream=False), headers=again)
+        assert replayed.status_code == 200, replayed.text
+        assert replayed.headers["x-grove-call-id"] == "parent.0.c0"
+        assert (
+            replayed.json()["output"] == r0.json()["output"] and len(recording_engine.calls_of(eid)) == served
+        )
+        sub_again = {**codex_meta("sub-launch-2", parent="thread-launch-2"), "x-grove-launch": "2"}
+        sub2 = await c.post("/responses", json=responses_body(sub_task, stream=False), headers=sub_again)
+        assert sub2.status_code == 200, sub2.text
+        assert sub2.headers["x-grove-call-id"] == sub.headers["x-grove-call-id"] == "worker-sub-launch-1.0.c0"
+        assert len(recording_engine.calls_of(eid)) == served
+        diverged = await c.post(
+            "/responses", json=responses_body([*seen, user("Other.")], stream=False), headers=again
+        )
+        assert diverged.status_code == 200, diverged.text
+        call = diverged.headers["x-grove-call-id"]
+    assert extension_of(recording_engine, eid, call, "parent.0.c0")
+    s = contexts(await delivered_summary(temporal_client, eid))
+    assert s["parent.0"].head == call and s["parent.0"].counts.get("discarded") == 1  # launch 1's c1
+    assert s["worker-sub-launch-1.0"].spawned_by_call == "parent.0.c0"
