@@ -16,10 +16,12 @@ import signal
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.intake.body_parse import BodyParser, BodyWorkerLostError
+from gateway.intake.body_parse import BodyParser, BodyWorkerLostError, check_responses_body
 from gateway.intake.chat_request import InvalidChatRequestError, UnsupportedParameterError
 from gateway.intake.context_window import ContextLengthExceededError, MaxTokensOverContextError
 from gateway.intake.limits import InvalidJsonError, RequestLimits, TooManyItemsError
+from gateway.intake.previous_response import response_id
+from gateway.intake.responses_chat import AcceptedResponses
 from gateway.intake.tokenization import PromptBound
 from grove.gates import ENV as GATES_ENV
 from grove.gates import GateControl
@@ -69,6 +71,23 @@ async def test_an_over_long_prompt_comes_back_as_the_lower_bounds_refusal_not_th
     refusal = await parse(parser, raw([{"role": "user", "content": "x" * 3_900_000}]))
     assert isinstance(refusal, ContextLengthExceededError) and refusal.param == "messages"
     assert f"maximum context length is {CONTEXT} tokens" in str(refusal) and "at least" in str(refusal)
+
+
+async def test_a_large_chained_responses_body_comes_back_waiting_for_its_history(parser):
+    """A Responses body naming a previous response is checked in the worker on its own items (an output of
+    a call only the previous response holds is not refused there), its bound on them alone; it comes back
+    pending: the gateway reads the history before capture (gateway/pipeline/previous_response.py)."""
+    parser, _ = parser
+    rid = response_id("ep", "parent.0.c0")
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "ok " * 100}
+    body = json.dumps({"model": MODEL, "input": [output], "previous_response_id": rid}).encode()
+    request = await parser.parse("ep", body, LIMITS, MODEL, CONTEXT, check_responses_body)
+    assert isinstance(request, AcceptedResponses) and request.pending
+    assert request.form.messages == [{"role": "tool", "tool_call_id": "call_1", "content": "ok " * 100}]
+    over = {"type": "message", "role": "user", "content": "x" * 3_900_000}
+    body = json.dumps({"model": MODEL, "input": [over], "previous_response_id": rid}).encode()
+    refusal = await parser.parse("ep", body, LIMITS, MODEL, CONTEXT, check_responses_body)
+    assert isinstance(refusal, ContextLengthExceededError)
 
 
 @pytest.mark.parametrize(
