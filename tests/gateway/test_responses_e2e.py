@@ -215,7 +215,7 @@ async def test_previous_response_id_chains_exactly_like_the_whole_history(
     """Three requests, each naming the last response's id and sending only its new message, give the calls,
     tokens and rows of the same conversation sent whole (Codex's way); the third request goes to another
     gateway on the same store and Temporal (a relaunched gateway reads the record, not its memory). An id of
-    no recorded call, or of another episode, is a 400 naming it, and admits nothing."""
+    no recorded call, of another episode or not the gateway's is a 400 naming it, and admits nothing."""
     chained = await start_episode(temporal_client, "responses-chain")
     whole = await start_episode(temporal_client, "responses-whole")
     answers = []
