@@ -1,4 +1,4 @@
-"""Drills for `tiny-agent`: call whatever tools and agent types a request offers, then answer.
+"""Drills for `smol-agent`: call whatever tools and agent types a request offers, then answer.
 
 A user's own harness offers tools and subagents the policy has never seen: OpenCode's `task` tool with
 the user's agents listed in its description, the OpenAI Agents SDK's function tools, handoffs

@@ -1,6 +1,6 @@
 """Held-out figures of a tool policy on the six shapes of models/agent_drills.py.
 
-    python -m models.agent_eval tiny-agent [--cases 24] [--engine vllm|hf] [--json out.json]
+    python -m models.agent_eval smol-agent [--cases 24] [--engine vllm|hf] [--json out.json]
 
 Every configuration is drawn with `held_out=True`: its tool names, agent names, handoff names and
 made-up parameter names come from the eighth of made-up words no drill uses, so only copying from the
@@ -251,7 +251,7 @@ def print_report(report: AgentEvalReport) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a model name (tiny-agent) or folder")
+    parser.add_argument("model", help="a model name (smol-agent) or folder")
     parser.add_argument("--cases", type=int, default=24, help="held-out configurations per shape")
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--json", type=Path, default=None)

@@ -1,21 +1,20 @@
-"""`tiny-agent`: `tiny` fine-tuned to call the tools and agent types its prompt offers, then answer.
+"""Fine-tune a base to call the tools and agent types its prompt offers, then answer: `smol-agent`.
 
 The drills are models/agent_drills.py's six shapes (OpenCode's `task` tool, Agents SDK handoffs, SDK
 function tools and agents as tools, LangGraph function tools, Claude Code's `Agent`, Codex's
-`spawn_agent`), every one rendered with the tiny chat template; the loss is on the assistant's turns
-(the calls and the final answer), none on the prompt. A step holds `opencode` cases of one drawn
-OpenCode environment, whose ~1,800-token prefix (system prompt, the `task` tool's fixed description)
-runs once without gradient (models/copy_tune.py `_prefixed_loss`), and `mixed` cases of the other
-shapes, grouped by length so padding wastes little.
+`spawn_agent`), every one rendered with the base's own chat template; the loss is on the assistant's
+turns (the calls and the final answer), none on the prompt. A drill step holds `opencode` cases of one
+drawn OpenCode environment, whose long prefix (system prompt, the `task` tool's fixed description) runs
+once without gradient (models/copy_tune.py `_prefixed_loss`), and `mixed` cases of the other shapes,
+grouped by length so padding wastes little, beside `copy_mix` short chats that repeat made-up names.
 
-It starts from `tiny` (built in about two minutes and cached), not from `tiny-tools`: a test that needs a
-policy calling a user's tools then builds in minutes on a fresh machine, not in the better part of an
-hour. The tokenizer and chat template are tiny's; the positions are raised to `max_position_embeddings`
-(RoPE has no position parameters) so a harness's long prompts are admitted, though the drills train only
-the lengths they have (up to ~2,400 tokens).
+The registered build (models/registry.py `AGENT_SPECS`) starts from SmolLM2-135M-Instruct, whose
+pretraining already copies a made-up name from the prompt. The `induction` and `copy` phases before the
+drills are for a base that cannot (a from-scratch `tiny`): they are off in that build, and the tests
+run them on the random tiny model.
 
-Deterministic like the other builds (one thread, deterministic kernels, seeded draws); the fingerprint
-covers the spec and the base's weights (models/registry.py caches it as `tiny-agent-<fingerprint>`).
+Deterministic like the other builds (a fixed thread count, deterministic kernels, seeded draws); the
+fingerprint covers the spec and the base's weights (cached as `<name>-<fingerprint>`).
 """
 
 from __future__ import annotations
@@ -77,6 +76,9 @@ class AgentTuneSpec(BaseModel):
     learning_rate: float = Field(6e-3, gt=0)
     warmup_steps: int = Field(10, ge=0)
     max_position_embeddings: int = Field(32768, gt=0)
+    # torch threads of the build: a fixed count keeps it reproducible on one machine (reductions split
+    # another way round differently); a 135M base wants both cores of a small machine
+    threads: int = Field(1, ge=1)
 
     @property
     def total_steps(self) -> int:
@@ -267,7 +269,7 @@ def build_agent_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     t0, cpu0 = time.perf_counter(), time.process_time()
     tok = AutoTokenizer.from_pretrained(str(base_dir))
-    with _deterministic_torch():
+    with _deterministic_torch(spec.threads):
         torch.manual_seed(spec.seed)
         model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
         hook = (lambda step, loss: on_step(model, step, loss)) if on_step else None

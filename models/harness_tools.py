@@ -1,4 +1,4 @@
-"""The tool JSON a harness sends, for the tiny-agent drills (models/agent_drills.py): the Agents SDK's
+"""The tool JSON a harness sends, for the smol-agent drills (models/agent_drills.py): the Agents SDK's
 function tools, handoffs and agents as tools and LangChain's function tools exactly as those libraries
 convert them (tests/models/test_agent_drills.py compares), Claude Code's and Codex's tools shortened and
 synthetic in their wording, real in their structure. Pure functions; standard library only.

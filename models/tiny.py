@@ -151,15 +151,17 @@ class TinyBuildReport(BaseModel):
 
 
 @contextmanager
-def _deterministic_torch():
-    """One thread, deterministic kernels and a private RNG state; restores the caller's settings."""
+def _deterministic_torch(num_threads: int = 1):
+    """`num_threads` threads (a fixed count: reductions split another way round differently), deterministic
+    kernels and a private RNG state; restores the caller's settings."""
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)  # reductions split across threads could round differently
-    if torch.get_num_threads() != 1:
+    torch.set_num_threads(num_threads)
+    if torch.get_num_threads() != num_threads:
         raise NonDeterministicBuildError(
-            f"tiny model build: torch.set_num_threads(1) had no effect (still {torch.get_num_threads()} "
-            "threads; vLLM's in-process engine replaces it with a no-op), so the build would not be "
-            "reproducible; build the model in a process that has not started a vLLM engine."
+            f"model build: torch.set_num_threads({num_threads}) had no effect (still "
+            f"{torch.get_num_threads()} threads; vLLM's in-process engine replaces it with a no-op), so the "
+            "build would not be reproducible; build the model in a process that has not started a vLLM "
+            "engine."
         )
     torch.use_deterministic_algorithms(True)
     try:

@@ -1,4 +1,4 @@
-"""tiny-agent's drills (models/agent_drills.py): the tool JSON of each shape is what the real libraries emit,
+"""smol-agent's drills (models/agent_drills.py): the tool JSON of each shape is what the real libraries emit,
 every drilled call is valid under the rule the evaluation scores, and names come from one side of the
 held-out split."""
 

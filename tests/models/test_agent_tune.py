@@ -1,4 +1,4 @@
-"""tiny-agent's fine-tune (models/agent_tune.py) on the random tiny model: its phases' batches, a
+"""The agent fine-tune (models/agent_tune.py) on the random tiny model: its phases' batches, a
 deterministic build whose folder vLLM and transformers load with the raised positions, and the registry
 building it once on its base."""
 
@@ -83,9 +83,17 @@ def test_the_registry_builds_it_once_on_its_base(tmp_path, monkeypatch):
     entry = ensure_model("test-agent", cache_dir=tmp_path)
     assert ensure_model("test-agent", cache_dir=tmp_path) == entry and entry.name.startswith("test-agent-")
     assert uncached_builds("test-agent", cache_dir=tmp_path) == []
-    assert known_positions("test-agent") == 4096 and known_positions("tiny-agent") == 32768
+    assert known_positions("test-agent") == 4096 and known_positions("smol-agent") == 8192
 
 
 def test_a_spec_without_induction_chats_keeps_its_fingerprint():
     assert "induction_chats" not in AgentTuneSpec().fingerprint_json()
     assert "induction_chats" in AgentTuneSpec(induction_chats=1).fingerprint_json()
+
+
+def test_a_fine_tune_on_smollm2_lists_the_conversion_first_and_builds_nothing(tmp_path):
+    """`uncached_builds` is a look, not a build: on an empty cache smollm2's conversion is a step the
+    fine-tune waits for, and the cache stays empty."""
+    assert uncached_builds("smollm2", cache_dir=tmp_path) == ["smollm2"]
+    assert uncached_builds("smol-agent", cache_dir=tmp_path) == ["smollm2", "smol-agent"]
+    assert list(tmp_path.iterdir()) == []
