@@ -70,7 +70,9 @@ class DemoConfig(BaseModel):
     # episode by the harness runner on the `opencode-delegation` family (examples/opencode-delegation.yaml);
     # langgraph / agents-sdk: a Python harness program launched per episode the same way, on the
     # `langgraph-delegation` / `agents-sdk-delegation` family (harnesses/framework_delegation.py)
-    harness: Literal["native", "opencode", "langgraph", "agents-sdk"] = "native"
+    # claude-code / codex: stock Claude Code on `claude-code-delegation`, stock Codex on `delegation` (the
+    # lead starts a worker per word with its own subagent tool), driven by smol-agent (CODING_MODEL)
+    harness: Literal["native", "opencode", "langgraph", "agents-sdk", "claude-code", "codex"] = "native"
     # opencode only: `opencode-delegation` (None), `opencode-reader` (its workers read notes.txt and
     # compact mid-way; harnesses/opencode_reader.py) or `opencode-report` (the same episodes, rewarded for
     # the shape of the workers' reports and the lead's answer; harnesses/opencode_report.py)
@@ -86,11 +88,13 @@ class DemoConfig(BaseModel):
     steps: int = 20
     group_size: int = 8
     tasks_per_step: int = 2
-    # None: 5e-4 (native, langgraph, agents-sdk) or 1e-4 (opencode; see OPENCODE_LR)
+    # None: 5e-4 (native, langgraph, agents-sdk), 1e-4 (opencode; see OPENCODE_LR) or 1e-5 (claude-code,
+    # codex: CODING_LR)
     lr: float | None = None
     # KL penalty to the frozen start model (k3 estimator, learner.kl_coef); 0: off
     kl_coef: float = Field(0.0, ge=0.0)
-    # None: 8 (native: one word) or 128 (opencode: two `task` calls with made-up words take ~90 tokens)
+    # None: 8 (native: one word), 128 (opencode: two `task` calls with made-up words take ~90 tokens) or
+    # 256 (claude-code, codex: two subagent calls with their descriptions)
     max_tokens: int | None = None
     temperature: float = 0.7
     eval_every: int = 5  # held-out evaluation (8 tasks never trained on) every this many steps
@@ -123,11 +127,23 @@ UNANSWERED = frozenset(
     }
 )
 PYTHON_FAMILIES = {"langgraph": "langgraph-delegation", "agents-sdk": "agents-sdk-delegation"}
-HARNESSES = ("native", "opencode", *PYTHON_FAMILIES)
+# the stock coding harnesses: their family, driven by the tool policy that calls whatever subagent tool
+# its prompt offers (models/agent_tune.py), in its 8,192 positions (Codex's lead with subagents on is
+# ~3.8k tokens in its tokenizer)
+CODING_FAMILIES = {"claude-code": "claude-code-delegation", "codex": "delegation"}
+CODING_MODEL = "smol-agent"
+CODING_CONTEXT = 8192
+CODING_MAX_TOKENS = 256
+CODING_LR = 1e-5  # a pretrained 135M policy: the tiny models' rates would unlearn its call format
+HARNESSES = ("native", "opencode", *PYTHON_FAMILIES, *CODING_FAMILIES)
 
 
 def learning_rate(cfg: DemoConfig) -> float:
-    return cfg.lr or (OPENCODE_LR if cfg.harness == "opencode" else 5e-4)
+    if cfg.lr:
+        return cfg.lr
+    if cfg.harness in CODING_FAMILIES:
+        return CODING_LR
+    return OPENCODE_LR if cfg.harness == "opencode" else 5e-4
 
 
 OPENCODE_MODELS = {
@@ -152,6 +168,8 @@ def model_name(cfg: DemoConfig) -> str:
         return cfg.model
     if cfg.harness == "opencode":
         return OPENCODE_MODELS[opencode_family(cfg)]
+    if cfg.harness in CODING_FAMILIES:
+        return CODING_MODEL
     return SUMMARIES_MODEL if cfg.summaries else "tiny"
 
 
@@ -162,6 +180,11 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
         harness = HarnessSpec(kind="opencode", opencode=OpenCodeOptions(context_limit=OPENCODE_CONTEXT))
         engine = EngineLimits(max_model_len=OPENCODE_CONTEXT)
         max_tokens = cfg.max_tokens or OPENCODE_MAX_TOKENS
+    elif cfg.harness in CODING_FAMILIES:
+        family = CODING_FAMILIES[cfg.harness]
+        harness = HarnessSpec(kind=cfg.harness, deadline_s=900)
+        engine = EngineLimits(max_model_len=CODING_CONTEXT)
+        max_tokens = cfg.max_tokens or CODING_MAX_TOKENS
     elif cfg.harness in PYTHON_FAMILIES:
         from harnesses.framework_delegation import ENTRIES
 
@@ -395,11 +418,11 @@ def plot(path: Path, histories: dict[str, list[StepRecord]], title: str) -> None
 
 def orchestration_worker_args(runs: list[RunConfig], model_dir: Path) -> list[str]:
     """`grove worker` arguments of the demo's one non-inference worker: episodes, io and the learner, and
-    for OpenCode and Python-program runs the harness queue too (its embedded gateway measures prompts with
+    for runs of a launched harness the harness queue too (its embedded gateway measures prompts with
     the runs' model tokenizer and engine context)."""
     names = ["episodes", "io", "trainer"]
     args = ["--model", str(model_dir)]
-    if any(r.harness.kind in ("opencode", "python") for r in runs):
+    if any(r.harness.kind != "native" for r in runs):
         names.append(queues.HARNESS)
         args += ["--max-model-len", str(max(r.engine.max_model_len for r in runs))]
     return ["--queues", ",".join(names), *args]
@@ -478,6 +501,14 @@ def main(cfg: DemoConfig) -> int:
         from harnesses.opencode_install import opencode_binary
 
         print(f"[demo] OpenCode: {opencode_binary()}", flush=True)  # installs the pinned version if missing
+    if cfg.harness == "claude-code":
+        from harnesses.claude_code_install import claude_code_binary
+
+        print(f"[demo] Claude Code: {claude_code_binary()}", flush=True)  # the same, pinned
+    if cfg.harness == "codex":
+        from harnesses.codex_install import codex_binary
+
+        print(f"[demo] Codex: {codex_binary()}", flush=True)
     try:
         rec = stack.up_temporal(port=cfg.port, ui=True, ui_port=cfg.ui_port)
     except ServiceStartError as exc:  # TemporalDatabaseInUseError among them: the message says what to do

@@ -207,7 +207,9 @@ def demo(
         "native",
         help="native: the in-workflow delegation program; opencode: stock OpenCode launched per episode "
         "(opencode-delegation family, default model tiny-copy); langgraph / agents-sdk: a LangGraph / "
-        "OpenAI Agents SDK program launched per episode (langgraph-delegation / agents-sdk-delegation).",
+        "OpenAI Agents SDK program launched per episode (langgraph-delegation / agents-sdk-delegation); "
+        "claude-code / codex: stock Claude Code (claude-code-delegation) / Codex CLI (delegation), each "
+        "lead starting its workers with its own subagent tool (default model smol-agent).",
     ),
     family: str = typer.Option(
         None,
@@ -219,8 +221,9 @@ def demo(
     model: str = typer.Option(
         None,
         help="tiny | tiny-tools | tiny-copy | tiny-resume | tiny-reader | tiny-report | tiny-summary | "
-        "smollm2 | a HF causal-LM folder (default tiny; --summaries: tiny-summary; opencode: tiny-copy, "
-        "opencode-reader: tiny-reader, opencode-report: tiny-report).",
+        "smollm2 | smol-agent | a HF causal-LM folder (default tiny; --summaries: tiny-summary; opencode: "
+        "tiny-copy, opencode-reader: tiny-reader, opencode-report: tiny-report; claude-code, codex: "
+        "smol-agent).",
     ),
     summaries: bool = typer.Option(
         False,
@@ -232,9 +235,13 @@ def demo(
     name: str = typer.Option("demo", help="Run name prefix; the same name resumes the same runs."),
     group_size: int = typer.Option(8, help="Episodes per task (GRPO group)."),
     tasks_per_step: int = typer.Option(2, help="Tasks per step."),
-    lr: float = typer.Option(None, help="Learning rate (default 5e-4; opencode: 1e-4)."),
+    lr: float = typer.Option(
+        None, help="Learning rate (default 5e-4; opencode: 1e-4; claude-code, codex: 1e-5)."
+    ),
     kl_coef: float = typer.Option(0.0, help="KL penalty to the start model (learner.kl_coef; 0: off)."),
-    max_tokens: int = typer.Option(None, help="Max tokens per model call (default 8; opencode: 128)."),
+    max_tokens: int = typer.Option(
+        None, help="Max tokens per model call (default 8; opencode: 128; claude-code, codex: 256)."
+    ),
     temperature: float = typer.Option(0.7, help="Sampling temperature (recorded per call for the learner)."),
     eval_every: int = typer.Option(5, help="Evaluate on 8 held-out tasks every N steps (0: never)."),
     seed: int = typer.Option(

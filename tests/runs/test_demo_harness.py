@@ -244,3 +244,27 @@ def test_the_summaries_demo_pairs_summaries_trained_with_not_trained_and_nothing
         assert example.model == "tiny-summary"
     refused = CliRunner().invoke(app, ["demo", "--summaries", "--harness", "opencode"])
     assert refused.exit_code == 2 and "--summaries: only with --harness native" in refused.output
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+def test_the_coding_harness_demos_launch_their_stock_harness_on_the_tool_policy(harness):
+    """`grove demo --harness claude-code|codex`: the family's stock harness per episode, on the tool policy
+    (smol-agent, known by its spec: nothing is built here), in engines that hold its positions, and the
+    orchestration worker serving the harness queue that launches them."""
+    from harnesses.claude_code import TASK_SETUPS as CLAUDE_SETUPS
+    from harnesses.codex import TASK_SETUPS as CODEX_SETUPS
+
+    cfg = DemoConfig(harness=harness, steps=2)
+    assert model_name(cfg) == "smol-agent"
+    positions = known_positions("smol-agent")
+    base = ensure_model("smollm2")  # smol-agent's base: the same tokenizer and positions
+    pw, po = run_configs(cfg, base)
+    assert (pw.train_agents, po.train_agents) == ("all", "parent_only")
+    setups = CLAUDE_SETUPS if harness == "claude-code" else CODEX_SETUPS
+    for run in (pw, po):
+        check_run_engine(run)
+        assert run.harness.kind == harness and run.task_family in setups
+        assert run.engine.max_model_len <= positions
+        assert {s.harness.kind for s in step_specs(RunState(config=run), 1)} == {harness}
+    args = orchestration_worker_args([pw, po], base)
+    assert queues.HARNESS in args[args.index("--queues") + 1].split(",")
