@@ -1,7 +1,8 @@
 """A tool_use the policy generated, through the Anthropic Messages API and back, spliced exactly: real
-services on a stack of this module's own (its Temporal dev server, a vLLM engine on `tiny-tools`, which
-writes well-formed hermes tool calls, the gateway and an in-process grove worker), because the
-session's worker serves the tiny-random model, which never writes one.
+services on a stack of this module's own (its Temporal dev server, a vLLM engine on the tool-call model,
+which answers this module's request with a well-formed hermes tool call: tests/gateway/tool_call_model.py,
+the gateway and an in-process grove worker), because the session's worker serves the tiny-random model,
+which never writes one.
 
 What each call was is read from the engine (`RecordingEngine.served`), what the episode admitted from
 the workflow, and the row from the closed episode's parquet.
@@ -32,25 +33,18 @@ from grove.contracts import EpisodeSpec, HarnessSpec
 from grove.sampling import SamplingConfig
 from harnesses import scenario
 from infra.temporal import TemporalDevServer
-from models.registry import ensure_model
 from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
+from tests.fixtures.models import build_in_fresh_interpreter
 from tests.fixtures.worker import RecordingEngine
 from tests.gateway.test_app_e2e import SECRET, close, serving
+from tests.gateway.tool_call_model import ASKED, WEATHER
 from trainer.rows import rows_from_parquet
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
-MODEL = "grove-tiny-tools"
+MODEL = "grove-tool-call"
 MAX_MODEL_LEN = 2048
-WEATHER = {
-    "name": "get_weather",
-    "description": "Current weather in a city.",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-TRIES = (
-    4  # pinned episodes (fixed seeds) asked until one reply is a tool call: tiny-tools writes one ~9 in 10
-)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +58,9 @@ def tools_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 async def stack(tools_server, tmp_path_factory) -> AsyncIterator[tuple]:
-    model_dir = await asyncio.to_thread(ensure_model, "tiny-tools")
+    model_dir = await asyncio.to_thread(
+        build_in_fresh_interpreter, "tests.gateway.tool_call_model", "ensure_tool_call_model"
+    )
     client = await connect(tools_server.address)
     engine = await RecordingEngine.start(EngineConfig(model_dir=model_dir, max_model_len=MAX_MODEL_LEN))
     engine.served = []
@@ -89,7 +85,7 @@ async def stack(tools_server, tmp_path_factory) -> AsyncIterator[tuple]:
                 )  # fmt: skip
             )
             try:
-                yield client, engine, store, url
+                yield client, engine, store, url, model_dir
             finally:
                 worker.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -119,23 +115,19 @@ def claude(url: str, episode_id: str) -> anthropic.AsyncAnthropic:
 
 
 async def test_a_generated_tool_use_comes_back_as_generated_and_its_result_continues_exactly(stack):
-    client, engine, store, url = stack
-    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
-    for i in range(TRIES):
-        eid = await start_episode(client, f"tool-{i}")
-        async with claude(url, eid).messages.stream(
-            model=MODEL, max_tokens=64, messages=asked, tools=[WEATHER], extra_body={"temperature": 0.7}
-        ) as stream:
-            first = await stream.get_final_message()
-        if first.stop_reason == "tool_use":
-            break
-        await close(url, eid, {"final_answer": "no tool call"}, wait=False)
-    else:
-        pytest.fail(f"none of {TRIES} pinned episodes drew a tool call; the last reply: {first.content}")
+    client, engine, store, url, model_dir = stack
+    asked = ASKED
+    eid = await start_episode(client, "tool")
+    async with claude(url, eid).messages.stream(
+        model=MODEL, max_tokens=64, messages=asked, tools=[WEATHER], extra_body={"temperature": 0.7}
+    ) as stream:
+        first = await stream.get_final_message()
+    assert first.stop_reason == "tool_use", first.content
     served = engine.calls_of(eid)["parent.0.c0"]
     [tool_use] = [b for b in first.content if b.type == "tool_use"]
+    assert (tool_use.name, tool_use.input) == ("get_weather", {"city": "Paris"})  # the model's script
     # what the engine sampled, decoded here: its tool-call block carries this name and these arguments
-    tokenizer = AutoTokenizer.from_pretrained(str(await asyncio.to_thread(ensure_model, "tiny-tools")))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     completion = tokenizer.decode(served.completion_ids.tolist())
     block = json.loads(re.search(r"<tool_call>(.*?)</tool_call>", completion, re.DOTALL).group(1))
     assert (block["name"], block["arguments"]) == (tool_use.name, tool_use.input)
