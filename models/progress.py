@@ -1,5 +1,6 @@
 """Progress of a model build: step, loss, elapsed time and ETA, every EVERY_STEPS steps or EVERY_S seconds
-(whichever comes first) and at the last step, to the `models` log and to every listener
+(whichever comes first) and at the last step; for a build of a few unequal steps without a loss (a
+conversion), each step as it ends, named. To the `models` log and to every listener
 (`listen_to_progress`): `grove model init` prints the lines, the test suite writes them past pytest's
 capture (tests/fixtures/models.py), so a build of many minutes never looks like a hang.
 """
@@ -49,7 +50,18 @@ class BuildProgress:
         if not (step % EVERY_STEPS == 0 or step == self.total - 1 or now - self.last >= EVERY_S):
             return
         self.last = now
-        text = self.line(step, loss)
+        self._say(self.line(step, loss))
+
+    def done(self, step: int, what: str) -> None:
+        """Step `step` (0-based), which did `what`, has ended: always said, ETA from the mean step so far."""
+        done = step + 1
+        elapsed = self.clock() - self.started
+        eta = elapsed / done * (self.total - done)
+        self.last = self.clock()
+        times = f"{_duration(elapsed)} elapsed, ETA {_duration(eta)}"
+        self._say(f"{self.label}: step {done}/{self.total} {what}, {times}")
+
+    def _say(self, text: str) -> None:
         log.info(text)
         for listener in list(_listeners):
             listener(text)

@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from models.manifest import write_manifest
+from models.progress import BuildProgress
 from models.tokenizer import chat_template
 
 # SmolLM2's own template drops `tools` and fails on an assistant tool call with empty content; this one
@@ -97,8 +98,11 @@ def convert_smollm2(source: SmolLM2Source, out_dir: Path) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(source.gguf_path.parent), source.gguf_path.name
+    progress = BuildProgress("smollm2 conversion", 4)  # no loss: four steps of unequal length, each named
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    progress.done(0, "read the tokenizer from the GGUF")
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    progress.done(1, "dequantized the GGUF weights")
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # a dequantized fp32 copy is written: nothing is quantized any more
@@ -106,9 +110,11 @@ def convert_smollm2(source: SmolLM2Source, out_dir: Path) -> int:
     # strict: every tensor of the fresh model must come from the GGUF (tied lm_head included).
     model.load_state_dict(quantized.state_dict(), strict=True)
     model.generation_config = quantized.generation_config
+    progress.done(2, "moved the weights into a plain fp32 model")
     model.save_pretrained(str(out_dir))
     tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
     tokenizer.save_pretrained(str(out_dir))
+    progress.done(3, "wrote the folder")
     num_parameters = sum(p.numel() for p in model.parameters())
     manifest = {
         "converter_version": CONVERTER_VERSION,

@@ -128,6 +128,13 @@ class TinyModelSpec(BaseModel):
         tool_steps = self.tools.short_steps + self.tools.long_steps if self.tools else 0
         return self.drill_steps + self.pretrain_steps + tool_steps
 
+    def untrained(self) -> TinyModelSpec:
+        """This spec with every step count 0: the same tokenizer (trained on the same corpus and extra
+        text, which no step count changes), shape, positions and chat template, with random weights, built
+        in seconds. For a caller that needs a trained build's tokenizer or positions, never its replies."""
+        tools = self.tools and self.tools.model_copy(update={"short_steps": 0, "long_steps": 0})
+        return self.model_copy(update={"drill_steps": 0, "pretrain_steps": 0, "tools": tools})
+
     def fingerprint(self) -> str:
         """16 hex chars of sha256(BUILDER_VERSION + spec JSON): the cache entry's name suffix. `tools` is
         left out when None, so specs without tool phases keep their fingerprints (their cached builds stay

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -45,6 +43,7 @@ from infra.temporal import TemporalDevServer
 from ledger.accounting import LedgerSummary
 from models.tool_drills import WORKER_PROMPT, _env_template
 from tests.e2e.test_acceptance import check_row_against_served, endpoint_of
+from tests.fixtures.models import build_in_fresh_interpreter
 from tests.harnesses.opencode_kit import REPO, opencode_stack, until_reached
 from tests.harnesses.script_model import SUMMARY, WORDS
 from trainer.advantages import episode_advantages
@@ -75,14 +74,9 @@ def oc_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 async def stack(oc_server, tmp_path_factory):
-    # Built (or found in the cache) in a fresh interpreter: a torch build must pin one thread, which an
-    # earlier in-process vLLM engine of the suite makes impossible.
-    code = "from tests.harnesses.script_model import ensure_script_model as e; print(e())"
-    done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=1200
+    model = await asyncio.to_thread(
+        build_in_fresh_interpreter, "tests.harnesses.script_model", "ensure_script_model"
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    model = Path(done.stdout.strip().splitlines()[-1])
     await asyncio.to_thread(opencode_binary)
     client = await connect(oc_server.address)
     tmp = tmp_path_factory.mktemp("oc-accept")

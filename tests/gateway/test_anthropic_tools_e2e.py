@@ -1,7 +1,8 @@
 """A tool_use the policy generated, through the Anthropic Messages API and back, spliced exactly: real
-services on a stack of this module's own (its Temporal dev server, a vLLM engine on `tiny-tools`, which
-writes well-formed hermes tool calls, the gateway and an in-process grove worker), because the
-session's worker serves the tiny-random model, which never writes one.
+services on the session's script-model stack (tests/fixtures/agents_script.py: its Temporal dev server,
+a vLLM engine on the script model, which answers this module's request with a well-formed hermes tool
+call, tests/gateway/weather_call.py; the gateway and an in-process grove worker), because the session's
+main worker serves the tiny-random model, which never writes one.
 
 What each call was is read from the engine (`RecordingEngine.served`), what the episode admitted from
 the workflow, and the row from the closed episode's parquet.
@@ -9,93 +10,27 @@ the workflow, and the row from the closed episode's parquet.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
 
 import anthropic
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from activities.engine_config import EngineConfig
-from cli.worker import run_worker
-from gateway.http.app import create_app
 from gateway.http.auth import issue_token
 from gateway.http.episode_ref import episode_ref
-from gateway.http.settings import GatewaySettings
 from grove import queues
-from grove.client import connect
 from grove.contracts import EpisodeSpec, HarnessSpec
 from grove.sampling import SamplingConfig
 from harnesses import scenario
-from infra.temporal import TemporalDevServer
-from models.registry import ensure_model
-from storage.local import LocalStore
 from tests.bounds import SERVICE_TEST_TIMEOUT
-from tests.fixtures.worker import RecordingEngine
-from tests.gateway.test_app_e2e import SECRET, close, serving
+from tests.fixtures.agents_script import AgentsScriptStack
+from tests.gateway.test_app_e2e import MODEL, SECRET, close
+from tests.gateway.weather_call import ASKED, CALL, WEATHER
 from trainer.rows import rows_from_parquet
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
-
-MODEL = "grove-tiny-tools"
-MAX_MODEL_LEN = 2048
-WEATHER = {
-    "name": "get_weather",
-    "description": "Current weather in a city.",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-TRIES = (
-    4  # pinned episodes (fixed seeds) asked until one reply is a tool call: tiny-tools writes one ~9 in 10
-)
-
-
-@pytest.fixture(scope="module")
-def tools_server(tmp_path_factory):
-    """This module's own Temporal dev server: beside the session's worker (tiny-random), a second worker
-    of grove's queues on one server would take each other's tasks."""
-    server = TemporalDevServer(tmp_path_factory.mktemp("anthropic-temporal")).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-async def stack(tools_server, tmp_path_factory) -> AsyncIterator[tuple]:
-    model_dir = await asyncio.to_thread(ensure_model, "tiny-tools")
-    client = await connect(tools_server.address)
-    engine = await RecordingEngine.start(EngineConfig(model_dir=model_dir, max_model_len=MAX_MODEL_LEN))
-    engine.served = []
-    tmp = tmp_path_factory.mktemp("anthropic-tools")
-    store = LocalStore(tmp / "store")
-    settings = GatewaySettings(
-        temporal_address=tools_server.address, store=str(store.root), secret=SECRET, model_name=MODEL,
-        policy_model=str(model_dir), max_model_len=MAX_MODEL_LEN,
-    )  # fmt: skip
-    try:
-        async with serving(create_app(settings)) as url:
-            names = [q for q in queues.ALL if q != queues.HARNESS]
-            worker = asyncio.create_task(
-                run_worker(
-                    client,
-                    names,
-                    store=store,
-                    model=str(model_dir),
-                    work_dir=tmp / "worker",
-                    device="cpu",
-                    engine=engine,
-                )  # fmt: skip
-            )
-            try:
-                yield client, engine, store, url
-            finally:
-                worker.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await worker
-    finally:
-        await engine.shutdown()
 
 
 async def start_episode(client, name: str) -> str:
@@ -118,24 +53,23 @@ def claude(url: str, episode_id: str) -> anthropic.AsyncAnthropic:
     )
 
 
-async def test_a_generated_tool_use_comes_back_as_generated_and_its_result_continues_exactly(stack):
-    client, engine, store, url = stack
-    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
-    for i in range(TRIES):
-        eid = await start_episode(client, f"tool-{i}")
-        async with claude(url, eid).messages.stream(
-            model=MODEL, max_tokens=64, messages=asked, tools=[WEATHER], extra_body={"temperature": 0.7}
-        ) as stream:
-            first = await stream.get_final_message()
-        if first.stop_reason == "tool_use":
-            break
-        await close(url, eid, {"final_answer": "no tool call"}, wait=False)
-    else:
-        pytest.fail(f"none of {TRIES} pinned episodes drew a tool call; the last reply: {first.content}")
+async def test_a_generated_tool_use_comes_back_as_generated_and_its_result_continues_exactly(
+    agents_script_stack: AgentsScriptStack,
+):
+    stack = agents_script_stack
+    client, engine, store, url = stack.client, stack.engine, stack.store, stack.url
+    asked = ASKED
+    eid = await start_episode(client, "tool")
+    async with claude(url, eid).messages.stream(
+        model=MODEL, max_tokens=64, messages=asked, tools=[WEATHER], extra_body={"temperature": 0.7}
+    ) as stream:
+        first = await stream.get_final_message()
+    assert first.stop_reason == "tool_use", first.content
     served = engine.calls_of(eid)["parent.0.c0"]
     [tool_use] = [b for b in first.content if b.type == "tool_use"]
+    assert (tool_use.name, tool_use.input) == (CALL["name"], CALL["arguments"])  # the model's script
     # what the engine sampled, decoded here: its tool-call block carries this name and these arguments
-    tokenizer = AutoTokenizer.from_pretrained(str(await asyncio.to_thread(ensure_model, "tiny-tools")))
+    tokenizer = AutoTokenizer.from_pretrained(str(stack.model))
     completion = tokenizer.decode(served.completion_ids.tolist())
     block = json.loads(re.search(r"<tool_call>(.*?)</tool_call>", completion, re.DOTALL).group(1))
     assert (block["name"], block["arguments"]) == (tool_use.name, tool_use.input)

@@ -2,8 +2,9 @@
 
 No engine serves such a context (`grove worker` refuses to start one: models/limits.py
 `check_positions`), so a gateway measuring prompts against it would admit prompts every engine refuses.
-Real tiny model folders from the grove cache, the real `python -m gateway` process; no Temporal server
-(the refusal comes before the gateway connects).
+Real tiny model folders from the grove cache (tiny-random, 2,048 positions; tiny-tools' untrained twin,
+32,768), the real `python -m gateway` process; no Temporal server (the refusal comes before the gateway
+connects).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import pytest
 
 from gateway.intake.context_window import ContextWindow
 from models.limits import ContextExceedsModelError
-from models.registry import ensure_model
 from storage.local import LocalStore
 from tests.bounds import PROCESS_WAIT
 
@@ -29,7 +29,9 @@ def positions(model_dir: Path) -> int:
     return json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
 
 
-def test_the_context_window_refuses_a_context_past_the_models_positions(tiny_model_dir, tmp_path):
+def test_the_context_window_refuses_a_context_past_the_models_positions(
+    tiny_model_dir, tools_twin_dir, tmp_path
+):
     store = LocalStore(tmp_path / "store")
     limit = positions(tiny_model_dir)
     assert ContextWindow.load("tiny-random", limit, store).max_model_len == limit
@@ -39,9 +41,8 @@ def test_the_context_window_refuses_a_context_past_the_models_positions(tiny_mod
     assert "gateway for model 'tiny-random'" in text
     assert f"max_model_len={limit + 1}" in text and f"max_position_embeddings={limit}" in text
     # per model: a model with more positions takes the same context
-    tools = ensure_model("tiny-tools")
-    assert positions(tools) > limit
-    assert ContextWindow.load(str(tools), limit + 1, store).max_model_len == limit + 1
+    assert positions(tools_twin_dir) > limit
+    assert ContextWindow.load(str(tools_twin_dir), limit + 1, store).max_model_len == limit + 1
 
 
 def test_the_gateway_command_exits_with_the_named_error_before_serving(tiny_model_dir, tmp_path):

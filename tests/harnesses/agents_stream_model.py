@@ -15,7 +15,10 @@ tool call arrive in the stream and the SDK run the worker tool (a nested run) fr
   the handoff call and its output) -> `sun`. The handoff tests (plain, streamed, Temporal-native) run it;
 - a third program, a concierge (the run's starting agent) with a handoff to a porter who has a handoff
   back, asked `Carry: bag` -> `transfer_to_porter`; the porter -> `transfer_to_concierge`; the concierge
-  handed back to, on the whole history -> `bag`. The hand-back tests (plain, streamed) run it.
+  handed back to, on the whole history -> `bag`. The hand-back tests (plain, streamed) run it;
+- beside the programs, one Anthropic Messages request offering `get_weather` -> the call
+  `get_weather({"city": "Paris"})` (tests/gateway/weather_call.py), for the tool_use round trip
+  (tests/gateway/test_anthropic_tools_e2e.py), which then shares this model's stack.
 
 The training prompts are what the gateway will render for those requests: the request bodies are the
 ones the SDK itself sends (captured by running the program once against a scripted in-memory
@@ -36,7 +39,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-VERSION = "agents-stream-3"
+from tests.gateway.weather_call import SCRIPT as WEATHER_SCRIPT
+from tests.gateway.weather_call import weather_example
+
+VERSION = "agents-stream-4"  # 4: the Anthropic weather call
 BASE = "tiny"
 WORDS = ("red", "cat")
 USER = "Words: " + " ".join(WORDS)
@@ -219,7 +225,7 @@ def examples(tok: Any) -> list[tuple[list[int], list[int]]]:
     out.append((render_root(tok, front["messages"], front_tools), reply(handoff_message(), front_tools)))
     word = reply({"role": "assistant", "content": ROUTE_WORD}, None)
     out.append((render_root(tok, specialist["messages"], specialist.get("tools")), word))
-    return out + hand_back_examples(tok, carry, reply)
+    return [*out, *hand_back_examples(tok, carry, reply), weather_example(tok)]
 
 
 def hand_back_examples(
@@ -253,6 +259,7 @@ def fingerprint(base_dir: Path) -> str:
     script = [WORDS, USER, LEAD_INSTRUCTIONS, WORKER_INSTRUCTIONS, STEPS, LR]
     script += [FRONT_NAME, SPECIALIST_NAME, FRONT_INSTRUCTIONS, SPECIALIST_INSTRUCTIONS, ROUTE_USER]
     script += [CONCIERGE_NAME, PORTER_NAME, CONCIERGE_INSTRUCTIONS, PORTER_INSTRUCTIONS, CARRY_USER]
+    script += [WEATHER_SCRIPT]
     h.update(json.dumps(script).encode())
     return h.hexdigest()[:16]
 

@@ -3,8 +3,8 @@ is for, counted in the tokens the gateway reports: OpenCode compacts after a ste
 completion) reaches limit.context - limit.output, so the worker's first step must stay under that line,
 its answer after the read must cross it, and its step after compaction must stay under it again (else
 OpenCode compacts without end). The requests are the family's own, rendered from OpenCode's captured text
-(models/reader_drills.py) with a harness runner's kind of folder, counted with tiny-copy's tokenizer
-(tiny-reader's: the same tiny-tools tokenizer; tiny-copy is the one the suite already builds)."""
+(models/reader_drills.py) with a harness runner's kind of folder, counted with tiny-reader's tokenizer:
+tiny-tools' (every fine-tune on it keeps it), from its untrained twin (tests/fixtures/models.py)."""
 
 from __future__ import annotations
 
@@ -29,13 +29,12 @@ LONGEST_REPLY = 16  # a worker's answer: 4-9 tokens in 256 samples at T 0.7 (doc
 
 
 @pytest.fixture(scope="module")
-def tokens():
+def tokens(tools_twin_dir):
     from transformers import AutoTokenizer
 
     from models.corpus import render_chat
-    from models.registry import ensure_model
 
-    tok = AutoTokenizer.from_pretrained(str(ensure_model("tiny-copy")))
+    tok = AutoTokenizer.from_pretrained(str(tools_twin_dir))
 
     def count(messages, tools, *, prompt: bool = True) -> int:
         text = render_chat(messages, tools) + ("<|im_start|>assistant\n" if prompt else "")

@@ -79,3 +79,24 @@ def test_vllm_serves_the_converted_folder(smollm2_dir, tmp_path):
     max_diff = float((torch.tensor(out.logprobs, dtype=torch.float64) - reference).abs().max())
     print(f"SmolLM2 max |logprob vLLM - HF| = {max_diff:.2e} over {len(out.token_ids)} tokens")
     assert max_diff <= 1e-4
+
+
+def test_a_conversion_says_each_of_its_steps(tmp_path):
+    """A fresh machine converts inside `grove model init` or the suite: each step is said as it ends
+    (models/progress.py), so the pause never reads as a hang."""
+    from models.progress import listen_to_progress
+    from models.smollm2 import convert_smollm2
+
+    heard: list[str] = []
+    remove = listen_to_progress(heard.append)
+    try:
+        convert_smollm2(find_smollm2_source(), tmp_path / "out")
+    finally:
+        remove()
+    assert [line.split(",")[0] for line in heard] == [
+        "smollm2 conversion: step 1/4 read the tokenizer from the GGUF",
+        "smollm2 conversion: step 2/4 dequantized the GGUF weights",
+        "smollm2 conversion: step 3/4 moved the weights into a plain fp32 model",
+        "smollm2 conversion: step 4/4 wrote the folder",
+    ]
+    assert all(" elapsed, ETA " in line for line in heard) and heard[-1].endswith("ETA 0s")

@@ -157,3 +157,36 @@ def test_inconsistent_spec_is_rejected():
         TinyModelSpec(head_dim=48)  # vLLM's CPU attention has no kernel for it
     with pytest.raises(ValidationError, match="extra"):
         TinyModelSpec(hidden=64)
+
+
+def test_an_untrained_twin_has_the_builds_tokenizer_shape_and_positions_not_its_weights(tmp_path):
+    spec = TinyModelSpec(**TOOLS_SMALL)
+    twin = spec.untrained()
+    assert twin.total_steps == 0 and twin.fingerprint() != spec.fingerprint()
+    assert twin.model_dump(exclude={"drill_steps", "pretrain_steps", "tools"}) == spec.model_dump(
+        exclude={"drill_steps", "pretrain_steps", "tools"}
+    )
+    trained, untrained = build_tiny_model(tmp_path / "a", spec), build_tiny_model(tmp_path / "b", twin)
+    assert len(trained.losses) == spec.total_steps and untrained.losses == []
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert any(not (a[k] == b[k]).all() for k in a)
+
+
+@pytest.mark.long  # builds tiny-tools and tiny-copy (~16 min on 2 cores: docs/results.md section 2.1)
+def test_the_tests_tools_twin_has_tiny_copys_tokenizer_and_positions():
+    """The default suite counts tiny-copy's tokens and reads its positions on tiny-tools' untrained twin
+    (tests/fixtures/models.py `tools_twin_dir`): what it stands for must match the real builds."""
+    from models.registry import ensure_model
+    from tests.fixtures.models import build_tools_twin
+
+    twin = build_tools_twin()
+    for name in ("tiny-tools", "tiny-copy"):
+        real = ensure_model(name)
+        for file in ("tokenizer.json", "chat_template.jinja"):
+            assert (twin / file).read_bytes() == (real / file).read_bytes(), (name, file)
+        positions = [
+            json.loads((d / "config.json").read_text())["max_position_embeddings"] for d in (twin, real)
+        ]
+        assert positions[0] == positions[1] == 32768, name

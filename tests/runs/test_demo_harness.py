@@ -1,5 +1,7 @@
 """`grove demo --harness opencode`: the two runs and the worker it starts, checked the
-way the real commands check them (pure: nothing is started; the tiny-copy model comes from the cache).
+way the real commands check them (pure: nothing is started). The OpenCode demo's checks read tiny-copy's
+tokenizer and positions, which are tiny-tools' (tests/fixtures/models.py `tools_twin_dir`): its weights,
+many minutes of training, play no part.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from workflows.training_run import step_specs
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_the_opencode_demo_trains_opencode_episodes_beside_the_parent_only_baseline():
+def test_the_opencode_demo_trains_opencode_episodes_beside_the_parent_only_baseline(tools_twin_dir):
     cfg = DemoConfig(harness="opencode", steps=3)
     assert model_name(cfg) == "tiny-copy"
-    model_dir = ensure_model(model_name(cfg))
+    model_dir = tools_twin_dir  # tiny-copy's tokenizer and positions
+    assert known_positions(model_dir) == known_positions("tiny-copy")
     pw, po = run_configs(cfg, model_dir)
     assert (pw.train_agents, po.train_agents) == ("all", "parent_only")
     assert pw.model_dump(exclude={"run_id", "train_agents", "inference_queue"}) == po.model_dump(
