@@ -91,9 +91,15 @@ async def test_another_episode_is_served_while_large_bodies_are_decoded_and_a_ba
     assert error["code"] == "LargeBodyBacklogError" and error["type"] == "rate_limit_error"
     assert repr(a) in error["message"] and "max_waiting = 1" in error["message"]
     assert over_long(other), other.text
-    assert served.status_code == 200 and served.headers["x-grove-call-id"] == "parent.0.c0"
+    # B's first call; on a loaded machine its first attempt may be lost and the call complete as an
+    # attempt `.r<k>` of the same id (ledger/settled.py), which is served all the same
+    assert served.status_code == 200, served.text
+    assert re.fullmatch(r"parent\.0\.c0(\.r\d+)?", served.headers["x-grove-call-id"])
     assert over_long(first) and over_long(second), (first.text, second.text)
     assert admission.in_progress == 0 and admission.waiting(a) == 0
     for eid in (a, b, c):
         result = (await close(url, eid, {}, wait=True)).json()["result"]
-        assert result["counts"] == ({"selected": 1} if eid == b else {})
+        if eid == b:  # a lost first attempt (above) counts as its own dead call beside the selected one
+            assert result["counts"]["selected"] == 1, result["counts"]
+        else:
+            assert result["counts"] == {}, result["counts"]
