@@ -46,6 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import WorkflowFailureError
+from temporalio.service import RPCError
+
 from bench.harness_calls import Rules, Tally, tally_episode
 from grove import queues
 from grove.contracts import (
@@ -321,7 +324,12 @@ async def drive_harness(s: Stack, name: str, args: argparse.Namespace) -> tuple[
 
     async def one(spec: EpisodeSpec) -> EpisodeReport:
         async with gate:
-            report = await run_one(s, spec, cfg, args.deadline_s + 300)
+            try:
+                report = await run_one(s, spec, cfg, args.deadline_s + 300)
+            except (TimeoutError, RPCError, WorkflowFailureError) as err:  # reported, the others go on
+                report = EpisodeReport(
+                    spec.episode_id, "error", f"{type(err).__name__}: {err}", "", 0.0, Tally(1)
+                )
         t = report.tally
         print(f"[drive] {name} {spec.episode_id}: {report.status} in {report.wall_s:.0f} s, calls {t.calls}, "
               f"tool calls {t.written} (valid {t.valid}), subagents {t.subagents_ran}, final answer "
@@ -332,6 +340,10 @@ async def drive_harness(s: Stack, name: str, args: argparse.Namespace) -> tuple[
     started = time.monotonic()
     reports = await watched(s, asyncio.gather(*(one(spec) for spec in specs)))
     return reports, time.monotonic() - started
+
+
+def load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -388,6 +400,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/harness-drive"), help="work folder (kept)")
     p.add_argument("--json", type=Path, default=None, help="write every episode's figures here")
     args = p.parse_args(argv)
+    if args.episodes < 1 or args.concurrency < 1:
+        p.error("--episodes and --concurrency: at least 1")
     args.harnesses = [h.strip() for h in args.harness.split(",") if h.strip()]
     unknown = sorted(set(args.harnesses) - set(HARNESSES))
     if unknown or not args.harnesses:
@@ -400,21 +414,27 @@ async def amain(args: argparse.Namespace) -> int:
     # not under a temporary folder: Codex creates no helper binaries there (harnesses/codex.py)
     work = (args.out / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}").resolve()
     work.mkdir(parents=True)
-    print(f"[drive] model {model_dir}; work folder {work}; load {os.getloadavg()[0]:.1f}", flush=True)
-    results: dict[str, Any] = {"model": str(model_dir), "harnesses": {}}
+    print(f"[drive] model {model_dir}; work folder {work}; load {load()}", flush=True)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "json")}
+    results: dict[str, Any] = {"model": str(model_dir), "settings": settings, "harnesses": {}}
     lines: list[str] = []
     async with stack(work, model_dir, args.max_model_len, args.kv_cache_bytes) as s:
         for name in args.harnesses:
+            before = load()
             reports, wall = await drive_harness(s, name, args)
-            lines += summary_lines(name, reports, wall)
-            print("\n".join(summary_lines(name, reports, wall)), flush=True)
+            block = [
+                *summary_lines(name, reports, wall),
+                f"  load (1/5/15 min) before {before}, after {load()}",
+            ]
+            lines += block
+            print("\n".join(block), flush=True)
             results["harnesses"][name] = {
                 "wall_s": round(wall, 1),
                 "episodes": [r.as_json() for r in reports],
             }
-    print(f"[drive] load {os.getloadavg()[0]:.1f}; summary:\n" + "\n".join(lines), flush=True)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2))
+            if args.json is not None:  # after each harness: a later one's trouble keeps the earlier figures
+                args.json.write_text(json.dumps(results, indent=2))
+    print(f"[drive] load {load()}; summary:\n" + "\n".join(lines), flush=True)
     return 0
 
 
