@@ -46,9 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import WorkflowFailureError
-from temporalio.service import RPCError
-
 from bench.harness_calls import Rules, Tally, tally_episode
 from grove import queues
 from grove.contracts import (
@@ -290,7 +287,7 @@ async def run_one(s: Stack, spec: EpisodeSpec, cfg: DriveConfig, timeout_s: floa
     from grove.episode_start import start_episode
 
     started = time.monotonic()
-    handle = await start_episode(s.client, spec)
+    handle = await start_episode(s.client, spec, result_type=EpisodeResult)
     result: EpisodeResult = await asyncio.wait_for(handle.result(), timeout_s)
     wall = time.monotonic() - started
     outcome = harness_outcome(s.harness_root, spec.episode_id, cfg)
@@ -326,7 +323,7 @@ async def drive_harness(s: Stack, name: str, args: argparse.Namespace) -> tuple[
         async with gate:
             try:
                 report = await run_one(s, spec, cfg, args.deadline_s + 300)
-            except (TimeoutError, RPCError, WorkflowFailureError) as err:  # reported, the others go on
+            except Exception as err:  # reported; the other episodes go on
                 report = EpisodeReport(
                     spec.episode_id, "error", f"{type(err).__name__}: {err}", "", 0.0, Tally(1)
                 )
