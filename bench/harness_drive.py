@@ -232,10 +232,14 @@ async def stack(work: Path, model_dir: Path, max_model_len: int, kv_cache_bytes:
     finally:
         if worker is not None:
             worker.cancel()
-            with contextlib.suppress(BaseException):
-                await worker
+            # a worker's shutdown waits for its in-flight activities; a generation still running would
+            # hold it until the engine stops, so wait a bounded while, stop the engine, then wait again
+            await asyncio.wait({worker}, timeout=30)
         if engine is not None:
             await engine.shutdown()
+        if worker is not None:
+            with contextlib.suppress(BaseException):
+                await worker
         server.stop()
 
 
