@@ -134,7 +134,7 @@ CODING_FAMILIES = {"claude-code": "claude-code-delegation", "codex": "delegation
 CODING_MODEL = "smol-agent"
 CODING_CONTEXT = 8192
 CODING_MAX_TOKENS = 256
-CODING_LR = 1e-5  # a pretrained 135M policy: the tiny models' rates would unlearn its call format
+CODING_LR = 1e-5  # a pretrained 135M policy tuned at 5e-5: far below the tiny models' rates (no pair run yet)
 HARNESSES = ("native", "opencode", *PYTHON_FAMILIES, *CODING_FAMILIES)
 
 
