@@ -106,6 +106,7 @@ CHECKPOINT_FILES = [
 NOT_KEYS = {
     ("bench/bench_async.py", "calls/s"),  # a column heading: calls per second
     ("cli/run_commands.py", "runs/"),  # `grove run view`'s local output folder, runs/{run}/view
+    ("bench/harness_drive.py", "runs/harness-drive"),  # the bench's local work folder (--out)
 }
 
 
