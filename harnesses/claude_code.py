@@ -43,6 +43,7 @@ from typing import Any
 from grove.contracts import ClaudeCodeOptions, HarnessOutcome, TaskSpec
 from grove.headers import LAUNCH_HEADER
 from harnesses import claude_code_delegation
+from harnesses.first_message import first_message
 from harnesses.opencode_agents import subagent_names
 from harnesses.sandbox import SYSTEM_PATH, sandbox_env
 
@@ -99,18 +100,15 @@ def setup_for(task: TaskSpec, options: ClaudeCodeOptions) -> ClaudeCodeSetup:
     """The task family's setup with the run's overrides; a family without one needs `message` (in the
     options or as the task's `params["message"]`)."""
     base = TASK_SETUPS[task.family](task) if task.family in TASK_SETUPS else None
-    message = options.message or (base.message if base else task.params.get("message"))
-    if not message:
-        raise ClaudeCodeSetupError(
-            f"task {task.task_id!r} of family {task.family!r}: no first message for Claude Code; register "
-            f"harnesses.claude_code.TASK_SETUPS[{task.family!r}], give the task a params['message'], or set "
-            "harness.claude_code.message"
-        )
+    message = first_message(
+        task, options.message, base.message if base else None,
+        harness="Claude Code", module="claude_code", option="claude_code", error=ClaudeCodeSetupError,
+    )  # fmt: skip
     system = options.system_prompt or (base.system_prompt if base else "")
     agents = options.agents if options.agents is not None else (base.agents if base else {})
     tools = tuple(options.tools) if options.tools is not None else (base.tools if base else (AGENT_TOOL,))
     setup = ClaudeCodeSetup(
-        message=str(message), system_prompt=system, agents=agents, tools=tools,
+        message=message, system_prompt=system, agents=agents, tools=tools,
         files=base.files if base else {},
     )  # fmt: skip
     check_setup(task, setup)

@@ -45,6 +45,7 @@ from typing import Any
 from grove.contracts import CodexOptions, HarnessOutcome, TaskSpec
 from grove.headers import LAUNCH_HEADER
 from grove.paths import grove_home
+from harnesses.first_message import first_message
 from harnesses.opencode import check_project_path
 from harnesses.sandbox import SYSTEM_PATH, sandbox_env
 
@@ -91,13 +92,10 @@ def setup_for(task: TaskSpec, options: CodexOptions) -> CodexSetup:
     """The task family's setup with the run's overrides; a family without one needs `message` (in the
     options or as the task's `params["message"]`)."""
     base = TASK_SETUPS[task.family](task) if task.family in TASK_SETUPS else None
-    message = options.message or (base.message if base else task.params.get("message"))
-    if not message:
-        raise CodexSetupError(
-            f"task {task.task_id!r} of family {task.family!r}: no first message for Codex; register "
-            f"harnesses.codex.TASK_SETUPS[{task.family!r}], give the task a params['message'], or set "
-            "harness.codex.message"
-        )
+    message = first_message(
+        task, options.message, base.message if base else None,
+        harness="Codex", module="codex", option="codex", error=CodexSetupError,
+    )  # fmt: skip
     instructions = options.instructions or (base.instructions if base else DEFAULT_INSTRUCTIONS)
     files = base.files if base else {}
     for path in files:
@@ -105,7 +103,7 @@ def setup_for(task: TaskSpec, options: CodexOptions) -> CodexSetup:
             check_project_path(task, path)
         except ValueError as err:
             raise CodexSetupError(str(err)) from None
-    return CodexSetup(message=str(message), instructions=instructions, files=files)
+    return CodexSetup(message=message, instructions=instructions, files=files)
 
 
 def catalog_entry(

@@ -36,6 +36,7 @@ from typing import Any
 from grove.contracts import HarnessOutcome, OpenCodeOptions, TaskSpec
 from grove.headers import LAUNCH_HEADER
 from harnesses import opencode_delegation, opencode_reader, opencode_report
+from harnesses.first_message import first_message
 from harnesses.opencode_agents import subagent_names
 from harnesses.sandbox import SYSTEM_PATH, sandbox_env
 
@@ -141,13 +142,10 @@ def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:
     family's); a family without one needs `message` (in the options or as the task's
     `params["message"]`)."""
     base = TASK_SETUPS[task.family](task) if task.family in TASK_SETUPS else None
-    message = options.message or (base.message if base else task.params.get("message"))
-    if not message:
-        raise OpenCodeSetupError(
-            f"task {task.task_id!r} of family {task.family!r}: no first message for OpenCode; register "
-            f"harnesses.opencode.TASK_SETUPS[{task.family!r}], give the task a params['message'], or set "
-            "harness.opencode.message"
-        )
+    message = first_message(
+        task, options.message, base.message if base else None,
+        harness="OpenCode", module="opencode", option="opencode", error=OpenCodeSetupError,
+    )  # fmt: skip
     agents = options.agents if options.agents is not None else (base.agents if base else {})
     default = options.default_agent or (base.default_agent if base else None)
     limits = {**(base.agent_context_limits if base else {}), **options.agent_context_limits}
@@ -155,7 +153,7 @@ def setup_for(task: TaskSpec, options: OpenCodeOptions) -> OpenCodeSetup:
     for path in files:
         check_project_path(task, path)
     return OpenCodeSetup(
-        message=str(message), agents=agents, default_agent=default, agent_context_limits=limits, files=files
+        message=message, agents=agents, default_agent=default, agent_context_limits=limits, files=files
     )
 
 
