@@ -120,13 +120,15 @@ class AgentCase:
     the assistant's calls) and the request that should get the final answer (`final`: messages ending
     with it; the same conversation continued, or, after a handoff, the receiving agent's own request)."""
 
-    shape: Shape
+    shape: str  # a Shape, or a stock one (models/stock_drills.py)
     call_messages: list[dict[str, Any]]
     call_tools: list[dict[str, Any]]
     offer: Offer
     final_messages: list[dict[str, Any]]
     final_tools: list[dict[str, Any]]
     target: str | None = None  # the tool or agent type the user's request named, if it named one
+    # more chats the case trains (messages, tools), not scored: a subagent's own request and answer
+    extra: tuple[tuple[list[dict[str, Any]], list[dict[str, Any]] | None], ...] = ()
 
     @property
     def continued(self) -> bool:

@@ -1,6 +1,7 @@
-"""Held-out figures of a tool policy on the six shapes of models/agent_drills.py.
+"""Held-out figures of a tool policy on the six shapes of models/agent_drills.py and the two stock ones
+of models/stock_drills.py (stock Claude Code's and Codex's own text).
 
-    python -m models.agent_eval smol-agent [--cases 24] [--engine vllm|hf] [--json out.json]
+    python -m models.agent_eval smol-agent [--cases 24] [--engine vllm|hf] [--shapes a,b] [--json out.json]
 
 Every configuration is drawn with `held_out=True`: its tool names, agent names, handoff names and
 made-up parameter names come from the eighth of made-up words no drill uses, so only copying from the
@@ -13,7 +14,8 @@ prompt names them. Each case's two requests are rendered with the model's own ch
   lists; a reply with no parseable call counts as one invalid call. `call_rate` = valid / counted calls;
   `named` = the share of cases whose request named a tool or agent type in which a call used it;
 - the final request (the results back; after a handoff, the receiving agent's own request): `final_rate`
-  = replies with text and no tool call.
+  = replies with text and no tool call; for the stock shapes also `relay_rate` = final replies that hold
+  every word the subagents reported (an answer, not an echo of the notification).
 
 Greedy and at temperature 1.0 (top_k 0, top_p 1, seeded), in a real vLLM engine (`--engine vllm`, the
 default: models/vllm_smoke.py in a child process) or with transformers' `generate` (`--engine hf`).
@@ -32,7 +34,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from chat.toolcalls import parse_tool_calls
-from models.agent_drills import SHAPES, AgentCase, AgentDrillWriter, Offer
+from models.agent_drills import AgentCase, AgentDrillWriter, Offer
+from models.stock_drills import ALL_SHAPES, STOCK_SHAPES, StockDrills, draw_case
 
 Engine = Literal["vllm", "hf"]
 MAX_NEW_TOKENS = {"call": 200, "final": 48}
@@ -78,6 +81,7 @@ class ShapeScores(BaseModel):
     calls: int
     named: float | None
     final_rate: float
+    relay_rate: float | None  # stock shapes only
     example_call: str
     example_final: str
     failures: list[str]  # a few invalid replies' reasons
@@ -94,7 +98,8 @@ class AgentEvalReport(BaseModel):
 
 def held_out_cases(n: int, seed: int = EVAL_SEED) -> dict[str, list[AgentCase]]:
     writer = AgentDrillWriter(seed, held_out=True)
-    return {shape: [writer.case(shape) for _ in range(n)] for shape in SHAPES}
+    stock = StockDrills(writer)
+    return {shape: [draw_case(writer, shape, stock) for _ in range(n)] for shape in ALL_SHAPES}
 
 
 def prompt_ids(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
@@ -176,6 +181,7 @@ def _text(tok: Any, ids: list[int]) -> str:
 def _shape_scores(cases: list[AgentCase], replies: dict[tuple[str, int], str]) -> ShapeScores:
     valid = counted = finals = 0
     named: list[bool] = []
+    relayed: list[bool] = []
     failures: list[str] = []
     for i, case in enumerate(cases):
         score = score_call_reply(replies["call", i], case.offer, case.target)
@@ -185,12 +191,15 @@ def _shape_scores(cases: list[AgentCase], replies: dict[tuple[str, int], str]) -
         if score.why and len(failures) < 5:
             failures.append(f"{score.why}: {replies['call', i][:160]!r}")
         finals += score_final_reply(replies["final", i])
+        if case.shape in STOCK_SHAPES:
+            relayed.append(all(w in replies["final", i] for w in case.final_messages[-1]["content"].split()))
     return ShapeScores(
         cases=len(cases),
         call_rate=valid / counted,
         calls=counted,
         named=sum(named) / len(named) if named else None,
         final_rate=finals / len(cases),
+        relay_rate=sum(relayed) / len(relayed) if relayed else None,
         example_call=replies["call", 0],
         example_final=replies["final", 0],
         failures=failures,
@@ -204,8 +213,10 @@ def evaluate(
     engine: Engine = "vllm",
     temperatures: tuple[float, ...] = TEMPERATURES,
     seed: int = EVAL_SEED,
+    shapes: tuple[str, ...] = ALL_SHAPES,
 ) -> AgentEvalReport:
-    """Score `model` on `cases` held-out configurations per shape at each temperature."""
+    """Score `model` on `cases` held-out configurations per shape at each temperature (of `shapes` only:
+    every shape's cases are drawn all the same, so a shape's cases never depend on which are scored)."""
     from transformers import AutoTokenizer
 
     from models.registry import ensure_model
@@ -213,7 +224,7 @@ def evaluate(
     t0 = time.perf_counter()
     model_dir = ensure_model(model)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    drawn = held_out_cases(cases, seed)
+    drawn = {s: c for s, c in held_out_cases(cases, seed).items() if s in shapes}
     requests = _requests(tok, drawn)
     sizes = {s: [len(ids) for sh, k, _, ids in requests if sh == s and k == "call"] for s in drawn}
     generate = _generate_vllm if engine == "vllm" else _generate_hf
@@ -238,9 +249,10 @@ def print_report(report: AgentEvalReport) -> None:
     for label, shapes in report.by_temperature.items():
         for shape, s in shapes.items():
             named = "-" if s.named is None else f"{s.named:.2f}"
+            relay = "" if s.relay_rate is None else f" relay_rate={s.relay_rate:.3f}"
             print(
-                f"{label:5s} {shape:12s} call_rate={s.call_rate:.3f} ({s.calls} calls)  named={named}  "
-                f"final_rate={s.final_rate:.3f}   e.g. {s.example_call[:90]!r}"
+                f"{label:5s} {shape:17s} call_rate={s.call_rate:.3f} ({s.calls} calls)  named={named}  "
+                f"final_rate={s.final_rate:.3f}{relay}   e.g. {s.example_call[:90]!r}"
             )
     print(
         f"{report.cases} held-out cases per shape, engine {report.engine}, {report.seconds:.0f} s; "
@@ -255,8 +267,15 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=24, help="held-out configurations per shape")
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--shapes", default=",".join(ALL_SHAPES), help=f"comma-separated, of {', '.join(ALL_SHAPES)}"
+    )
     args = parser.parse_args()
-    report = evaluate(args.model, cases=args.cases, engine=args.engine)
+    shapes = tuple(args.shapes.split(","))
+    unknown = sorted(set(shapes) - set(ALL_SHAPES))
+    if unknown:
+        parser.error(f"--shapes: unknown {unknown}; the shapes are {', '.join(ALL_SHAPES)}")
+    report = evaluate(args.model, cases=args.cases, engine=args.engine, shapes=shapes)
     print_report(report)
     if args.json:
         args.json.write_text(report.model_dump_json(indent=2))

@@ -31,10 +31,11 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from models.agent_drills import SHAPES, AgentCase, AgentDrillWriter, Shape
+from models.agent_drills import AgentCase, AgentDrillWriter
 from models.copy_tune import Example, _group_loss, _prefixed_loss, encode
 from models.manifest import write_manifest
 from models.progress import BuildProgress
+from models.stock_drills import ALL_SHAPES, STOCK_SHAPES, StockDrills, draw_case
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class AgentTuneSpec(BaseModel):
     steps: int = Field(100, ge=0)  # drill steps
     opencode_cases: int = Field(4, ge=0)  # per step, one environment (a shared prefix)
     mixed_cases: int = Field(12, ge=0)  # per step, drawn from the other shapes by `mix`
+    # per step, cases of one stock harness (Claude Code and Codex in turn: models/stock_drills.py) sharing
+    # their system prompt and tools, so that long prefix runs once; their subagents' chats go to the mix
+    stock_cases: int = Field(0, ge=0)
     mix: dict[str, float] = {
         "opencode": 0.5,
         "handoff": 1.0,
@@ -85,9 +89,10 @@ class AgentTuneSpec(BaseModel):
         return self.induction_steps + self.copy_steps + self.steps
 
     def fingerprint_json(self) -> str:
-        """The spec's JSON, without `induction_chats` while it is 0 (the builds made before it existed keep
-        their fingerprint)."""
-        return self.model_dump_json(exclude={"induction_chats"} if self.induction_chats == 0 else None)
+        """The spec's JSON, without `induction_chats` and `stock_cases` while they are 0 (the builds made
+        before they existed keep their fingerprint)."""
+        unset = {name for name in ("induction_chats", "stock_cases") if getattr(self, name) == 0}
+        return self.model_dump_json(exclude=unset or None)
 
 
 class AgentTuneReport(BaseModel):
@@ -100,11 +105,13 @@ class AgentTuneReport(BaseModel):
 def case_examples(tok: Any, case: AgentCase) -> list[Example]:
     """The chats a case trains: the continued conversation (calls, results, final answer), or after a
     handoff the call request and the receiving agent's request."""
+    extra = [encode(tok, messages, tools) for messages, tools in case.extra]
     if case.continued:
-        return [encode(tok, case.final_messages, case.final_tools)]
+        return [encode(tok, case.final_messages, case.final_tools), *extra]
     return [
         encode(tok, case.call_messages, case.call_tools),
         encode(tok, case.final_messages, case.final_tools),
+        *extra,
     ]
 
 
@@ -119,8 +126,8 @@ def _by_length(examples: list[Example], budget: int) -> list[list[Example]]:
     return groups
 
 
-def _mixed_shapes(writer: AgentDrillWriter, spec: AgentTuneSpec) -> list[Shape]:
-    names = [s for s in SHAPES if s in spec.mix]
+def _mixed_shapes(writer: AgentDrillWriter, spec: AgentTuneSpec) -> list[str]:
+    names = [s for s in ALL_SHAPES if s in spec.mix]
     weights = [spec.mix[s] for s in names]
     return writer.rng.choices(names, weights=weights, k=spec.mixed_cases)
 
@@ -151,10 +158,18 @@ def step_groups(
         examples = [e for c in cases for e in case_examples(tok, c)]
         groups.append((examples, len(examples) > 1))  # one chat alone has no prefix to share
     mixed = [encode(tok, *copy_chat(writer)) for _ in range(spec.copy_mix)]
+    if spec.stock_cases:
+        stock = StockDrills(writer)
+        shape = STOCK_SHAPES[step % len(STOCK_SHAPES)]
+        env = getattr(stock, shape.removesuffix("_stock") + "_env")()
+        cases = [getattr(stock, shape)(env) for _ in range(spec.stock_cases)]
+        leads = [case_examples(tok, c) for c in cases]
+        groups.append(([e[0] for e in leads], len(leads) > 1))
+        mixed += [e for lead in leads for e in lead[1:]]
     for shape in _mixed_shapes(writer, spec):
         # a full OpenCode case costs ~2,000 tokens: those train in the shared-prefix group only
         writer.compact = shape == "opencode" or writer.rng.random() < spec.compact_share
-        mixed += case_examples(tok, writer.case(shape))
+        mixed += case_examples(tok, draw_case(writer, shape))
     groups += [(g, False) for g in _by_length(mixed, spec.group_tokens)]
     return groups
 

@@ -11,7 +11,9 @@ MODELS: dict[str, str] = {
     "tiny": "programs that drive their own delegation (writes no tool call, 2,048 positions)",
     "tiny-random": "tiny's shape with random weights (tests)",
     "tiny-tools": "OpenCode, its task calls drilled (32,768 positions)",
-    "smol-agent": "calls the tools, agents and handoffs its prompt offers: your harness (8,192 positions)",
+    "smol-agent-base": "smol-agent's first stage: the six drill shapes from smollm2 (8,192 positions)",
+    "smol-agent": "calls the tools, agents and handoffs its prompt offers: your harness, stock Claude Code "
+    "and Codex (8,192 positions; builds on smol-agent-base)",
     "tiny-copy": "OpenCode delegating for real (builds on tiny-tools)",
     "tiny-resume": "the OpenCode lead's resumption drilled (builds on tiny-copy)",
     "tiny-reader": "the opencode-reader family's workers (builds on tiny-resume)",

@@ -102,11 +102,13 @@ COPY_SPECS: dict[str, CopyTuneSpec] = {
 # "tiny-summary": tiny drilled on the native `summary-delegation` episode (models/summary_tune.py), so its
 # summary keeps the worker's word in about half the episodes: `grove demo --summaries --model tiny-summary`
 SUMMARY_SPECS: dict[str, SummaryTuneSpec] = {"tiny-summary": SummaryTuneSpec()}
-# "smol-agent" (models/agent_tune.py): SmolLM2-135M-Instruct fine-tuned on drills of six harness shapes to
-# call the tools and agent types its prompt offers (docs/tool_model.md). A pretrained base, because copying
-# a made-up name from the prompt needs induction heads that no ~1M-parameter build here formed.
+# "smol-agent-base" (models/agent_tune.py): SmolLM2-135M-Instruct fine-tuned on drills of six harness shapes
+# to call the tools and agent types its prompt offers (docs/tool_model.md). A pretrained base, because
+# copying a made-up name from the prompt needs induction heads that no ~1M-parameter build here formed.
+# "smol-agent" continues it on the same shapes (weighted to the ones it missed most) and on the text stock
+# Claude Code and Codex send (models/stock_drills.py): the model the docs point a new user at.
 AGENT_SPECS: dict[str, AgentTuneSpec] = {
-    "smol-agent": AgentTuneSpec(
+    "smol-agent-base": AgentTuneSpec(
         base="smollm2",
         induction_steps=0,
         copy_steps=0,
@@ -127,7 +129,33 @@ AGENT_SPECS: dict[str, AgentTuneSpec] = {
         warmup_steps=5,
         max_position_embeddings=8192,  # SmolLM2's own
         threads=2,
-    )
+    ),
+    "smol-agent": AgentTuneSpec(
+        version="agent-2",
+        base="smol-agent-base",
+        seed=1,  # other draws than the base's
+        induction_steps=0,
+        copy_steps=0,
+        copy_mix=2,
+        steps=34,
+        opencode_cases=2,
+        opencode_every=2,
+        stock_cases=3,
+        mixed_cases=8,
+        mix={
+            "opencode": 1.0,
+            "handoff": 0.5,
+            "sdk_tools": 1.5,
+            "langgraph": 1.0,
+            "claude_code": 1.5,
+            "codex": 1.0,
+        },
+        group_tokens=3000,
+        learning_rate=3e-5,
+        warmup_steps=3,
+        max_position_embeddings=8192,
+        threads=2,
+    ),
 }
 SMOLLM2 = "smollm2"
 KNOWN_NAMES: tuple[str, ...] = (*TINY_SPECS, *AGENT_SPECS, *COPY_SPECS, *SUMMARY_SPECS, SMOLLM2)

@@ -86,14 +86,31 @@ def test_the_registry_builds_it_once_on_its_base(tmp_path, monkeypatch):
     assert known_positions("test-agent") == 4096 and known_positions("smol-agent") == 8192
 
 
-def test_a_spec_without_induction_chats_keeps_its_fingerprint():
-    assert "induction_chats" not in AgentTuneSpec().fingerprint_json()
-    assert "induction_chats" in AgentTuneSpec(induction_chats=1).fingerprint_json()
+def test_a_spec_without_induction_chats_or_stock_cases_keeps_its_fingerprint():
+    for knob in ("induction_chats", "stock_cases"):
+        assert knob not in AgentTuneSpec().fingerprint_json()
+        assert knob in AgentTuneSpec(**{knob: 1}).fingerprint_json()
+
+
+def test_stock_cases_share_their_harness_prefix_and_send_the_subagents_to_the_mix(tokenizer):
+    """A step's stock group is one harness (Claude Code on even steps, Codex on odd) with one system prompt
+    and tool list, so its examples share that prefix; each case's subagent chat trains in the mixed groups."""
+    from models.copy_tune import _common_prefix
+
+    spec = SMALL.model_copy(update={"induction_steps": 0, "copy_steps": 0, "stock_cases": 2, "copy_mix": 0})
+    for step, marker in ((2, "Claude Agent SDK"), (1, "spawn_agent")):
+        groups = step_groups(AgentDrillWriter(step), tokenizer, spec, step)
+        stock = [(g, shared) for g, shared in groups if marker in tokenizer.decode(g[0].ids)]
+        (leads, shared), *_ = stock
+        assert shared and len(leads) == 2
+        assert marker in tokenizer.decode(leads[0].ids[: _common_prefix(leads)])
+        answered = sum(len(g) for g, _ in groups) - len(leads)
+        assert answered >= 2 + spec.mixed_cases  # the two subagent chats and the mixed shapes
 
 
 def test_a_fine_tune_on_smollm2_lists_the_conversion_first_and_builds_nothing(tmp_path):
     """`uncached_builds` is a look, not a build: on an empty cache smollm2's conversion is a step the
     fine-tune waits for, and the cache stays empty."""
     assert uncached_builds("smollm2", cache_dir=tmp_path) == ["smollm2"]
-    assert uncached_builds("smol-agent", cache_dir=tmp_path) == ["smollm2", "smol-agent"]
+    assert uncached_builds("smol-agent", cache_dir=tmp_path) == ["smollm2", "smol-agent-base", "smol-agent"]
     assert list(tmp_path.iterdir()) == []
