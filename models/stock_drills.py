@@ -117,9 +117,8 @@ class ClaudeCodeText:
         reminders = notified[7]["content"]
         first, sep, _ = reminders.partition("</system-reminder>")
         self.reminder = first + sep
-        self.reminder_sep = _cut(reminders, self.reminder, "notification")[1].partition("<system-reminder>")[
-            0
-        ]
+        after_first = _cut(reminders, self.reminder, "notification")[1]
+        self.reminder_sep = after_first.partition("<system-reminder>")[0]  # between two notifications
         for literal in _CC_NOTIFIED:
             _cut(self.reminder, literal, "notification")
 
