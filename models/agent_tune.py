@@ -164,8 +164,8 @@ def step_groups(
     if spec.stock_cases:
         stock = StockDrills(writer)
         shape = STOCK_SHAPES[step % len(STOCK_SHAPES)]
-        env = stock.env(shape)
-        cases = [stock.case(shape, env) for _ in range(spec.stock_cases)]
+        shared = stock.env(shape)
+        cases = [stock.case(shape, shared) for _ in range(spec.stock_cases)]
         leads = [case_examples(tok, c) for c in cases]
         groups.append(([e[0] for e in leads], len(leads) > 1))
         mixed += [e for lead in leads for e in lead[1:]]
