@@ -108,54 +108,52 @@ SUMMARY_SPECS: dict[str, SummaryTuneSpec] = {"tiny-summary": SummaryTuneSpec()}
 # copying a made-up name from the prompt needs induction heads that no ~1M-parameter build here formed.
 # "smol-agent" continues it on the same shapes (weighted to the ones it missed most) and on the text stock
 # Claude Code and Codex send (models/stock_drills.py): the model the docs point a new user at.
+_SMOL_AGENT_BASE = AgentTuneSpec(
+    base="smollm2",
+    induction_steps=0,
+    copy_steps=0,
+    copy_mix=2,
+    steps=80,
+    opencode_cases=2,
+    mixed_cases=6,
+    mix={
+        "opencode": 0.5,
+        "handoff": 1.0,
+        "sdk_tools": 1.0,
+        "langgraph": 1.0,
+        "claude_code": 1.5,
+        "codex": 0.5,
+    },
+    group_tokens=3000,
+    learning_rate=5e-5,
+    warmup_steps=5,
+    max_position_embeddings=8192,  # SmolLM2's own
+    threads=2,
+)
 AGENT_SPECS: dict[str, AgentTuneSpec] = {
-    "smol-agent-base": AgentTuneSpec(
-        base="smollm2",
-        induction_steps=0,
-        copy_steps=0,
-        copy_mix=2,
-        steps=80,
-        opencode_cases=2,
-        mixed_cases=6,
-        mix={
-            "opencode": 0.5,
-            "handoff": 1.0,
-            "sdk_tools": 1.0,
-            "langgraph": 1.0,
-            "claude_code": 1.5,
-            "codex": 0.5,
-        },
-        group_tokens=3000,
-        learning_rate=5e-5,
-        warmup_steps=5,
-        max_position_embeddings=8192,  # SmolLM2's own
-        threads=2,
-    ),
+    "smol-agent-base": _SMOL_AGENT_BASE,
+    # the same knobs but these: its own stage, other draws (seed), the stock group, the weak shapes weighted
     "smol-agent": AgentTuneSpec(
-        version="agent-2",
-        base="smol-agent-base",
-        seed=1,  # other draws than the base's
-        induction_steps=0,
-        copy_steps=0,
-        copy_mix=2,
-        steps=34,
-        opencode_cases=2,
-        opencode_every=2,
-        stock_cases=3,
-        mixed_cases=8,
-        mix={
-            "opencode": 1.0,
-            "handoff": 0.5,
-            "sdk_tools": 1.5,
-            "langgraph": 1.0,
-            "claude_code": 1.5,
-            "codex": 1.0,
-        },
-        group_tokens=3000,
-        learning_rate=3e-5,
-        warmup_steps=3,
-        max_position_embeddings=8192,
-        threads=2,
+        **_SMOL_AGENT_BASE.model_dump()
+        | {
+            "version": "agent-2",
+            "base": "smol-agent-base",
+            "seed": 1,
+            "steps": 34,
+            "opencode_every": 2,
+            "stock_cases": 3,
+            "mixed_cases": 8,
+            "mix": {
+                "opencode": 1.0,
+                "handoff": 0.5,
+                "sdk_tools": 1.5,
+                "langgraph": 1.0,
+                "claude_code": 1.5,
+                "codex": 1.0,
+            },
+            "learning_rate": 3e-5,
+            "warmup_steps": 3,
+        }
     ),
 }
 SMOLLM2 = "smollm2"
