@@ -23,9 +23,6 @@ def main(model_dir: str, layout: str, out: str, steps: str = "1") -> None:
     weights = learner.full_state_dict()
     if dist.get_rank() == 0:
         torch.save({"weights": weights, "metrics": metrics.model_dump()}, out)
-    # both ranks leave the group together: a rank that tears its gloo pairs down while the other still
-    # holds them can abort ("terminate called without an active exception", seen once on a fresh clone)
-    dist.barrier()
     dist.destroy_process_group()
 
 
