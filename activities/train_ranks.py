@@ -19,6 +19,8 @@ downloaded and sha256-verified (none at step 1: the base model). It then starts 
   pass, the guard's numbers being global) writes the refusal to `refusal-<rank>.json` and exits with
   REFUSED_EXIT: the supervisor raises that refusal (deterministic, so not retried);
   A rank also dies with the worker process (PR_SET_PDEATHSIG), so none outlives the activity;
+  a rank ends through `end_rank` (os._exit after flushing), never interpreter finalization,
+  which races gloo's threads and can abort a rank whose work succeeded;
 - only when every rank exited 0 does the activity upload the files and write COMMIT last
   (trainer/checkpoint.py commit_files). A failed attempt has written nothing to the store, so the
   retry starts from the same committed checkpoint and the step is trained exactly once.
@@ -37,8 +39,10 @@ import json
 import os
 import signal
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 from pydantic import BaseModel
 
@@ -250,7 +254,38 @@ def _train(job: RankJob, rank: int, attempt_dir: Path) -> None:
         (out / GUARD_FILE).write_text(json.dumps(learner.last_refusal, sort_keys=True))
 
 
-def main(job_path: str, rank_text: str) -> None:
+def end_rank(body: Callable[[], None]) -> NoReturn:
+    """Run a rank process's `body`, then end the process with its exit code and no interpreter
+    finalization: 0 when it returns, a `SystemExit`'s code, 1 after printing any other exception.
+
+    Why: gloo's worker threads drop a finished collective's tensors after the collective has
+    returned to Python, and dropping a tensor Python also knew takes the GIL. When that comes after
+    the main thread has begun finalizing, the worker thread is ended inside a C++ destructor and the
+    process aborts (SIGABRT, "terminate called without an active exception") after its work
+    succeeded, which the supervisor must count as a lost rank. destroy_process_group does not join
+    those threads (the sharded model's device mesh still holds the group), so a rank ends with
+    `os._exit` after flushing its output; its files are written and closed by then.
+    """
+    try:
+        body()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+        if not isinstance(stop.code, int | None):
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - every failure is printed and becomes exit code 1
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(job_path: str, rank_text: str) -> NoReturn:
+    end_rank(lambda: _rank(job_path, rank_text))
+
+
+def _rank(job_path: str, rank_text: str) -> None:
     _die_with_parent()
     import torch
     import torch.distributed as dist

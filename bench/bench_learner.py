@@ -412,8 +412,9 @@ def main(argv: list[str] | None = None) -> None:
         from bench.learner_ranks import rank_probe, run_ranks
 
         if a.rank_probe:
-            rank_probe(a, scenario_rows)
-            return
+            from activities.train_ranks import end_rank
+
+            end_rank(lambda: rank_probe(a, scenario_rows))  # a rank ends as a production rank does
     with tempfile.TemporaryDirectory(prefix="grove-bench-model-") as tmp:
         model_dir = resolve_model(a, Path(tmp))
         name = a.model_shape or a.model

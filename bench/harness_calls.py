@@ -10,9 +10,9 @@ copy). The rule, the same as the held-out evaluation's (models/agent_eval.py `sc
   not parse (that reply's calls are all invalid: the harness got plain text);
 - a written call is *valid* when it parsed, names a tool its request offered, carries the tool's
   required arguments, keeps any `enum` the schema declares, and, for a tool that starts an agent
-  (`Agent`, `task`), names an agent type the harness was configured with (`Rules.agent_types`); a tool
-  may also need one of several arguments (`Rules.one_of`: Codex's `spawn_agent` takes `message` or
-  `items`);
+  (`Agent`, `task`), names an agent type the harness offers (`Rules.agent_types`: the configured ones
+  and any the harness's own text offers, such as Claude Code's `fork`); a tool may also need one of
+  several arguments (`Rules.one_of`: Codex's `spawn_agent` takes `message` or `items`);
 - a reply with text and no tool call is a text reply (a final answer or a subagent's report), not a
   tool call.
 
@@ -117,7 +117,7 @@ def check_call(name: str, arguments: Any, tools: Mapping[str, dict[str, Any]], r
     if name in rules.agent_types:
         param, types = rules.agent_types[name]
         if arguments.get(param) not in types:
-            return f"{name!r}: {param}={arguments.get(param)!r} is not a configured agent type {list(types)}"
+            return f"{name!r}: {param}={arguments.get(param)!r} is not an offered agent type {list(types)}"
     return None
 
 

@@ -64,6 +64,9 @@ from storage.local import LocalStore
 
 HARNESSES = ("claude-code", "codex", "opencode")
 AGENT_TYPES = ("fact-finder", "condenser")
+# Claude Code's own Agent text offers "fork" besides the configured types ("choose `fork` or one of
+# the listed agent types": a copy of the caller with its context), so a call naming it is valid.
+CLAUDE_CODE_TYPES = (*AGENT_TYPES, "fork")
 LEAD = "coordinator"  # OpenCode's primary agent
 MAX_MODEL_LEN = 8192
 KV_CACHE_BYTES = 2**30  # float32 KV of SmolLM2-135M: ~46 KB a token, so ~23k tokens (a lead and two helpers)
@@ -159,7 +162,7 @@ def configs() -> dict[str, DriveConfig]:
     return {
         "claude-code": DriveConfig(
             "claude-code-delegation", claude_code_harness,
-            Rules(agent_types={"Agent": ("subagent_type", AGENT_TYPES)}), claude_code.outcome_of_events,
+            Rules(agent_types={"Agent": ("subagent_type", CLAUDE_CODE_TYPES)}), claude_code.outcome_of_events,
         ),
         "codex": DriveConfig(
             "claude-code-delegation", codex_harness, Rules(one_of={"spawn_agent": ("message", "items")}),

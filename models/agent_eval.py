@@ -17,8 +17,9 @@ prompt names them. Each case's two requests are rendered with the model's own ch
   = replies with text and no tool call; for the stock shapes also `relay_rate` = final replies that hold
   every word the subagents reported (an answer, not an echo of the notification).
 
-Greedy and at temperature 1.0 (top_k 0, top_p 1, seeded), in a real vLLM engine (`--engine vllm`, the
-default: models/vllm_smoke.py in a child process) or with transformers' `generate` (`--engine hf`).
+Greedy and at temperature 1.0 by default (`--temperatures`; top_k 0, top_p 1, seeded), in a real vLLM
+engine (`--engine vllm`, the default: models/vllm_smoke.py in a child process) or with transformers'
+`generate` (`--engine hf`).
 """
 
 from __future__ import annotations
@@ -270,12 +271,25 @@ def main() -> None:
     parser.add_argument(
         "--shapes", default=",".join(ALL_SHAPES), help=f"comma-separated, of {', '.join(ALL_SHAPES)}"
     )
+    parser.add_argument(
+        "--temperatures",
+        default=",".join(f"{t:g}" for t in TEMPERATURES),
+        help="comma-separated sampling temperatures, 0 for greedy",
+    )
     args = parser.parse_args()
+    try:
+        temperatures = tuple(float(t) for t in args.temperatures.split(","))
+    except ValueError:
+        parser.error(f"--temperatures: expected numbers such as 0,0.7,1; got {args.temperatures!r}")
+    if any(not 0 <= t <= 2 for t in temperatures):
+        parser.error(f"--temperatures: each must be in [0, 2]; got {args.temperatures!r}")
     shapes = tuple(args.shapes.split(","))
     unknown = sorted(set(shapes) - set(ALL_SHAPES))
     if unknown:
         parser.error(f"--shapes: unknown {unknown}; the shapes are {', '.join(ALL_SHAPES)}")
-    report = evaluate(args.model, cases=args.cases, engine=args.engine, shapes=shapes)
+    report = evaluate(
+        args.model, cases=args.cases, engine=args.engine, shapes=shapes, temperatures=temperatures
+    )
     print_report(report)
     if args.json:
         args.json.write_text(report.model_dump_json(indent=2))

@@ -87,7 +87,7 @@ def test_each_call_is_valid_only_with_an_offered_tool_its_arguments_and_a_config
     assert (tally.calls, tally.lead_calls, tally.text_replies) == (4, 3, 1)
     assert (tally.written, tally.parsed, tally.valid) == (8, 6, 1)
     assert tally.invalid == {
-        "'Agent': subagent_type='worker' is not a configured agent type ['fact-finder', 'condenser']": 1,
+        "'Agent': subagent_type='worker' is not an offered agent type ['fact-finder', 'condenser']": 1,
         "'Agent': required arguments ['prompt'] missing": 1,
         "'Agent': model='gpt-5' is not one of its enum": 1,
         "'Bash' is not an offered tool": 1,

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from activities.train_ranks import end_rank
 from grove.learner_config import LearnerConfig
 from tests.learner.test_reference import controlled_batch, rows_of
 from trainer.distributed import DistributedLearner
@@ -27,4 +28,4 @@ def main(model_dir: str, layout: str, out: str, steps: str = "1") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    end_rank(lambda: main(*sys.argv[1:]))  # as a production rank ends (no finalization race)
