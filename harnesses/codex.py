@@ -14,9 +14,10 @@ part of it (no I/O): everything here is a function of the episode, the gateway's
   besides the subagents'. Approval policy `never` and a sandbox that never asks a person (and no
   request_user_input tool: nobody is there to answer); web search, view_image (the policy reads text),
   the environment/permissions/apps instructions, goals, bundled skills, analytics, feedback, history
-  and the update check off. `[agents] enabled` switches Codex's subagents
-  (the `multi_agent_v1` namespace: spawn_agent, wait_agent, ...); `model_auto_compact_token_limit`
-  makes it compact on the usage the gateway reports.
+  and the update check off. `[agents] enabled` switches Codex's subagents (the `multi_agent_v1`
+  namespace: spawn_agent, wait_agent, ...) and `max_depth` bounds their nesting (1 by default: a
+  subagent, whose instructions are the lead's, spawns none); `model_auto_compact_token_limit` makes it
+  compact on the usage the gateway reports.
 - Environment (`codex_env`): only what Codex needs: PATH, its own HOME/XDG/TMPDIR folders under the
   launch's folder (harnesses/sandbox.py), `CODEX_HOME` and the token. Nothing of the worker's environment
   reaches it.
@@ -173,7 +174,7 @@ def codex_config(
         "model_providers": {PROVIDER: provider},
         "features": {"goals": False, "view_image": False},
         "tools": {"experimental_request_user_input": {"enabled": False}},
-        "agents": {"enabled": options.subagents},
+        "agents": {"enabled": options.subagents, "max_depth": options.max_depth},
         "skills": {"bundled": {"enabled": False}},
         "analytics": {"enabled": False},
         "feedback": {"enabled": False},

@@ -147,6 +147,13 @@ class CodexOptions(BaseModel):
         description="Codex's subagents (`[agents] enabled`): the multi_agent_v1 tools spawn_agent, "
         "send_input, wait_agent, close_agent, resume_agent (~9k characters of tool schemas per request)",
     )
+    max_depth: int = Field(
+        1,
+        ge=1,
+        description="`[agents] max_depth`: how deep agents may spawn agents; 1: the lead's subagents spawn "
+        "none (Codex answers their spawn_agent with 'Agent depth limit reached'). Subagents get the same "
+        "base instructions as the lead, so a policy that delegates would otherwise delegate again in each",
+    )
     shell: bool = Field(
         True,
         description="Codex's shell tools exec_command and write_stdin (~2.4k characters of schemas); false: "

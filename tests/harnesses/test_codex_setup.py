@@ -76,7 +76,7 @@ def test_the_config_points_codex_at_the_episode_and_asks_no_one():
     assert "stream_idle_timeout_ms" not in provider
     assert config["approval_policy"] == "never" and config["sandbox_mode"] == "workspace-write"
     assert config["web_search"] == "disabled" and config["model_catalog_json"] == "/h/cat.json"
-    assert config["agents"] == {"enabled": True}
+    assert config["agents"] == {"enabled": True, "max_depth": 1}
     assert "model_auto_compact_token_limit" not in config
     for off in (
         "include_environment_context",
@@ -91,10 +91,17 @@ def test_the_config_points_codex_at_the_episode_and_asks_no_one():
 
 def test_options_reach_the_config():
     options = CodexOptions(
-        subagents=False, auto_compact_token_limit=900, sandbox="danger-full-access", request_timeout_s=1.5
+        subagents=False,
+        max_depth=2,
+        auto_compact_token_limit=900,
+        sandbox="danger-full-access",
+        request_timeout_s=1.5,
     )
     config = _config(options)
-    assert config["agents"] == {"enabled": False} and config["model_auto_compact_token_limit"] == 900
+    assert (
+        config["agents"] == {"enabled": False, "max_depth": 2}
+        and config["model_auto_compact_token_limit"] == 900
+    )
     assert config["sandbox_mode"] == "danger-full-access"
     assert config["model_providers"]["grove"]["stream_idle_timeout_ms"] == 1500
 
