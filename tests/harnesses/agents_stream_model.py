@@ -62,7 +62,8 @@ PORTER_INSTRUCTIONS = "You hand every request back to the concierge."
 CARRY_WORD = "bag"
 CARRY_USER = f"Carry: {CARRY_WORD}"
 TO_PORTER, TO_CONCIERGE = "transfer_to_porter", "transfer_to_concierge"  # the SDK's default tool names
-STEPS, LR = 120, 3e-3
+# the loss is below 1e-3 by step 50 (greedy replies are the script well before): 60 steps, not 120
+STEPS, LR = 60, 3e-3
 
 
 def script_settings() -> Any:

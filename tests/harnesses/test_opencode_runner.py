@@ -287,16 +287,18 @@ async def _until_heartbeat(handle, accept, timeout: float = STATE_WAIT) -> Harne
 # ---------------------------------------------------------------------------------------------- part 6
 
 
-@pytest.fixture
-async def eos_queue(stack, tmp_path):
+@pytest.fixture(scope="module")
+async def eos_queue(stack, tmp_path_factory):
     """A second engine on its own inference queue serving a policy that always ends its turn at once
-    (tests/harnesses/eos_model.py): real EOS-only replies."""
-    model = build_eos_model(stack.model_dir, tmp_path / "eos-model")
+    (tests/harnesses/eos_model.py): real EOS-only replies. One for the module: each test reads the calls
+    of its own episodes only (`calls_of`)."""
+    folder = tmp_path_factory.mktemp("eos")
+    model = build_eos_model(stack.model_dir, folder / "eos-model")
     engine = await RecordingEngine.start(EngineConfig(model_dir=model, max_model_len=MAX_MODEL_LEN))
     engine.served = []
     try:
         async with worker_running(
-            stack.client, [queues.INFERENCE], store=stack.store, model=str(model), work_dir=tmp_path / "w",
+            stack.client, [queues.INFERENCE], store=stack.store, model=str(model), work_dir=folder / "w",
             engine=engine, inference_queue=EOS_QUEUE,
         ):  # fmt: skip
             yield engine
