@@ -151,7 +151,7 @@ class CodexOptions(BaseModel):
         1,
         ge=1,
         description="`[agents] max_depth`: how deep agents may spawn agents; 1: the lead's subagents spawn "
-        "none (Codex answers their spawn_agent with 'Agent depth limit reached'). Subagents get the same "
+        "none (Codex offers them no agent tools, only apply_patch and the shell). Subagents get the same "
         "base instructions as the lead, so a policy that delegates would otherwise delegate again in each",
     )
     shell: bool = Field(
