@@ -227,12 +227,10 @@ class StockDrills:
 
     def env(self, shape: str) -> StockEnv:
         """A stock shape's system message and tools: what a group of its cases shares as a prefix."""
-        return self.claude_code_env() if shape == "claude_code_stock" else self.codex_env()
+        return self.claude_code_env() if _is_claude_code(shape) else self.codex_env()
 
     def case(self, shape: str, env: StockEnv | None = None) -> AgentCase:
-        if shape not in STOCK_SHAPES:
-            raise ValueError(f"{shape!r} is not a stock shape; the stock shapes are {STOCK_SHAPES}")
-        return self.claude_code_stock(env) if shape == "claude_code_stock" else self.codex_stock(env)
+        return self.claude_code_stock(env) if _is_claude_code(shape) else self.codex_stock(env)
 
     # -- Claude Code
 
@@ -382,6 +380,13 @@ class StockDrills:
         return AgentCase(
             "codex_stock", call, tools, offer, final, tools, None, extra=((sub, sub_tools or None),)
         )
+
+
+def _is_claude_code(shape: str) -> bool:
+    """Which of the two stock shapes `shape` is; any other shape is refused (env and case alike)."""
+    if shape not in STOCK_SHAPES:
+        raise ValueError(f"{shape!r} is not a stock shape; the stock shapes are {STOCK_SHAPES}")
+    return shape == "claude_code_stock"
 
 
 def draw_case(writer: AgentDrillWriter, shape: str, stock: StockDrills | None = None) -> AgentCase:
