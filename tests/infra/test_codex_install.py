@@ -1,13 +1,11 @@
 """infra/codex.sh installs the pinned Codex CLI into a grove-local folder, once: the first run puts a
 complete install in place (the platform binary answers `--version` with the pin) and prints its path;
 the next run finds it without npm; nothing half-done is left beside it. harnesses/codex_install.py finds
-the same path. And what the docs say bootstrap installs is what infra/bootstrap.sh installs: Codex is
-installed on first use, like OpenCode (tests/infra/test_opencode_install_docs.py)."""
+the same path. What the docs say of bootstrap and Codex is checked in tests/infra/test_install_docs.py."""
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +16,6 @@ from harnesses.codex_install import BIN_ENV, VERSION, CodexInstallError, binary_
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "infra" / "codex.sh"
-DENIES = re.compile(r"\bnot\b|first use", re.IGNORECASE)
 
 
 def _run(env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -60,18 +57,3 @@ def test_an_override_that_is_not_executable_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv(BIN_ENV, str(tmp_path / "missing"))
     with pytest.raises(CodexInstallError, match=BIN_ENV):
         codex_binary(VERSION)
-
-
-def test_no_doc_says_bootstrap_installs_codex_unless_it_does():
-    if "codex.sh" in (REPO / "infra" / "bootstrap.sh").read_text():
-        return  # bootstrap installs it: any line may say so
-    docs = [*(REPO / "docs").glob("*.md"), REPO / "README.md"]
-    lines = [
-        f"{p.relative_to(REPO)}: {line.strip()}"
-        for p in docs
-        for line in p.read_text().splitlines()
-        if "bootstrap" in line.lower() and "codex" in line.lower() and not DENIES.search(line)
-    ]
-    script = SCRIPT.read_text().splitlines()
-    lines += [line for line in script if "bootstrap" in line.lower() and not DENIES.search(line)]
-    assert lines == []
