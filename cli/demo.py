@@ -34,6 +34,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from tqdm import tqdm
 
+from cli.runs import check_run_engine
 from grove import queues
 from grove.client import connect
 from grove.contracts import (
@@ -53,6 +54,7 @@ from grove.runconfig import OverrideError, apply_overrides, parse_override, vali
 from grove.sampling import SamplingConfig
 from grove.visibility import run_clause
 from infra.procs import ServiceStartError, log_tail, stop_pid
+from models.limits import EngineLimitsError
 
 
 class DemoConfig(BaseModel):
@@ -134,8 +136,18 @@ CODING_FAMILIES = {"claude-code": "claude-code-delegation", "codex": "delegation
 CODING_MODEL = "smol-agent"
 CODING_CONTEXT = 8192
 CODING_MAX_TOKENS = 256
+# KV cache of each coding run's engine, in full CODING_CONTEXT contexts at the engine's float32: a lead
+# and its subagents run at once (one full context alone is 360 MiB for smol-agent, past the default)
+CODING_KV_CONTEXTS = 4
 CODING_LR = 1e-5  # a pretrained 135M policy tuned at 5e-5: far below the tiny models' rates (no pair run yet)
 HARNESSES = ("native", "opencode", *PYTHON_FAMILIES, *CODING_FAMILIES)
+
+
+def coding_kv_bytes(model_dir: Path) -> int:
+    """The coding runs' KV cache: CODING_KV_CONTEXTS full contexts of this model at float32."""
+    from models.limits import kv_bytes_per_token
+
+    return kv_bytes_per_token(model_dir, "float32") * CODING_CONTEXT * CODING_KV_CONTEXTS
 
 
 def learning_rate(cfg: DemoConfig) -> float:
@@ -183,7 +195,7 @@ def run_configs(cfg: DemoConfig, model_dir: Path) -> list[RunConfig]:
     elif cfg.harness in CODING_FAMILIES:
         family = CODING_FAMILIES[cfg.harness]
         harness = HarnessSpec(kind=cfg.harness, deadline_s=900)
-        engine = EngineLimits(max_model_len=CODING_CONTEXT)
+        engine = EngineLimits(max_model_len=CODING_CONTEXT, kv_cache_bytes=coding_kv_bytes(model_dir))
         max_tokens = cfg.max_tokens or CODING_MAX_TOKENS
     elif cfg.harness in PYTHON_FAMILIES:
         from harnesses.framework_delegation import ENTRIES
@@ -497,6 +509,13 @@ def main(cfg: DemoConfig) -> int:
     out = cfg.out_dir / cfg.name
     out.mkdir(parents=True, exist_ok=True)
     model_dir = prepare_model(model_name(cfg))
+    runs = run_configs(cfg, model_dir)
+    try:  # before anything starts: a worker would refuse these limits only once the runs had begun
+        for run in runs:
+            check_run_engine(run)
+    except EngineLimitsError as exc:
+        print(f"[demo] {exc}", file=sys.stderr, flush=True)
+        return 1
     if cfg.harness == "opencode":
         from harnesses.opencode_install import opencode_binary
 
@@ -524,7 +543,6 @@ def main(cfg: DemoConfig) -> int:
         )
     env = dict(os.environ, GROVE_TEMPORAL_ADDRESS=rec.address)
     env.setdefault("GROVE_STORE", f"file://{grove_home() / 'store'}")
-    runs = run_configs(cfg, model_dir)
     logs = out / "logs"
     workers = [start_worker(orchestration_worker_args(runs, model_dir), logs / "worker.log", env)]
     for r in runs:

@@ -201,12 +201,19 @@ async def _start(client: Client, state: RunState, reuse: WorkflowIDReusePolicy) 
 
 def check_run_engine(cfg: RunConfig) -> None:
     """Refuse a run whose engine context is longer than its model's positions (when known without
-    building the model; the engine checks again when it starts)."""
+    building the model), or whose KV cache cannot hold one such context (when the model is a folder on
+    this machine: its config says the bytes per token); the engine checks both again when it starts."""
+    from pathlib import Path
+
+    from activities.engine_config import EngineConfig, check_engine_limits
     from models.limits import check_positions
     from models.registry import known_positions
 
     where = f"run {cfg.run_id!r} (model {cfg.model!r})"
     check_positions(cfg.engine.max_model_len, known_positions(cfg.model), where)
+    if (Path(cfg.model) / "config.json").is_file():
+        # the step budget is the worker's to check: a GPU engine prefills in chunks
+        check_engine_limits(EngineConfig.from_limits(Path(cfg.model), cfg.engine), chunked_prefill=True)
 
 
 async def start_run(client: Client, cfg: RunConfig) -> StartOutcome:

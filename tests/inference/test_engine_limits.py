@@ -103,6 +103,22 @@ def test_run_config_engine_limits_are_checked_against_the_model(tmp_path):
     assert RunConfig(run_id="r").engine == EngineLimits()
 
 
+def test_a_runs_kv_cache_is_checked_against_a_model_folder_before_it_starts(tiny_model_dir, tmp_path):
+    """A model given as a folder says its bytes per token: a run whose KV cache cannot hold one context is
+    refused by `grove run validate` (the worker would refuse it only after the run had started)."""
+    model = with_positions(tiny_model_dir, tmp_path / "m", 32768)
+    path = tmp_path / "run.yaml"
+    path.write_text(f"run_id: r\nmodel: {model}\nengine:\n  max_model_len: 32768\n")
+    small = runner.invoke(app, ["run", "validate", str(path), f"engine.kv_cache_bytes={48 * 2**20}"])
+    assert small.exit_code == EXIT_INVALID_CONFIG and "at least 67108864" in small.output, small.output
+    ok = runner.invoke(app, ["run", "validate", str(path), f"engine.kv_cache_bytes={64 * 2**20}"])
+    assert ok.exit_code == 0, ok.output
+    # the step budget is the worker's (a GPU engine prefills in chunks): not refused here
+    wide = [f"engine.kv_cache_bytes={2**30}", "engine.max_num_batched_tokens=4096"]
+    budget = runner.invoke(app, ["run", "validate", str(path), *wide])
+    assert budget.exit_code == 0, budget.output
+
+
 @pytest.mark.slow
 @pytest.mark.long  # a 15k-token prefill on CPU takes minutes
 def test_a_model_with_the_positions_serves_opencodes_default_prompt(tmp_path, tiny_model_dir):
