@@ -38,6 +38,7 @@ from cli.runs import check_run_engine
 from grove import queues
 from grove.client import connect
 from grove.contracts import (
+    DEFAULT_KV_CACHE_BYTES,
     EngineLimits,
     HarnessSpec,
     OpenCodeOptions,
@@ -144,9 +145,13 @@ HARNESSES = ("native", "opencode", *PYTHON_FAMILIES, *CODING_FAMILIES)
 
 
 def coding_kv_bytes(model_dir: Path) -> int:
-    """The coding runs' KV cache: CODING_KV_CONTEXTS full contexts of this model at float32."""
+    """The coding runs' KV cache: CODING_KV_CONTEXTS full contexts of this model at float32. Before the
+    model is built (the pair's first validation, given its name) its size is unknown: the default stands
+    there, and `main` sizes the runs it starts from the built folder."""
     from models.limits import kv_bytes_per_token
 
+    if not (model_dir / "config.json").is_file():
+        return DEFAULT_KV_CACHE_BYTES
     return kv_bytes_per_token(model_dir, "float32") * CODING_CONTEXT * CODING_KV_CONTEXTS
 
 

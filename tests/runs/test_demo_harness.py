@@ -261,6 +261,7 @@ def test_the_coding_harness_demos_launch_their_stock_harness_on_the_tool_policy(
     assert model_name(cfg) == "smol-agent"
     positions = known_positions("smol-agent")
     base = ensure_model("smollm2")  # smol-agent's base: the same tokenizer and positions
+    run_configs(cfg, Path(model_name(cfg)))  # the CLI's check before the model is built: by name alone
     pw, po = run_configs(cfg, base)
     assert (pw.train_agents, po.train_agents) == ("all", "parent_only")
     setups = CLAUDE_SETUPS if harness == "claude-code" else CODEX_SETUPS
