@@ -19,12 +19,14 @@ grove's defaults (temperature 1.0, top_p 1.0, 256 tokens); it is printed either 
 
     grove episode show <episode id>      # its contexts while it runs; its result and rows once closed
     grove episode view <episode id>      # an offline HTML page of it (cli/episode_view.py)
+    grove episode check <episode id>     # its rows held against its call archive (cli/row_audit.py)
 
 A running episode whose workflow run is still loading its ledger's pages (after a continue-as-new) is
 shown once they are loaded: `show` waits up to `--wait` seconds (grove/ledger_restoring.py).
 
 Exit codes: 0 ok, 2 usage, 4 no such episode (show), 5 Temporal unreachable, 6 the episode id exists
-already (start), 7 the episode was still restoring its ledger after `--wait` seconds (show: ask again).
+already (start), 7 the episode was still restoring its ledger after `--wait` seconds (show: ask again),
+8 its rows fail the check (check).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ EXIT_NOT_FOUND = 4
 EXIT_UNREACHABLE = 5
 EXIT_CONFLICT = 6
 EXIT_RESTORING = 7
+EXIT_ROWS_INVALID = 8
 SHOW_WAIT_S = 60.0  # how long `show` waits for a running episode's ledger to be restored
 
 
@@ -206,6 +209,37 @@ def view(
         _exit_now(EXIT_NOT_FOUND)
     typer.echo(f"episode page {path}  ({len(data['calls'])} calls, {len(data['rows'])} rows)")
     _exit_now(0)
+
+
+@episode_app.command("check")
+def check(
+    episode_id: str = typer.Argument(..., help="The episode (workflow) id; it must be completed."),
+    address: str = typer.Option(None, help="Temporal address (default $GROVE_TEMPORAL_ADDRESS)."),
+) -> None:
+    """Hold the closed episode's rows against its call archive: tokens as served, loss once per trained
+    call, spawn and rewrite links (cli/row_audit.py; from $GROVE_STORE). Exit 8 when any check fails."""
+    from cli.row_check import EpisodeNotClosedError, check_episode, report
+    from grove.client import connect
+    from storage.config import store_from_env
+
+    async def work():
+        try:
+            client = await connect(address)
+        except RuntimeError as err:
+            raise _Unreachable(f"Temporal is unreachable: {err}") from None
+        return await check_episode(client, store_from_env(), episode_id)
+
+    try:
+        audit = asyncio.run(work())
+    except _Unreachable as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_UNREACHABLE)
+    except EpisodeNotClosedError as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_NOT_FOUND)
+    text, failing = report([audit], [])
+    typer.echo(text)
+    _exit_now(EXIT_ROWS_INVALID if failing else 0)
 
 
 def _exit_now(code: int) -> None:

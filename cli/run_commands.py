@@ -8,6 +8,7 @@ Thin shells: config loading is grove/runconfig.py, talking to Temporal is cli/ru
     2  usage error (typer)    5  Temporal server unreachable
                               6  the run id exists in a state the request cannot use
                                  (other config; failed or terminated)
+                              8  `check`: some episode's rows fail the check
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ EXIT_INVALID_CONFIG = 3
 EXIT_NOT_FOUND = 4
 EXIT_UNREACHABLE = 5
 EXIT_CONFLICT = 6
+EXIT_ROWS_INVALID = 8
 
 run_app = typer.Typer(
     help="Start, inspect and stop training runs (RunConfig YAML files; see `grove run schema`).",
@@ -305,6 +307,32 @@ def view(
         index, pages = await write_run_pages(client, store_from_env(), run_id, folder, episodes_of)
         data = {"index": str(index), "episode_pages": [str(p) for p in pages]}
         return data, f"run page {index}  ({len(pages)} episode pages under {folder / 'episodes'})", EXIT_OK
+
+    _call(as_json, work, address)
+
+
+@run_app.command("check")
+def check(
+    run_id: str = typer.Argument(..., help="Run id."),
+    steps: Annotated[
+        list[int] | None,
+        typer.Option("--step", help="A step to check (repeatable; default: every recorded step)."),
+    ] = None,
+    address: Address = None,
+    as_json: Json = False,
+) -> None:
+    """Hold every row of the run's completed episodes against their call archives: tokens as served,
+    loss once per trained call, spawn and rewrite links (cli/row_audit.py). Exit 8 when any fails."""
+    from dataclasses import asdict
+
+    from cli.row_check import check_run, report
+    from storage.config import store_from_env
+
+    async def work(client):
+        audits, unchecked = await check_run(client, store_from_env(), run_id, steps)
+        text, failing = report(audits, unchecked)
+        data = {"episodes": [asdict(a) for a in audits], "not_completed": unchecked, "failing": failing}
+        return data, text, EXIT_ROWS_INVALID if failing else EXIT_OK
 
     _call(as_json, work, address)
 

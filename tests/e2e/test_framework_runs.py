@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.row_check import check_episode, check_run
 from grove import queues
 from grove.contracts import EpisodeResult, HarnessRunResult, RunResult, RunState
 from grove.receipts import ContextOrigin
@@ -122,6 +123,10 @@ async def check_compacting_steps(client, engine, store, specs, workers) -> list[
             f"{w}.1.c0": [f"{w}.1.c0"],
         }
         check_rows(rows, result, served, actions)
+        # `grove episode check` reads the same episode from the server and the store and agrees
+        audit = await check_episode(client, store, eid)
+        assert audit.violations == [] and (audit.rows, audit.trained_calls) == (len(rows), len(actions))
+        assert (audit.contexts["spawn"], audit.contexts["rewrite"], audit.summaries) == (2, 1, 1)
         all_rows += rows
     return all_rows
 
@@ -144,6 +149,12 @@ async def test_one_step_of_a_langgraph_delegation_run(
     run, specs = await run_one_step(temporal_client, "langgraph-delegation.yaml", tiny_model_dir)
     rows = await check_compacting_steps(temporal_client, recording_engine, e2e_store, specs, send_workers)
     assert run.history[0].metrics["loss_tokens"] == sum(r.num_loss_tokens for r in rows)
+    # `grove run check`: the run's every episode, found through the server
+    audits, unchecked = await check_run(temporal_client, e2e_store, run.run_id)
+    assert unchecked == [] and sorted(a.episode_id for a in audits) == sorted(s.episode_id for s in specs)
+    assert all(a.ok for a in audits) and sum(a.trained_tokens for a in audits) == sum(
+        r.num_loss_tokens for r in rows
+    )
 
 
 async def test_one_step_of_an_agents_sdk_delegation_run(
