@@ -46,6 +46,7 @@ from activities.engine import Generation, PolicyEngine
 from activities.follow import check_served_version
 from capture.claims import by_reference, completion_of, stash_completion, stash_conversation
 from capture.prompt import build_prompt, resolve_chat_ref
+from chat.tool_parsers import ToolCallParser
 from chat.toolcalls import ParsedAssistant
 from grove.contracts import ChatPrompt, Completion, Conversation, GenerateInput, GenerateResult
 from grove.receipts import ToolCallOutcome
@@ -99,8 +100,7 @@ def _result(
 ) -> GenerateResult:
     text = engine.decode_completion(tokens.completion_ids, inp.sampling)
     # The model family's parser (EngineConfig.tool_call_parser); the staged tokens are already final.
-    prefix = tool_call_id_prefix(inp.episode_id, inp.call_id)
-    parsed = engine.tool_parser.parse(text, id_prefix=prefix, tools=tools)
+    parsed = assistant_of(engine.tool_parser, text, tool_call_id_prefix(inp.episode_id, inp.call_id), tools)
     ids = tokens.completion_ids.tolist()
     completion = Completion(text=text, assistant_message=parsed.message())
     # A large completion goes by claim check (deterministic key and bytes: a re-run verifies its own).
@@ -120,6 +120,17 @@ def _result(
         sampling=receipt.sampling,
         tool_call=tool_call_outcome(parsed, tools),
     )
+
+
+def assistant_of(
+    parser: ToolCallParser, text: str, id_prefix: str, tools: list[dict[str, Any]] | None
+) -> ParsedAssistant:
+    """The reply to a completion: tool calls parsed when the request offered tools, else the text alone.
+
+    As vLLM's OpenAI server answers: a client cannot run a tool it did not offer. (Claude Code answered
+    "No such tool" to a tool-less subagent's made-up call turn after turn, until the episode's deadline.)
+    """
+    return parser.parse(text, id_prefix=id_prefix, tools=tools) if tools else ParsedAssistant(text)
 
 
 def tool_call_outcome(parsed: ParsedAssistant, tools: list[dict[str, Any]] | None) -> ToolCallOutcome | None:

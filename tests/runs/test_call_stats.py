@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from activities.generate import tool_call_outcome
+from activities.generate import assistant_of, tool_call_outcome
 from chat.tool_parsers import HermesParser
 from grove.contracts import EpisodeResult, StepRecord
 from grove.receipts import ToolCallOutcome
@@ -35,6 +35,15 @@ def test_a_completion_is_classified_only_when_its_request_offered_tools():
     # no tools offered: a tool-call-looking text is not counted either way
     assert outcome(WELL_FORMED, tools=None) is None
     assert outcome(UNCLOSED, tools=[]) is None
+
+
+def test_a_request_that_offered_no_tools_gets_the_text_and_no_tool_calls():
+    offered = assistant_of(HermesParser(), WELL_FORMED, "c", TOOLS).message()
+    assert offered["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"q": "grove"}'}
+    for tools in (None, []):
+        plain = assistant_of(HermesParser(), WELL_FORMED, "c", tools)
+        assert plain.message() == {"role": "assistant", "content": WELL_FORMED}
+        assert (plain.tool_calls, plain.malformed) == ([], None)
 
 
 def complete(ep: Episode, call_id: str, context_id: str, extends: str | None, tool_call) -> None:
