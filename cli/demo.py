@@ -304,16 +304,18 @@ async def attach(client: Client, run: RunConfig):
 
 async def history_of(handle) -> tuple[list[StepRecord], bool, RunLive | None] | None:
     """(steps done so far, finished?, moving parts) of a run, from its result or its `progress` query;
-    None when the query got no answer this time (the workers still starting, a loaded machine)."""
-    desc = await handle.describe()
-    if desc.status == WorkflowExecutionStatus.COMPLETED:
-        result: RunResult = await handle.result()
-        return _all_steps(handle.id, result.history, result.history_from), True, None
-    if desc.status != WorkflowExecutionStatus.RUNNING:
-        raise RuntimeError(f"run {handle.id} is {desc.status.name}; inspect it in the Temporal UI")
+    None when the server or the query gave no answer this time (the workers still starting, a loaded
+    machine: a stalled dev server answered describe with UNAVAILABLE "http2 error" after 57 s and the
+    demo, whose runs went on, stopped watching them)."""
     try:
+        desc = await handle.describe()
+        if desc.status == WorkflowExecutionStatus.COMPLETED:
+            result: RunResult = await handle.result()
+            return _all_steps(handle.id, result.history, result.history_from), True, None
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            raise RuntimeError(f"run {handle.id} is {desc.status.name}; inspect it in the Temporal UI")
         state = await handle.query("progress", result_type=RunState)
-    except RPCError as err:  # no worker answered within the server's query timeout: ask again next round
+    except RPCError as err:  # no answer within the server's timeout: ask again next round
         if err.status not in UNANSWERED:
             raise
         return None
