@@ -30,7 +30,6 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from tqdm import tqdm
 
@@ -289,17 +288,15 @@ def start_worker(args: list[str], log: Path, env: dict[str, str]) -> subprocess.
 
 
 async def attach(client: Client, run: RunConfig):
-    """Start the run, or re-attach to it if a workflow with its id already exists (resume)."""
-    from workflows.training_run import TrainingRunWorkflow
+    """Start the run, re-attach to it while it runs, or resume it after its last step once it completed,
+    as `grove run start` does (cli/runs.py `start_run`). Starting a completed run's workflow again from
+    its config alone began it anew at step 1 and version 0 under the same episode ids."""
+    from cli.runs import start_run
 
-    return await client.start_workflow(
-        TrainingRunWorkflow.run,
-        RunState(config=run),
-        id=run.run_id,
-        task_queue=queues.EPISODES,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        memo={"model": run.model, "train_agents": run.train_agents, "task_family": run.task_family},
-    )
+    outcome = await start_run(client, run)
+    if outcome.action != "started":
+        print(f"[demo] {run.run_id}: {outcome.action} (next step {outcome.next_step} of {outcome.steps})")
+    return outcome.handle or client.get_workflow_handle(run.run_id, result_type=RunResult)
 
 
 async def history_of(handle) -> tuple[list[StepRecord], bool, RunLive | None] | None:

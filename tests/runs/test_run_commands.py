@@ -19,9 +19,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 
+from cli.demo import attach
 from cli.run_commands import EXIT_CONFLICT, EXIT_INVALID_CONFIG, EXIT_NOT_FOUND, EXIT_UNREACHABLE
 from grove.contracts import EpisodeResult, RunResult
+from grove.runconfig import load_run_config
 from grove.store_layout import CHECKPOINTS_ROOT, commit_key
 from tests.bounds import SERVICE_TEST_TIMEOUT
 
@@ -164,6 +167,12 @@ async def test_run_commands_start_attach_cancel_inspect_resume(
     # a finished run started again with the same config: nothing to do
     code, out, err = await grove_run(addr, "start", str(EXAMPLE), *small(run_id, tiny_model_dir, 2), "--json")
     assert code == 0 and json.loads(out)["action"] == "already-completed", err
+    # the demo re-attaching to it (`grove demo` run again with the same name): the same execution, done
+    before = await temporal_client.get_workflow_handle(run_id).describe()
+    handle = await attach(temporal_client, load_run_config(str(EXAMPLE), small(run_id, tiny_model_dir, 2)))
+    after = await temporal_client.get_workflow_handle(run_id).describe()
+    assert (after.run_id, after.status) == (before.run_id, WorkflowExecutionStatus.COMPLETED)
+    assert [r.step for r in (await handle.result()).history] == [1, 2]
 
 
 async def test_run_command_exit_codes(temporal_server, tmp_path):
