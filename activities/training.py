@@ -67,6 +67,10 @@ from trainer.rows import Row, rows_from_parquet
 HEARTBEAT_EVERY_S = 10.0
 
 
+class RunAlreadyTrainedError(RuntimeError):
+    """A run started at step 1 whose id already has a committed step 1 in the store."""
+
+
 class TrainerActivities:
     def __init__(
         self,
@@ -118,6 +122,15 @@ class TrainerActivities:
         return download_base_model(self.store, run_id, manifest, dest)
 
     def _stage(self, inp: StageBaseModelInput) -> StageBaseModelResult:
+        # A run stages its base model only when it starts at step 1. Its id having a committed step 1
+        # means this is a second start of a run already trained (a workflow started anew under the same
+        # id): training it again from version 0, under the same episode ids, would train steps twice.
+        if self.store.exists(commit_key(inp.run_id, 1)):
+            raise RunAlreadyTrainedError(
+                f"run {inp.run_id!r} already committed step 1 in the store: a run starts at step 1 once. "
+                "Resume it where it stopped with `grove run start` (or RunState(next_step=..., history=...) "
+                "from its last result), or start it under a new run_id"
+            )
         if (manifest := base_manifest(self.store, inp.run_id)) is not None:
             return StageBaseModelResult(files=len(manifest), written=False)
         manifest, written = stage_base_model(self.store, inp.run_id, ensure_model(inp.model), inp.model)
@@ -137,6 +150,8 @@ class TrainerActivities:
                 f"stage_base_model {inp.run_id}: the trainer host cannot resolve the run's model "
                 f"{inp.model!r}: {exc}", type=type(exc).__name__, non_retryable=True,
             ) from exc  # fmt: skip
+        except RunAlreadyTrainedError as exc:
+            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
         except StorageError as err:  # an outage: retried by the run's policy
             raise retryable_storage_failure(f"stage_base_model {inp.run_id}", err) from None
 

@@ -19,14 +19,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.common import WorkflowIDReusePolicy
 
 from cli.demo import attach
 from cli.run_commands import EXIT_CONFLICT, EXIT_INVALID_CONFIG, EXIT_NOT_FOUND, EXIT_UNREACHABLE
-from grove.contracts import EpisodeResult, RunResult
+from grove import queues
+from grove.contracts import EpisodeResult, RunResult, RunState
 from grove.runconfig import load_run_config
 from grove.store_layout import CHECKPOINTS_ROOT, commit_key
 from tests.bounds import SERVICE_TEST_TIMEOUT
+from workflows.training_run import TrainingRunWorkflow
 
 pytestmark = pytest.mark.timeout(SERVICE_TEST_TIMEOUT)
 
@@ -173,6 +176,19 @@ async def test_run_commands_start_attach_cancel_inspect_resume(
     after = await temporal_client.get_workflow_handle(run_id).describe()
     assert (after.run_id, after.status) == (before.run_id, WorkflowExecutionStatus.COMPLETED)
     assert [r.step for r in (await handle.result()).history] == [1, 2]
+    # the run's workflow started anew under its id from its config alone (a client's own start_workflow):
+    # refused before any episode, step 1 is not trained twice
+    config = load_run_config(str(EXAMPLE), small(run_id, tiny_model_dir, 2))
+    again = await temporal_client.start_workflow(
+        TrainingRunWorkflow.run, RunState(config=config), id=run_id, task_queue=queues.EPISODES,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )  # fmt: skip
+    with pytest.raises(WorkflowFailureError) as failed:
+        await again.result()
+    assert failed.value.cause.cause.type == "RunAlreadyTrainedError"
+    assert "already committed step 1" in failed.value.cause.cause.message
+    step1 = [wf async for wf in temporal_client.list_workflows(query)]
+    assert sorted(wf.id for wf in step1) == sorted(children)  # still one execution each
 
 
 async def test_run_command_exit_codes(temporal_server, tmp_path):
