@@ -206,9 +206,6 @@ def _check_once(
                 f"call {cid} ({call.receipt.state.value}, {call.receipt.kind.value}, agent "
                 f"{call.receipt.agent}): owned by {owners[cid]} rows, expected {expected}"
             )
-        if call.receipt.kind == CallKind.SUMMARY:
-            audit.summaries += 1
-            audit.summaries_trained += owners[cid] > 0
     audit.trained_calls = sum(owners.values())
 
 
@@ -230,6 +227,9 @@ def audit_episode(
             audit.violations.append(f"row {row.row_id}: reward {row.reward}, the episode's {result.reward}")
     if result.status == "ok":
         _check_once(archive, rows, calls, train_agents, train_auxiliary, audit)
+    owned = {s.call_id for r in rows for s in r.spans if s.owned}
+    summaries = [cid for cid, c in calls.items() if c.receipt.kind == CallKind.SUMMARY]
+    audit.summaries, audit.summaries_trained = len(summaries), len(owned.intersection(summaries))
     audit.trained_tokens = sum(int(r.loss_mask.sum()) for r in rows)
     if audit.trained_tokens != result.eligible_tokens:
         audit.violations.append(

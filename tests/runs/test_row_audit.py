@@ -187,3 +187,17 @@ def test_a_run_that_trains_summaries_must_train_each_once():
     )
     assert audit.ok, audit.violations
     assert audit.summaries_trained == 1
+
+
+def test_a_failed_episodes_placeholder_row_carries_no_loss():
+    one = np.zeros(1, np.int32)
+    mask, lp = one.astype(bool), one.astype(np.float32)
+    placeholder = Row(row_id="ep#placeholder", episode_id="ep", group_id="g", input_ids=one, loss_mask=mask,
+                      behavior_logprobs=lp, valid=False)  # fmt: skip
+    failed = result(status="failed", eligible_tokens=0, num_rows=1)
+    audit = audit_episode(archive(), [placeholder], failed)
+    assert audit.ok, audit.violations
+    assert (audit.trained_tokens, audit.summaries, audit.summaries_trained) == (0, 1, 0)
+    lossy = dataclasses.replace(placeholder, loss_mask=np.ones(1, bool))
+    said = audit_episode(archive(), [lossy], failed).violations
+    assert any("a failed episode's placeholder row with loss tokens" in v for v in said)
