@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from cli.demo import plot, reward_figure, smooth, write_metrics
+from cli.demo_plots import plot, reward_figure, smooth, write_metrics
 from grove.contracts import EpisodeResult, EvalRecord, StepRecord
 from workflows.training_run import reward_components
 
