@@ -7,7 +7,7 @@ the predecessor call, the prompt is spliced instead (docs/design.md section 4):
     prompt = predecessor.prompt_ids + predecessor.completion_ids + suffix_ids
 
 It is an extension iff request.messages == predecessor.messages + [the predecessor's response]
-+ only new user/tool messages (and the tools are unchanged), compared *semantically*: JSON tool-call
++ only new user/tool/system messages (and the tools are unchanged), compared *semantically*: JSON tool-call
 arguments are compared parsed (OpenCode re-serialises them as compact JSON), content null/""/[] are
 equal, a list of text parts equals their concatenation, keys with null values are absent. Tool-call
 ids are compared only where both sides have one (they are never rendered into tokens). Values are
@@ -42,7 +42,10 @@ from chat.content_tokens import ControlTextError, Shield
 from chat.content_tokens import encode as encode_text
 from chat.toolcalls import ParsedAssistant, parse_tool_calls
 
-NEW_MESSAGE_ROLES = frozenset({"user", "tool"})
+# What a continuation may add after the predecessor's response: input the policy reads, never an assistant
+# turn it did not sample. `system` among them: Claude Code appends per-turn system entries (settings,
+# reminders) between turns; refused, its episode ended with a 400 and counted as the policy's failure.
+NEW_MESSAGE_ROLES = frozenset({"user", "tool", "system"})
 _SENTINEL = "\x00grove-sentinel\x00"
 
 
@@ -201,7 +204,8 @@ def _discontinuity(index: int | None, field: str, detail: str) -> UndeclaredDisc
     return UndeclaredDiscontinuityError(
         f"the request does not extend its context's selected predecessor: {where} differs in {field!r} "
         f"({detail}). A continuation must repeat the predecessor's messages and response unchanged and add "
-        "only user/tool messages; if the harness rewrote the history (compaction, edit), declare a rewrite",
+        "only user/tool/system messages; if the harness rewrote the history (compaction, edit), declare a "
+        "rewrite",
         index=index,
         field=field,
     )
@@ -210,7 +214,8 @@ def _discontinuity(index: int | None, field: str, detail: str) -> UndeclaredDisc
 def check_extension(
     messages: Sequence[dict[str, Any]], tools: Any, pred: Predecessor, response: dict
 ) -> None:
-    """Raise UndeclaredDiscontinuityError unless `messages` = pred.messages + response + user/tool msgs."""
+    """Raise UndeclaredDiscontinuityError unless `messages` = pred.messages + response + new input messages
+    (user/tool/system)."""
     if not same_tools(tools, pred.tools):
         raise _discontinuity(None, "tools", "the tool list changed")
     expected = [*pred.messages, response]
@@ -226,7 +231,8 @@ def check_extension(
     for i in range(len(expected), len(messages)):
         role = messages[i].get("role")
         if role not in NEW_MESSAGE_ROLES:
-            raise _discontinuity(i, "role", f"a new {role!r} message; only user/tool messages may be added")
+            detail = f"a new {role!r} message; only user/tool/system messages may be added"
+            raise _discontinuity(i, "role", detail)
 
 
 def _canonical_tools(tools: Any) -> Any:

@@ -12,10 +12,10 @@ and the identity's rewrite mode, in this order:
    the first send opened (the agent's current context now), whose head is the first send's call;
    discarding it and admitting the retry as that context's root keeps exactly one rewrite;
 3. a rewrite the harness declared (x-grove-rewrite)              -> REWRITE (new context, a root);
-4. messages == head's messages + head's response + only new user/tool messages, compared
+4. messages == head's messages + head's response + only new user/tool/system messages, compared
    semantically and type-strictly (chat/render.check_extension) -> CONTINUE (extends the head);
 5. the head's response was empty (the model ended its turn at once: EOS only) and the request is the
-   head's messages + only new user/tool messages, without that empty assistant turn: harnesses leave
+   head's messages + only new user/tool/system messages, without that empty assistant turn: harnesses leave
    an empty reply out of the history they send next (OpenCode does)  -> SKIP_EMPTY (discard the head:
                                                                     accounted, never trained; extend
                                                                     what the head extended, whose
@@ -102,7 +102,7 @@ def is_empty_response(response: dict[str, Any]) -> bool:
 
 
 def omits_empty_response(messages: Sequence[dict[str, Any]], tools: Any, head: ChatRecord) -> bool:
-    """The request is `head.messages` + only new user/tool messages, and the head's response (left out)
+    """The request is `head.messages` + only new user/tool/system messages, and the head's response (left out)
     was empty: the harness dropped an empty reply from its history (rule 5)."""
     k = len(head.messages)
     return (

@@ -166,7 +166,25 @@ def test_changed_tool_call_arguments_point_at_the_response(tiny_tokenizer):
     assert (err.value.index, err.value.field) == (2, "tool_calls")
 
 
-def test_only_user_and_tool_messages_may_be_added(tiny_tokenizer):
+def test_a_system_message_between_turns_is_input_the_continuation_renders(any_tokenizer):
+    """Claude Code appends system entries between turns: the continuation splices them after the sampled
+    tokens exactly as a fresh render of the whole conversation places them."""
+    tok = any_tokenizer
+    history = [{"role": "user", "content": "Say hi"}]
+    pred = predecessor(tok, history, "Hi there, friend!<|im_end|>", tools=None)
+    messages = [
+        *history,
+        {"role": "assistant", "content": "Hi there, friend!"},
+        {"role": "system", "content": "Reminder: answer briefly."},
+        {"role": "user", "content": "Again"},
+    ]
+    out = render_chat(tok, messages, None, pred)
+    assert out.continuation
+    assert out.prompt_ids == render_root(tok, messages)
+    assert "Reminder: answer briefly." in text(tok, out.suffix_ids)
+
+
+def test_only_user_tool_and_system_messages_may_be_added(tiny_tokenizer):
     extra = {"role": "assistant", "content": "and more"}
     with pytest.raises(UndeclaredDiscontinuityError, match="a new 'assistant' message") as err:
         render_chat(
