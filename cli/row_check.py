@@ -85,8 +85,13 @@ async def check_run(
     its episodes left unchecked because they are not completed."""
     desc, state, result = await run_progress(client, run_id)
     recorded = result or state
-    if recorded is None:
-        raise RunNotFoundError(f"run {run_id!r} has no recorded state to list its steps from")
+    if recorded is None:  # running with no worker answering its progress query, or failed/terminated
+        status = desc.status.name if desc.status else "UNKNOWN"
+        raise RunNotFoundError(
+            f"run {run_id!r} is {status} and gave no step records (a running run's come from its progress "
+            "query, which a worker answers): start its workers, or check its episodes one by one with "
+            "`grove episode check`"
+        )
     history = step_history(store, run_id, recorded.history, recorded.history_from)
     wanted = set(steps) if steps else {r.step for r in history}
     audits, unchecked = [], []
