@@ -187,26 +187,14 @@ def view(
     from pathlib import Path
 
     from cli.episode_view import EpisodeNotFoundError, page_name, write_episode_page
-    from grove.client import connect
     from storage.config import store_from_env
 
     path = Path(out or f"episode-{page_name(episode_id)}")
-
-    async def work() -> dict:
-        try:
-            client = await connect(address)
-        except RuntimeError as err:
-            raise _Unreachable(f"Temporal is unreachable: {err}") from None
-        return await write_episode_page(client, store_from_env(), episode_id, path, model)
-
-    try:
-        data = asyncio.run(work())
-    except _Unreachable as err:
-        typer.echo(str(err), err=True)
-        _exit_now(EXIT_UNREACHABLE)
-    except EpisodeNotFoundError as err:
-        typer.echo(str(err), err=True)
-        _exit_now(EXIT_NOT_FOUND)
+    data = _connected(
+        address,
+        lambda client: write_episode_page(client, store_from_env(), episode_id, path, model),
+        EpisodeNotFoundError,
+    )
     typer.echo(f"episode page {path}  ({len(data['calls'])} calls, {len(data['rows'])} rows)")
     _exit_now(0)
 
@@ -219,27 +207,41 @@ def check(
     """Hold the closed episode's rows against its call archive: tokens as served, loss once per trained
     call, spawn and rewrite links (cli/row_audit.py; from $GROVE_STORE). Exit 8 when any check fails."""
     from cli.row_check import EpisodeNotClosedError, check_episode, report
-    from grove.client import connect
     from storage.config import store_from_env
 
-    async def work():
-        try:
-            client = await connect(address)
-        except RuntimeError as err:
-            raise _Unreachable(f"Temporal is unreachable: {err}") from None
-        return await check_episode(client, store_from_env(), episode_id)
-
-    try:
-        audit = asyncio.run(work())
-    except _Unreachable as err:
-        typer.echo(str(err), err=True)
-        _exit_now(EXIT_UNREACHABLE)
-    except EpisodeNotClosedError as err:
-        typer.echo(str(err), err=True)
-        _exit_now(EXIT_NOT_FOUND)
+    audit = _connected(
+        address, lambda client: check_episode(client, store_from_env(), episode_id), EpisodeNotClosedError
+    )
     text, failing = report([audit], [])
     typer.echo(text)
     _exit_now(EXIT_ROWS_INVALID if failing else 0)
+
+
+async def _client(address: str | None):
+    """A connected Temporal client, else _Unreachable."""
+    from grove.client import connect
+
+    try:
+        return await connect(address)
+    except RuntimeError as err:
+        raise _Unreachable(f"Temporal is unreachable: {err}") from None
+
+
+def _connected(address: str | None, work, not_found: type[Exception]):
+    """`work(client)` on a fresh connection; an unreachable server exits 5, `not_found` exits 4 (its
+    message on stderr)."""
+
+    async def run():
+        return await work(await _client(address))
+
+    try:
+        return asyncio.run(run())
+    except _Unreachable as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_UNREACHABLE)
+    except not_found as err:
+        typer.echo(str(err), err=True)
+        _exit_now(EXIT_NOT_FOUND)
 
 
 def _exit_now(code: int) -> None:
@@ -292,13 +294,9 @@ def episode_spec(eid: str, family_name: str, index: int, sampling, idle_timeout_
 
 
 async def _start(spec, address: str | None) -> None:
-    from grove.client import connect
     from grove.episode_start import EpisodeIdReusedError, start_episode
 
-    try:
-        client = await connect(address)
-    except RuntimeError as err:
-        raise _Unreachable(f"Temporal is unreachable: {err}") from None
+    client = await _client(address)
     try:
         await start_episode(client, spec)
     except EpisodeIdReusedError as err:  # running or ended: an id is used once (grove/episode_start.py)
@@ -312,13 +310,9 @@ async def _show(eid: str, address: str | None, wait: float = SHOW_WAIT_S, on_res
     from temporalio.service import RPCError, RPCStatusCode
 
     from cli.episode_show import result_lines, summary_lines
-    from grove.client import connect
     from grove.contracts import EpisodeResult
 
-    try:
-        client = await connect(address)
-    except RuntimeError as err:
-        raise _Unreachable(f"Temporal is unreachable: {err}") from None
+    client = await _client(address)
     handle = client.get_workflow_handle(eid, result_type=EpisodeResult)
     try:
         desc = await handle.describe()
