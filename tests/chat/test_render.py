@@ -106,20 +106,27 @@ def test_key_order_and_whitespace_of_arguments_do_not_matter(tiny_tokenizer):
     assert out.continuation
 
 
-def test_splice_equals_a_fresh_render_when_the_tokens_agree(any_tokenizer):
+SYSTEM_NOTE = {"role": "system", "content": "Reminder: answer briefly."}
+
+
+@pytest.mark.parametrize("added", [[], [SYSTEM_NOTE]], ids=["user", "system-then-user"])
+def test_splice_equals_a_fresh_render_when_the_tokens_agree(any_tokenizer, added):
     """A plain-text answer whose sampled tokens are what the tokenizer would produce: splicing must give
-    exactly the fresh render of the whole conversation (an independent check of the suffix)."""
+    exactly the fresh render of the whole conversation (an independent check of the suffix). Claude Code
+    appends system entries between turns: the splice places them as the fresh render does."""
     tok = any_tokenizer
     history = [{"role": "user", "content": "Say hi"}]
     pred = predecessor(tok, history, "Hi there, friend!<|im_end|>", tools=None)
     messages = [
         *history,
         {"role": "assistant", "content": "Hi there, friend!"},
+        *added,
         {"role": "user", "content": "Again"},
     ]
     out = render_chat(tok, messages, None, pred)
     assert out.continuation
     assert out.prompt_ids == render_root(tok, messages)
+    assert all(m["content"] in text(tok, out.suffix_ids) for m in added)
 
 
 def test_truncated_completion_gets_the_whole_turn_closing(tiny_tokenizer):
@@ -164,24 +171,6 @@ def test_changed_tool_call_arguments_point_at_the_response(tiny_tokenizer):
     with pytest.raises(UndeclaredDiscontinuityError) as err:
         render_chat(tiny_tokenizer, [*HISTORY, echoed, TOOL_RESULT], TOOLS, predecessor(tiny_tokenizer))
     assert (err.value.index, err.value.field) == (2, "tool_calls")
-
-
-def test_a_system_message_between_turns_is_input_the_continuation_renders(any_tokenizer):
-    """Claude Code appends system entries between turns: the continuation splices them after the sampled
-    tokens exactly as a fresh render of the whole conversation places them."""
-    tok = any_tokenizer
-    history = [{"role": "user", "content": "Say hi"}]
-    pred = predecessor(tok, history, "Hi there, friend!<|im_end|>", tools=None)
-    messages = [
-        *history,
-        {"role": "assistant", "content": "Hi there, friend!"},
-        {"role": "system", "content": "Reminder: answer briefly."},
-        {"role": "user", "content": "Again"},
-    ]
-    out = render_chat(tok, messages, None, pred)
-    assert out.continuation
-    assert out.prompt_ids == render_root(tok, messages)
-    assert "Reminder: answer briefly." in text(tok, out.suffix_ids)
 
 
 def test_only_user_tool_and_system_messages_may_be_added(tiny_tokenizer):
