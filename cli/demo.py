@@ -33,7 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from tqdm import tqdm
 
 from cli.demo_plots import plot, write_metrics
-from cli.runs import check_run_engine
+from cli.runs import check_run_engine, start_run
 from grove import queues
 from grove.client import connect
 from grove.contracts import (
@@ -54,7 +54,7 @@ from grove.runconfig import OverrideError, apply_overrides, parse_override, vali
 from grove.sampling import SamplingConfig
 from grove.visibility import run_clause
 from infra.procs import ServiceStartError, log_tail, stop_pid
-from models.limits import EngineLimitsError
+from models.limits import EngineLimitsError, kv_bytes_per_token
 
 
 class DemoConfig(BaseModel):
@@ -147,8 +147,6 @@ def coding_kv_bytes(model_dir: Path) -> int:
     """The coding runs' KV cache: CODING_KV_CONTEXTS full contexts of this model at float32. Before the
     model is built (the pair's first validation, given its name) its size is unknown: the default stands
     there, and `main` sizes the runs it starts from the built folder."""
-    from models.limits import kv_bytes_per_token
-
     if not (model_dir / "config.json").is_file():
         return DEFAULT_KV_CACHE_BYTES
     return kv_bytes_per_token(model_dir, "float32") * CODING_CONTEXT * CODING_KV_CONTEXTS
@@ -291,8 +289,6 @@ async def attach(client: Client, run: RunConfig):
     """Start the run, re-attach to it while it runs, or resume it after its last step once it completed,
     as `grove run start` does (cli/runs.py `start_run`). Starting a completed run's workflow again from
     its config alone began it anew at step 1 and version 0 under the same episode ids."""
-    from cli.runs import start_run
-
     outcome = await start_run(client, run)
     if outcome.action != "started":
         print(f"[demo] {run.run_id}: {outcome.action} (next step {outcome.next_step} of {outcome.steps})")

@@ -191,13 +191,12 @@ def _loss_violations(row: Row, calls: dict[str, ArchivedCall]) -> list[str]:
 
 def _check_once(
     archive: CallArchive,
-    rows: Sequence[Row],
+    owners: Counter,
     calls: dict[str, ArchivedCall],
     train_agents: str,
     train_auxiliary: Sequence[str],
     audit: EpisodeAudit,
 ) -> None:
-    owners = Counter(s.call_id for r in rows for s in r.spans if s.owned)
     parents = trained_agent_filter(archive, train_agents)
     for cid, call in sorted(calls.items()):
         expected = 1 if should_train(call, parents, train_auxiliary) else 0
@@ -206,7 +205,6 @@ def _check_once(
                 f"call {cid} ({call.receipt.state.value}, {call.receipt.kind.value}, agent "
                 f"{call.receipt.agent}): owned by {owners[cid]} rows, expected {expected}"
             )
-    audit.trained_calls = sum(owners.values())
 
 
 def audit_episode(
@@ -225,11 +223,12 @@ def audit_episode(
         audit.violations += _span_violations(row, calls) + _loss_violations(row, calls)
         if row.valid and row.reward != result.reward:
             audit.violations.append(f"row {row.row_id}: reward {row.reward}, the episode's {result.reward}")
+    owners = Counter(s.call_id for r in rows for s in r.spans if s.owned)  # call -> rows that own it
     if result.status == "ok":
-        _check_once(archive, rows, calls, train_agents, train_auxiliary, audit)
-    owned = {s.call_id for r in rows for s in r.spans if s.owned}
+        _check_once(archive, owners, calls, train_agents, train_auxiliary, audit)
+        audit.trained_calls = sum(owners.values())
     summaries = [cid for cid, c in calls.items() if c.receipt.kind == CallKind.SUMMARY]
-    audit.summaries, audit.summaries_trained = len(summaries), len(owned.intersection(summaries))
+    audit.summaries, audit.summaries_trained = len(summaries), sum(owners[cid] > 0 for cid in summaries)
     audit.trained_tokens = sum(int(r.loss_mask.sum()) for r in rows)
     if audit.trained_tokens != result.eligible_tokens:
         audit.violations.append(
